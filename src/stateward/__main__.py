@@ -1,0 +1,3 @@
+from stateward.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,241 @@
+"""``stateward.io/v1alpha1``: the PostgresCluster resource as pydantic models.
+
+These models are the single source of truth: the CRD schema in ``config/crd/bases`` is
+generated from them (``make manifests``), the operator parses objects with them, and the
+builders in ``stateward.specs`` read them. Docstrings and field descriptions become the
+schema's descriptions, so they are written for users.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import pydantic
+from pydantic import ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+GROUP = "stateward.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "PostgresCluster"
+PLURAL = "postgresclusters"
+SINGULAR = "postgrescluster"
+SHORT_NAMES = ("pgc",)
+
+FINALIZER = "stateward.io/finalizer"
+MAX_REPLICAS = 16
+SUPPORTED_MAJOR_VERSIONS = (13, 14, 15, 16, 17, 18)
+VERSION_PATTERN = r"^(1[3-8])(\.[0-9]{1,2})?$"
+DEFAULT_IMAGE_REPOSITORY = "ghcr.io/stateward/postgres-instance"
+
+
+class _Model(pydantic.BaseModel):
+    """camelCase on the wire, snake_case in Python; unknown fields are refused."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_attribute_docstrings=True,
+    )
+
+
+class PVCPolicy(str, enum.Enum):
+    DELETE = "Delete"
+    RETAIN = "Retain"
+
+
+class DeletionPolicy(_Model):
+    """What happens to data when the PostgresCluster is deleted."""
+
+    final_backup: bool = True
+    """Take a final backup before the cluster goes away; deletion waits until it succeeds."""
+
+    persistent_volume_claims: PVCPolicy = PVCPolicy.DELETE
+    """Delete the instance volumes after the final backup, or Retain them."""
+
+
+class PostgreSQLConfig(_Model):
+    """PostgreSQL server settings."""
+
+    parameters: dict[str, str] = Field(default_factory=dict)
+    """postgresql.conf parameters, e.g. {"max_connections": "200"}. Parameters the operator
+    manages itself (listen_addresses, port, wal_level, hot_standby, archive_command, ...)
+    are refused."""
+
+
+class ResourceRequirements(_Model):
+    """Compute resources of each instance's database container."""
+
+    requests: dict[str, str] = Field(default_factory=dict)
+    """Minimum resources, e.g. {"cpu": "500m", "memory": "1Gi"}."""
+
+    limits: dict[str, str] = Field(default_factory=dict)
+    """Maximum resources, e.g. {"memory": "2Gi"}."""
+
+
+class PostgresClusterSpec(_Model):
+    """The desired state of a PostgreSQL cluster."""
+
+    version: str = Field(pattern=VERSION_PATTERN, max_length=5)
+    """PostgreSQL major version ("16") or major.minor ("16.4"); 13 to 18 are supported."""
+
+    replicas: int = Field(ge=1, le=MAX_REPLICAS)
+    """Instances in total: one primary and replicas - 1 streaming replicas."""
+
+    storage_size: str = Field(max_length=32)
+    """Size of each instance's data volume, a Kubernetes quantity such as "10Gi". It may
+    grow (volumes are expanded in place) but never shrink."""
+
+    storage_class_name: str | None = Field(default=None, max_length=253)
+    """StorageClass of the data volumes; the cluster's default when unset. Immutable."""
+
+    backup_schedule: str | None = Field(default=None, max_length=100)
+    """When to take scheduled backups, a 5-field cron expression in UTC ("0 3 * * *").
+    No scheduled backups when unset."""
+
+    image: str | None = Field(default=None, max_length=512)
+    """Instance image override; by default the Stateward instance image for `version`."""
+
+    resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
+    """Compute resources of each instance."""
+
+    postgresql: PostgreSQLConfig = Field(default_factory=PostgreSQLConfig)
+    """PostgreSQL server settings."""
+
+    deletion_policy: DeletionPolicy = Field(default_factory=DeletionPolicy)
+    """What deletion does with the data."""
+
+    @property
+    def major_version(self) -> int:
+        return int(self.version.split(".")[0])
+
+
+class ConditionStatus(str, enum.Enum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Condition(_Model):
+    """One aspect of the cluster's state, per Kubernetes API conventions."""
+
+    type: str
+    status: ConditionStatus
+    reason: str
+    message: str = ""
+    last_transition_time: str
+    observed_generation: int | None = None
+
+
+class Phase(str, enum.Enum):
+    CREATING = "Creating"
+    READY = "Ready"
+    UPDATING = "Updating"
+    FAILING = "Failing"
+    DELETING = "Deleting"
+
+
+class PostgresClusterStatus(_Model):
+    """The observed state of a PostgreSQL cluster."""
+
+    phase: Phase | None = None
+    """Creating, Ready, Updating, Failing or Deleting."""
+
+    primary_pod: str | None = None
+    """The pod that currently runs the primary."""
+
+    replica_pods: list[str] = Field(default_factory=list)
+    """The pods that currently run streaming replicas."""
+
+    ready_replicas: int = 0
+    """Instances that are ready."""
+
+    conditions: list[Condition] = Field(default_factory=list)
+    """Ready, Progressing, Degraded, BackupScheduled and more."""
+
+    last_backup_time: str | None = None
+    """When the last successful backup finished."""
+
+    observed_generation: int | None = None
+    """The spec generation the status describes."""
+
+
+class PostgresCluster(_Model):
+    """A primary-replica PostgreSQL cluster managed by Stateward."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    api_version: str = API_VERSION
+    kind: str = KIND
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: PostgresClusterSpec
+    status: PostgresClusterStatus = Field(default_factory=PostgresClusterStatus)
+
+    # --- names of the children; every builder and controller takes them from here --------
+
+    @property
+    def name(self) -> str:
+        return str(self.metadata["name"])
+
+    @property
+    def namespace(self) -> str:
+        return str(self.metadata.get("namespace", "default"))
+
+    @property
+    def uid(self) -> str:
+        return str(self.metadata.get("uid", ""))
+
+    @property
+    def generation(self) -> int:
+        return int(self.metadata.get("generation", 0))
+
+    @property
+    def headless_service_name(self) -> str:
+        return f"{self.name}-headless"
+
+    @property
+    def primary_service_name(self) -> str:
+        return f"{self.name}-primary"
+
+    @property
+    def replicas_service_name(self) -> str:
+        return f"{self.name}-replicas"
+
+    @property
+    def config_map_name(self) -> str:
+        return f"{self.name}-config"
+
+    @property
+    def superuser_secret_name(self) -> str:
+        return f"{self.name}-superuser"
+
+    @property
+    def replication_secret_name(self) -> str:
+        return f"{self.name}-replication"
+
+    @property
+    def instance_account_name(self) -> str:
+        return f"{self.name}-instance"
+
+    @property
+    def backup_cronjob_name(self) -> str:
+        return f"{self.name}-backup"
+
+    @property
+    def final_backup_job_name(self) -> str:
+        return f"{self.name}-final-backup"
+
+    @property
+    def backup_repository_name(self) -> str:
+        return f"{self.name}-backups"
+
+    @property
+    def leader_config_map_name(self) -> str:
+        """Patroni's leader lock (Kubernetes DCS in ConfigMaps mode)."""
+        return f"{self.name}-leader"
+
+    @property
+    def image(self) -> str:
+        return self.spec.image or f"{DEFAULT_IMAGE_REPOSITORY}:{self.spec.major_version}"

@@ -1,0 +1,1 @@
+"""The ``stateward`` command line."""

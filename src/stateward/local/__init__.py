@@ -1,0 +1,1 @@
+"""The embedded local cluster: control-plane binaries, processes, simulated nodes."""

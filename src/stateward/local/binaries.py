@@ -1,0 +1,285 @@
+"""Control-plane binaries, built from the Go module proxy once and cached outside the repository.
+
+Each component is a small wrapper Go module under ``tools/`` that pins one upstream release.
+The build output lands in ``$STATEWARD_CACHE_DIR/bin/<component>-<version>/`` (default
+``~/.cache/stateward``); a directory that exists there is complete, because builds write to a
+``.partial`` sibling and rename it into place only when every binary is linked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from stateward.local import errors
+
+KUBERNETES_VERSION = "v1.37.2"
+ETCD_VERSION = "v3.6.16"
+KWOK_VERSION = "v0.8.0"
+
+# kwok's stock stage sets, copied next to the kwok binary when it is built (they live in the
+# kwok module, not in its binary). Loading any Stage replaces kwok's built-in defaults, so the
+# node, pod and volume sets are loaded together.
+KWOK_STAGE_DIRS = (
+    "kustomize/stage/node/fast",
+    "kustomize/stage/node/heartbeat-with-lease",
+    "kustomize/stage/pod/fast",
+    "kustomize/stage/volume/fast",
+)
+
+Progress = Callable[[str], None]
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Component:
+    """One wrapper module and the binaries it produces."""
+
+    name: str
+    version: str
+    module_dir: str
+    packages: tuple[str, ...]
+    ldflags: str = "-s -w"
+
+    @property
+    def binaries(self) -> tuple[str, ...]:
+        return tuple(self.binary_name(package) for package in self.packages)
+
+    @staticmethod
+    def binary_name(package: str) -> str:
+        # go.etcd.io/etcd/server/v3 builds a binary named "v3"; give it its real name.
+        return "etcd" if package.startswith("go.etcd.io/etcd/server") else package.rsplit("/", 1)[-1]
+
+
+def _kubernetes_ldflags(version: str) -> str:
+    major, minor = version.lstrip("v").split(".")[:2]
+    flags = ["-s", "-w"]
+    for package in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [
+            f"-X {package}.gitVersion={version}",
+            f"-X {package}.gitMajor={major}",
+            f"-X {package}.gitMinor={minor}",
+            f"-X {package}.gitTreeState=clean",
+            f"-X {package}.buildDate=1970-01-01T00:00:00Z",
+        ]
+    return " ".join(flags)
+
+
+KUBERNETES = Component(
+    name="kubernetes",
+    version=KUBERNETES_VERSION,
+    module_dir="kubernetes",
+    packages=tuple(
+        f"k8s.io/kubernetes/cmd/{cmd}"
+        for cmd in (
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+            "kubectl",
+            "kubelet",
+        )
+    ),
+    ldflags=_kubernetes_ldflags(KUBERNETES_VERSION),
+)
+ETCD = Component(
+    name="etcd",
+    version=ETCD_VERSION,
+    module_dir="etcd",
+    packages=("go.etcd.io/etcd/server/v3",),
+    ldflags=f"-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA={ETCD_VERSION}",
+)
+KWOK = Component(
+    name="kwok",
+    version=KWOK_VERSION,
+    module_dir="kwok",
+    packages=("sigs.k8s.io/kwok/cmd/kwok",),
+    ldflags=f"-s -w -X sigs.k8s.io/kwok/pkg/consts.Version={KWOK_VERSION}",
+)
+COMPONENTS = (ETCD, KWOK, KUBERNETES)
+
+
+def cache_dir() -> Path:
+    configured = os.environ.get("STATEWARD_CACHE_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "stateward"
+
+
+def tools_dir() -> Path:
+    """The ``tools/`` folder with the wrapper modules (``$STATEWARD_TOOLS_DIR`` overrides)."""
+    configured = os.environ.get("STATEWARD_TOOLS_DIR")
+    if configured:
+        return Path(configured)
+    return Path(__file__).resolve().parents[3] / "tools"
+
+
+def component_dir(component: Component) -> Path:
+    return cache_dir() / "bin" / f"{component.name}-{component.version}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Binaries:
+    """Paths of every binary the local cluster runs."""
+
+    etcd: Path
+    kube_apiserver: Path
+    kube_controller_manager: Path
+    kube_scheduler: Path
+    kubectl: Path
+    kubelet: Path
+    kwok: Path
+    kwok_stages: Path
+
+
+def locate() -> Binaries:
+    """Paths where the binaries live once built; raises if any is missing."""
+    kubernetes, etcd, kwok = (component_dir(c) for c in (KUBERNETES, ETCD, KWOK))
+    found = Binaries(
+        etcd=etcd / "etcd",
+        kube_apiserver=kubernetes / "kube-apiserver",
+        kube_controller_manager=kubernetes / "kube-controller-manager",
+        kube_scheduler=kubernetes / "kube-scheduler",
+        kubectl=kubernetes / "kubectl",
+        kubelet=kubernetes / "kubelet",
+        kwok=kwok / "kwok",
+        kwok_stages=kwok / "stages.yaml",
+    )
+    for path in dataclasses.astuple(found):
+        if not Path(path).is_file():
+            raise errors.LocalClusterError(
+                f"missing binary {path}: run `stateward local build` (or `make binaries`) first"
+            )
+    return found
+
+
+def missing() -> list[Component]:
+    return [c for c in COMPONENTS if not component_dir(c).is_dir()]
+
+
+def ensure(*, progress: Progress = _stderr) -> Binaries:
+    """Build whatever is not cached yet, then return the paths."""
+    for component in missing():
+        build(component, progress=progress)
+    return locate()
+
+
+def _go() -> str:
+    go = shutil.which("go")
+    if go is None:
+        raise errors.LocalClusterError(
+            "the Go toolchain is not on PATH: install Go >= 1.26 (e.g. `apt-get install golang`)"
+            " so the control-plane binaries can be built from the Go module proxy"
+        )
+    return go
+
+
+def build(component: Component, *, progress: Progress = _stderr) -> Path:
+    """Compile one component into the cache; prints a heartbeat while the compiler works."""
+    go = _go()
+    module = tools_dir() / component.module_dir
+    if not (module / "go.mod").is_file():
+        raise errors.LocalClusterError(f"wrapper module {module}/go.mod not found")
+    final = component_dir(component)
+    partial = final.with_name(final.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    progress(
+        f"Building {component.name} {component.version} ({', '.join(component.binaries)}) from the"
+        f" Go module proxy into {final}. This happens once; later runs reuse the cache."
+    )
+    env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": os.environ.get("GOFLAGS", "-mod=mod")}
+    started = time.monotonic()
+    # One invocation for all packages lets the compiler share work across them; with several
+    # packages -o names a directory and each binary takes its package's last path element.
+    if len(component.packages) == 1:
+        output = partial / component.binary_name(component.packages[0])
+    else:
+        output = partial
+    _run_go_build(
+        [go, "build", "-v", "-trimpath", "-ldflags", component.ldflags, "-o", f"{output}/"
+         if output == partial else str(output), *component.packages],
+        cwd=module,
+        env=env,
+        label=f"{component.name} {component.version}",
+        progress=progress,
+    )
+    if component is KWOK:
+        _collect_kwok_stages(go, module, partial, env)
+    shutil.rmtree(final, ignore_errors=True)
+    partial.rename(final)
+    progress(f"Built {component.name} {component.version} in {time.monotonic() - started:.0f}s.")
+    return final
+
+
+def _run_go_build(
+    argv: Sequence[str],
+    *,
+    cwd: Path,
+    env: dict[str, str],
+    label: str,
+    progress: Progress,
+) -> None:
+    """Run ``go build -v``; report the package count every 30 s so a slow build looks alive."""
+    process = subprocess.Popen(
+        argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    compiled = 0
+    tail: list[str] = []
+    done = threading.Event()
+    started = time.monotonic()
+
+    def heartbeat() -> None:
+        while not done.wait(30):
+            progress(
+                f"  {label}: still compiling, {compiled} packages so far,"
+                f" {time.monotonic() - started:.0f}s elapsed"
+            )
+
+    ticker = threading.Thread(target=heartbeat, daemon=True)
+    ticker.start()
+    assert process.stdout is not None
+    for line in process.stdout:
+        compiled += 1
+        tail = [*tail[-20:], line.rstrip()]
+    code = process.wait()
+    done.set()
+    if code != 0:
+        text = "\n".join(tail)
+        if "dial tcp" in text or "proxy.golang.org" in text or "lookup " in text:
+            raise errors.LocalClusterError(
+                "cannot reach the Go module proxy: check GOPROXY and the network, then retry"
+                f" (go said: {tail[-1] if tail else 'nothing'})"
+            )
+        raise errors.LocalClusterError(f"go build of {label} failed:\n{text}")
+    progress(f"  {label}: linked after {time.monotonic() - started:.0f}s")
+
+
+def _collect_kwok_stages(go: str, module: Path, out: Path, env: dict[str, str]) -> None:
+    listed = subprocess.run(
+        [go, "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/kwok"],
+        cwd=module,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    source = Path(listed.stdout.strip())
+    documents: list[str] = []
+    for folder in KWOK_STAGE_DIRS:
+        for path in sorted((source / folder).glob("*.yaml")):
+            if path.name == "kustomization.yaml":
+                continue
+            text = path.read_text()
+            if "kind: Stage" in text:
+                documents.append(text.strip())
+    (out / "stages.yaml").write_text("\n---\n".join(documents) + "\n")

@@ -1,0 +1,604 @@
+"""The embedded local cluster: a real Kubernetes control plane as processes on this machine.
+
+``up`` starts etcd, kube-apiserver and, unless asked for the API server alone, the
+controller-manager, the scheduler and kwok with a few simulated nodes. Every process is
+recorded in ``state.json`` with its pid and its kernel start time, so ``down`` stops exactly
+what ``up`` started (by pid, never by name) and a recycled pid is never mistaken for ours.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from stateward.local import binaries, pki
+from stateward.local.errors import LocalClusterError
+
+DEFAULT_PORT_BASE = 16443
+ADMIN_USER = "stateward-admin"
+OPERATOR_USER = "stateward-operator"
+NODE_ANNOTATION = "kwok.x-k8s.io/node"
+STORAGE_CLASS = "kwok-volume"
+SERVICE_CIDR = "10.96.0.0/16"
+POD_CIDR = "10.244.0.0/16"
+
+Progress = Callable[[str], None]
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Ports:
+    """Every port the local cluster listens on (all bound to 127.0.0.1)."""
+
+    apiserver: int
+    etcd_client: int
+    etcd_peer: int
+    controller_manager: int
+    scheduler: int
+    kwok: int
+
+    @classmethod
+    def from_base(cls, base: int) -> Ports:
+        return cls(
+            apiserver=base,
+            etcd_client=base + 1,
+            etcd_peer=base + 2,
+            controller_manager=base + 3,
+            scheduler=base + 4,
+            kwok=base + 5,
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """What to run and where its state lives."""
+
+    state_dir: Path
+    ports: Ports
+    controllers: bool = True
+    nodes: int = 3
+
+    @classmethod
+    def default(cls, *, state_dir: Path | None = None, port_base: int | None = None) -> Config:
+        base = port_base or int(os.environ.get("STATEWARD_LOCAL_PORT_BASE", DEFAULT_PORT_BASE))
+        directory = state_dir or Path(os.environ.get("STATEWARD_LOCAL_DIR", ".stateward/local"))
+        return cls(state_dir=directory.resolve(), ports=Ports.from_base(base))
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessRecord:
+    name: str
+    pid: int
+    start_time: str
+    log: str
+
+    def alive(self) -> bool:
+        return _start_time(self.pid) == self.start_time
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessStatus:
+    name: str
+    pid: int
+    running: bool
+    log: str
+
+
+def _start_time(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (field 22 of /proc/PID/stat), or None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):  # a zombie has exited; only its parent has not reaped it
+        return None
+    return fields[19]
+
+
+def _port_taken(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def free_port_base(count: int = 6, start: int = 20000, stop: int = 60000) -> int:
+    """A base port whose ``count`` successors are all free now (for tests and parallel runs)."""
+    for base in range(start + (os.getpid() % 500) * 16, stop, count + 1):
+        if not any(_port_taken(base + offset) for offset in range(count)):
+            return base
+    raise LocalClusterError(f"no {count} consecutive free ports between {start} and {stop}")
+
+
+class LocalCluster:
+    """One local control plane rooted at ``config.state_dir``."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.state_dir = config.state_dir
+        self.kubeconfig = self.state_dir / "kubeconfig"
+        self.pki_dir = self.state_dir / "pki"
+        self.state_file = self.state_dir / "state.json"
+        self.audit_log = self.state_dir / "logs" / "audit.log"
+
+    # --- public verbs -------------------------------------------------------------------
+
+    def up(self, *, progress: Progress = _stderr) -> None:
+        """Start everything and return once the cluster is ready, or leave nothing behind."""
+        self._refuse_if_present()
+        ports = self.config.ports
+        taken = [
+            f"{name} ({port})"
+            for name, port in dataclasses.asdict(ports).items()
+            if (self.config.controllers or name in ("apiserver", "etcd_client", "etcd_peer"))
+            and _port_taken(port)
+        ]
+        if taken:
+            raise LocalClusterError(
+                f"ports already in use: {', '.join(taken)}; free them or pick another range with"
+                " --port-base / STATEWARD_LOCAL_PORT_BASE"
+            )
+        paths = binaries.ensure(progress=progress)
+        started = time.monotonic()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        records: list[ProcessRecord] = []
+        try:
+            self._write_pki()
+            records.append(self._start("etcd", self._etcd_argv(paths)))
+            self._save(records)
+            self._wait("etcd healthy", self._etcd_healthy, records)
+            records.append(self._start("kube-apiserver", self._apiserver_argv(paths)))
+            self._save(records)
+            self._wait("kube-apiserver ready", self._apiserver_ready, records)
+            if self.config.controllers:
+                for name, argv in (
+                    ("kube-controller-manager", self._controller_manager_argv(paths)),
+                    ("kube-scheduler", self._scheduler_argv(paths)),
+                ):
+                    records.append(self._start(name, argv))
+                self._save(records)
+                self._create_nodes_and_storage()
+                records.append(self._start("kwok", self._kwok_argv(paths)))
+                self._save(records)
+                self._wait(f"{self.config.nodes} nodes Ready", self._nodes_ready, records)
+                self._wait("default service account", self._default_sa_exists, records)
+        except BaseException:
+            self._stop(records)
+            self._remove_state(keep_logs=True)
+            raise
+        progress(f"Local cluster ready in {time.monotonic() - started:.1f}s.")
+        progress(f"kubeconfig: {self.kubeconfig}")
+
+    def down(self, *, keep: bool = False) -> list[str]:
+        """Stop every recorded process; remove the state unless ``keep``. Returns what stopped."""
+        records = self._load()
+        stopped = self._stop(records)
+        if not keep:
+            self._remove_state(keep_logs=False)
+        return stopped
+
+    def status(self) -> list[ProcessStatus]:
+        return [
+            ProcessStatus(name=r.name, pid=r.pid, running=r.alive(), log=r.log)
+            for r in self._load()
+        ]
+
+    def running(self) -> bool:
+        return any(record.alive() for record in self._load())
+
+    # --- state ----------------------------------------------------------------------------
+
+    def _load(self) -> list[ProcessRecord]:
+        try:
+            data = json.loads(self.state_file.read_text())
+        except FileNotFoundError:
+            return []
+        return [ProcessRecord(**entry) for entry in data.get("processes", [])]
+
+    def _save(self, records: list[ProcessRecord]) -> None:
+        payload = {
+            "ports": dataclasses.asdict(self.config.ports),
+            "processes": [dataclasses.asdict(r) for r in records],
+        }
+        temporary = self.state_file.with_suffix(".tmp")
+        temporary.write_text(json.dumps(payload, indent=2))
+        temporary.replace(self.state_file)
+
+    def _refuse_if_present(self) -> None:
+        records = self._load()
+        alive = [r for r in records if r.alive()]
+        if alive:
+            raise LocalClusterError(
+                f"a local cluster is already running from {self.state_dir}"
+                f" ({', '.join(f'{r.name} pid {r.pid}' for r in alive)});"
+                " use it, or stop it with `stateward local down`"
+            )
+        leftovers = [p for p in self.state_dir.glob("*") if p.name != "logs"]
+        if leftovers:
+            raise LocalClusterError(
+                f"stale state in {self.state_dir} from a run that did not stop cleanly (nothing"
+                " of it is running); remove it with `stateward local down`, then `up` again"
+            )
+
+    def _remove_state(self, *, keep_logs: bool) -> None:
+        """Delete the state; a failed ``up`` keeps ``logs/`` so its error can be read."""
+        if not self.state_dir.exists():
+            return
+        for entry in self.state_dir.iterdir():
+            if keep_logs and entry.name == "logs":
+                continue
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+        if not keep_logs:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    # --- processes ------------------------------------------------------------------------
+
+    def _start(self, name: str, argv: list[str]) -> ProcessRecord:
+        logs = self.state_dir / "logs"
+        logs.mkdir(exist_ok=True)
+        log_path = logs / f"{name}.log"
+        with log_path.open("ab") as log:
+            process = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=self.state_dir,
+            )
+        # The start time is read back at once so the record can always tell our process
+        # from a later one that reuses the pid.
+        for _ in range(100):
+            start = _start_time(process.pid)
+            if start is not None:
+                return ProcessRecord(name, process.pid, start, str(log_path))
+            if process.poll() is not None:
+                break
+            time.sleep(0.01)
+        raise LocalClusterError(f"{name} exited at once; see {log_path}")
+
+    def _stop(self, records: list[ProcessRecord], timeout: float = 15.0) -> list[str]:
+        stopped: list[str] = []
+        for record in reversed(records):
+            if not record.alive():
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(record.pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while record.alive() and time.monotonic() < deadline:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(record.pid, os.WNOHANG)
+                time.sleep(0.05)
+            if record.alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(record.pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(record.pid, 0)
+            stopped.append(f"{record.name} (pid {record.pid})")
+        return stopped
+
+    def _wait(
+        self,
+        what: str,
+        check: Callable[[], bool],
+        records: list[ProcessRecord],
+        timeout: float = 120.0,
+    ) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            dead = [r for r in records if not r.alive()]
+            if dead:
+                raise LocalClusterError(
+                    f"{dead[0].name} exited while waiting for {what}; see {dead[0].log}"
+                )
+            with contextlib.suppress(httpx.HTTPError, OSError, ssl.SSLError):
+                if check():
+                    return
+            time.sleep(0.2)
+        raise LocalClusterError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+    # --- configuration files ----------------------------------------------------------------
+
+    def _write_pki(self) -> None:
+        authority = pki.Authority(self.pki_dir)
+        authority.issue(
+            "apiserver",
+            common_name="kube-apiserver",
+            hosts=(
+                "127.0.0.1",
+                "localhost",
+                "10.96.0.1",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ),
+            server=True,
+        )
+        pki.service_account_key(self.pki_dir / "service-account.key")
+        users = {
+            "admin": (ADMIN_USER, ("system:masters",)),
+            "operator": (OPERATOR_USER, ("system:masters",)),
+            "controller-manager": ("system:kube-controller-manager", ()),
+            "scheduler": ("system:kube-scheduler", ()),
+            "kwok": ("kwok-controller", ("system:masters",)),
+        }
+        for stem, (user, groups) in users.items():
+            pair = authority.issue(stem, common_name=user, groups=groups)
+            target = self.kubeconfig if stem == "admin" else self.state_dir / f"{stem}.kubeconfig"
+            self._write_kubeconfig(target, pair, user)
+        (self.state_dir / "audit-policy.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "audit.k8s.io/v1",
+                    "kind": "Policy",
+                    "omitStages": ["RequestReceived"],
+                    "rules": [
+                        {"level": "None", "verbs": ["get", "list", "watch"]},
+                        {"level": "Metadata"},
+                    ],
+                }
+            )
+        )
+
+    def _write_kubeconfig(self, path: Path, pair: pki.CertPair, user: str) -> None:
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "stateward-local",
+                    "cluster": {
+                        "server": f"https://127.0.0.1:{self.config.ports.apiserver}",
+                        "certificate-authority": str(self.pki_dir / "ca.crt"),
+                    },
+                }
+            ],
+            "users": [
+                {
+                    "name": user,
+                    "user": {
+                        "client-certificate": str(pair.cert),
+                        "client-key": str(pair.key),
+                    },
+                }
+            ],
+            "contexts": [
+                {"name": "stateward-local", "context": {"cluster": "stateward-local", "user": user}}
+            ],
+            "current-context": "stateward-local",
+        }
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        path.chmod(0o600)
+
+    def _etcd_argv(self, paths: binaries.Binaries) -> list[str]:
+        ports = self.config.ports
+        client = f"http://127.0.0.1:{ports.etcd_client}"
+        peer = f"http://127.0.0.1:{ports.etcd_peer}"
+        return [
+            str(paths.etcd),
+            "--name=local",
+            f"--data-dir={self.state_dir / 'etcd'}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=local={peer}",
+            "--unsafe-no-fsync=true",  # a throwaway development cluster: speed over durability
+            "--log-level=warn",
+        ]
+
+    def _apiserver_argv(self, paths: binaries.Binaries) -> list[str]:
+        ports, tls = self.config.ports, self.pki_dir
+        return [
+            str(paths.kube_apiserver),
+            f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
+            f"--secure-port={ports.apiserver}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--cert-dir={tls}",
+            f"--tls-cert-file={tls / 'apiserver.crt'}",
+            f"--tls-private-key-file={tls / 'apiserver.key'}",
+            f"--client-ca-file={tls / 'ca.crt'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--allow-privileged=true",
+            "--authorization-mode=Node,RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={tls / 'service-account.key'}",
+            f"--service-account-signing-key-file={tls / 'service-account.key'}",
+            f"--audit-policy-file={self.state_dir / 'audit-policy.yaml'}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-maxsize=100",
+            "--audit-log-maxbackup=1",
+            "--profiling=false",
+        ]
+
+    def _component_auth(self, kubeconfig: Path) -> list[str]:
+        return [
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+        ]
+
+    def _controller_manager_argv(self, paths: binaries.Binaries) -> list[str]:
+        return [
+            str(paths.kube_controller_manager),
+            *self._component_auth(self.state_dir / "controller-manager.kubeconfig"),
+            f"--secure-port={self.config.ports.controller_manager}",
+            f"--service-account-private-key-file={self.pki_dir / 'service-account.key'}",
+            f"--root-ca-file={self.pki_dir / 'ca.crt'}",
+            "--use-service-account-credentials=true",
+            "--controllers=*",
+            "--allocate-node-cidrs=true",
+            f"--cluster-cidr={POD_CIDR}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+        ]
+
+    def _scheduler_argv(self, paths: binaries.Binaries) -> list[str]:
+        return [
+            str(paths.kube_scheduler),
+            *self._component_auth(self.state_dir / "scheduler.kubeconfig"),
+            f"--secure-port={self.config.ports.scheduler}",
+        ]
+
+    def _kwok_argv(self, paths: binaries.Binaries) -> list[str]:
+        stages = self.state_dir / "kwok-stages.yaml"
+        stages.write_text(paths.kwok_stages.read_text() + "---\n" + PVC_RESIZE_STAGE)
+        port = self.config.ports.kwok
+        return [
+            str(paths.kwok),
+            f"--kubeconfig={self.state_dir / 'kwok.kubeconfig'}",
+            f"--config={stages}",
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={NODE_ANNOTATION}=fake",
+            "--node-ip=127.0.0.1",
+            f"--node-port={port}",
+            f"--server-address=127.0.0.1:{port}",
+            "--node-lease-duration-seconds=40",
+            f"--tls-cert-file={self.pki_dir / 'kwok.crt'}",
+            f"--tls-private-key-file={self.pki_dir / 'kwok.key'}",
+        ]
+
+    # --- API calls during bring-up ----------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _client(self) -> Iterator[httpx.Client]:
+        context = ssl.create_default_context(cafile=str(self.pki_dir / "ca.crt"))
+        context.load_cert_chain(self.pki_dir / "admin.crt", self.pki_dir / "admin.key")
+        with httpx.Client(
+            base_url=f"https://127.0.0.1:{self.config.ports.apiserver}", verify=context, timeout=5
+        ) as client:
+            yield client
+
+    def _etcd_healthy(self) -> bool:
+        response = httpx.get(f"http://127.0.0.1:{self.config.ports.etcd_client}/health", timeout=2)
+        return response.status_code == 200 and bool(response.json().get("health") == "true")
+
+    def _apiserver_ready(self) -> bool:
+        with self._client() as client:
+            return client.get("/readyz").status_code == 200
+
+    def _nodes_ready(self) -> bool:
+        with self._client() as client:
+            nodes = client.get("/api/v1/nodes").json().get("items", [])
+        ready = [
+            n
+            for n in nodes
+            if any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in n.get("status", {}).get("conditions", [])
+            )
+        ]
+        return len(ready) >= self.config.nodes
+
+    def _default_sa_exists(self) -> bool:
+        with self._client() as client:
+            return client.get("/api/v1/namespaces/default/serviceaccounts/default").is_success
+
+    def _create_nodes_and_storage(self) -> None:
+        with self._client() as client:
+            storage_class: dict[str, Any] = {
+                "apiVersion": "storage.k8s.io/v1",
+                "kind": "StorageClass",
+                "metadata": {
+                    "name": STORAGE_CLASS,
+                    "annotations": {"storageclass.kubernetes.io/is-default-class": "true"},
+                },
+                "provisioner": "kwok.x-k8s.io/volume",
+                "reclaimPolicy": "Delete",
+                "volumeBindingMode": "Immediate",
+                "allowVolumeExpansion": True,
+            }
+            _create(client, "/apis/storage.k8s.io/v1/storageclasses", storage_class)
+            for index in range(self.config.nodes):
+                _create(client, "/api/v1/nodes", _node(f"kwok-node-{index}"))
+
+
+def _create(client: httpx.Client, path: str, body: dict[str, Any]) -> None:
+    response = client.post(path, json=body)
+    if response.status_code not in (201, 409):
+        raise LocalClusterError(
+            f"creating {body['kind']} {body['metadata']['name']} failed: {response.text}"
+        )
+
+
+def _node(name: str) -> dict[str, Any]:
+    """A simulated node: kwok answers for it, ordinary pods schedule on it (no taints)."""
+    capacity = {"cpu": "32", "memory": "256Gi", "pods": "110", "ephemeral-storage": "1Ti"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+            },
+        },
+        "status": {"allocatable": capacity, "capacity": capacity},
+    }
+
+
+# Real clusters finish a PVC expansion through the CSI resizer; kwok has no stage for it, so
+# this one reports the requested size as the new capacity, as a resizer would.
+PVC_RESIZE_STAGE = """\
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pvc-resize
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: PersistentVolumeClaim
+  selector:
+    matchExpressions:
+    - cel:
+        expression: >-
+          self.spec.storageClassName == 'kwok-volume'
+    - cel:
+        expression: >-
+          !has(self.metadata.deletionTimestamp)
+    - cel:
+        expression: >-
+          self.status.phase == 'Bound'
+    - cel:
+        expression: >-
+          self.spec.resources.requests['storage'] != self.status.capacity['storage']
+  steps:
+  - patch:
+      root: status
+      subresource: status
+      template: |
+        capacity:
+        {{ YAML .spec.resources.requests 1 }}
+"""
