@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -54,6 +55,16 @@ def _local_status(args: argparse.Namespace) -> int:
     return 0 if healthy else 1
 
 
+def _local_run(args: argparse.Namespace) -> int:
+    from stateward.cli import run
+
+    if args.state_dir:
+        os.environ["STATEWARD_LOCAL_DIR"] = str(args.state_dir)
+    if args.port_base:
+        os.environ["STATEWARD_LOCAL_PORT_BASE"] = str(args.port_base)
+    return run.run()
+
+
 def _local_build(_: argparse.Namespace) -> int:
     for component in binaries.missing():
         binaries.build(component)
@@ -62,9 +73,58 @@ def _local_build(_: argparse.Namespace) -> int:
     return 0
 
 
+def _operator(args: argparse.Namespace) -> int:
+    # Imported here: the local-cluster verbs must not pay for loading Kopf.
+    from stateward.runtime import operator
+
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = str(args.kubeconfig)
+    options = operator.Options(
+        namespace=args.namespace,
+        identity=args.identity or "",
+        lease_duration=args.lease_duration,
+        renew_deadline=args.renew_deadline,
+        retry_period=args.retry_period,
+        resync_interval=args.resync_interval,
+        probe_address=args.probe_address,
+        probe_port=args.probe_port,
+        webhook_address=args.webhook_address,
+        webhook_port=args.webhook_port,
+        webhook_host=args.webhook_host,
+        webhooks=not args.no_webhooks,
+    )
+    return operator.run(options)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stateward", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
+
+    op = commands.add_parser("operator", help="run the operator against $KUBECONFIG or in-cluster")
+    op.add_argument("--kubeconfig", type=Path, default=None, help="default: $KUBECONFIG")
+    op.add_argument(
+        "--namespace",
+        default=os.environ.get("POD_NAMESPACE", "stateward-system"),
+        help="namespace of the leader Lease (default $POD_NAMESPACE or stateward-system)",
+    )
+    op.add_argument("--identity", default=None, help="leader identity (default host-pid)")
+    op.add_argument("--lease-duration", type=float, default=15.0, help="seconds (default 15)")
+    op.add_argument("--renew-deadline", type=float, default=10.0, help="seconds (default 10)")
+    op.add_argument("--retry-period", type=float, default=2.0, help="seconds (default 2)")
+    op.add_argument(
+        "--resync-interval", type=float, default=300.0, help="seconds between full resyncs"
+    )
+    op.add_argument("--probe-address", default="0.0.0.0", help="healthz/readyz/metrics bind")  # noqa: S104
+    op.add_argument("--probe-port", type=int, default=8081)
+    op.add_argument("--webhook-address", default="0.0.0.0", help="admission webhook bind")  # noqa: S104
+    op.add_argument("--webhook-port", type=int, default=9443)
+    op.add_argument(
+        "--webhook-host",
+        default=None,
+        help="host name the API server uses to reach the webhook (default: the bind address)",
+    )
+    op.add_argument("--no-webhooks", action="store_true", help="serve no admission webhook")
+    op.set_defaults(handler=_operator)
 
     local = commands.add_parser("local", help="the embedded local Kubernetes cluster")
     verbs = local.add_subparsers(dest="verb", required=True)
@@ -95,6 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
     verbs.add_parser("status", parents=[common], help="what runs and what died").set_defaults(
         handler=_local_status
     )
+    verbs.add_parser(
+        "run",
+        parents=[common],
+        help="cluster + operator + a sample PostgresCluster, status shown until Ctrl-C",
+    ).set_defaults(handler=_local_run)
     verbs.add_parser(
         "build", help="build the control-plane binaries into the cache (once)"
     ).set_defaults(handler=_local_build)

@@ -58,7 +58,9 @@ class Component:
     @staticmethod
     def binary_name(package: str) -> str:
         # go.etcd.io/etcd/server/v3 builds a binary named "v3"; give it its real name.
-        return "etcd" if package.startswith("go.etcd.io/etcd/server") else package.rsplit("/", 1)[-1]
+        return (
+            "etcd" if package.startswith("go.etcd.io/etcd/server") else package.rsplit("/", 1)[-1]
+        )
 
 
 def _kubernetes_ldflags(version: str) -> str:
@@ -206,8 +208,17 @@ def build(component: Component, *, progress: Progress = _stderr) -> Path:
     else:
         output = partial
     _run_go_build(
-        [go, "build", "-v", "-trimpath", "-ldflags", component.ldflags, "-o", f"{output}/"
-         if output == partial else str(output), *component.packages],
+        [
+            go,
+            "build",
+            "-v",
+            "-trimpath",
+            "-ldflags",
+            component.ldflags,
+            "-o",
+            f"{output}/" if output == partial else str(output),
+            *component.packages,
+        ],
         cwd=module,
         env=env,
         label=f"{component.name} {component.version}",

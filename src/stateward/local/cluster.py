@@ -89,6 +89,7 @@ class ProcessRecord:
     pid: int
     start_time: str
     log: str
+    argv: tuple[str, ...] = ()
 
     def alive(self) -> bool:
         return _start_time(self.pid) == self.start_time
@@ -205,6 +206,19 @@ class LocalCluster:
             for r in self._load()
         ]
 
+    def stop_component(self, name: str) -> None:
+        """Stop one component (for failure drills); ``start_component`` brings it back."""
+        records = self._load()
+        self._stop([r for r in records if r.name == name])
+
+    def start_component(self, name: str) -> None:
+        records = self._load()
+        index = next(i for i, r in enumerate(records) if r.name == name)
+        if records[index].alive():
+            return
+        records[index] = self._start(name, list(records[index].argv))
+        self._save(records)
+
     def running(self) -> bool:
         return any(record.alive() for record in self._load())
 
@@ -215,7 +229,10 @@ class LocalCluster:
             data = json.loads(self.state_file.read_text())
         except FileNotFoundError:
             return []
-        return [ProcessRecord(**entry) for entry in data.get("processes", [])]
+        return [
+            ProcessRecord(**{**entry, "argv": tuple(entry.get("argv", ()))})
+            for entry in data.get("processes", [])
+        ]
 
     def _save(self, records: list[ProcessRecord]) -> None:
         payload = {
@@ -276,7 +293,7 @@ class LocalCluster:
         for _ in range(100):
             start = _start_time(process.pid)
             if start is not None:
-                return ProcessRecord(name, process.pid, start, str(log_path))
+                return ProcessRecord(name, process.pid, start, str(log_path), tuple(argv))
             if process.poll() is not None:
                 break
             time.sleep(0.01)
@@ -421,6 +438,9 @@ class LocalCluster:
             f"--secure-port={ports.apiserver}",
             "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1",
+            # The endpoint reconciler refuses loopback addresses; nothing in the local cluster
+            # reaches the API server through the `kubernetes` Service, so it is switched off.
+            "--endpoint-reconciler-type=none",
             f"--cert-dir={tls}",
             f"--tls-cert-file={tls / 'apiserver.crt'}",
             f"--tls-private-key-file={tls / 'apiserver.key'}",
@@ -470,7 +490,7 @@ class LocalCluster:
 
     def _kwok_argv(self, paths: binaries.Binaries) -> list[str]:
         stages = self.state_dir / "kwok-stages.yaml"
-        stages.write_text(paths.kwok_stages.read_text() + "---\n" + PVC_RESIZE_STAGE)
+        stages.write_text(compose_stages(paths.kwok_stages.read_text()))
         port = self.config.ports.kwok
         return [
             str(paths.kwok),
@@ -567,6 +587,110 @@ def _node(name: str) -> dict[str, Any]:
         },
         "status": {"allocatable": capacity, "capacity": capacity},
     }
+
+
+SIMULATED_FAILURE_SUFFIX = ":simulate-failure"
+ROLE_LABEL = "stateward.io/role"
+
+
+def compose_stages(stock: str) -> str:
+    """kwok's stock stages plus what the local cluster simulates on top of them.
+
+    * Job pods whose image ends in ``:simulate-failure`` fail instead of completing: the
+      local stand-in for a backup that breaks, so failure handling can be exercised.
+    * A database pod with no role yet gets one, as Patroni would label it after bootstrap:
+      ordinal 0 ``primary``, the others ``replica``. Pods that already carry a role keep it.
+    * PVC expansions complete (see ``PVC_RESIZE_STAGE``).
+    """
+    documents = [d for d in yaml.safe_load_all(stock) if d]
+    not_simulated_failure = {
+        "cel": {
+            "expression": "!self.spec.containers.exists(c, c.image.endsWith("
+            f"'{SIMULATED_FAILURE_SUFFIX}'))"
+        }
+    }
+    for document in documents:
+        if document["metadata"]["name"] == "pod-complete":
+            document["spec"]["selector"]["matchExpressions"].append(not_simulated_failure)
+    extra = [yaml.safe_load(text) for text in (POD_FAIL_STAGE, POD_ROLE_STAGE, PVC_RESIZE_STAGE)]
+    return yaml.safe_dump_all([*documents, *extra], sort_keys=False)
+
+
+POD_FAIL_STAGE = f"""\
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: stateward-pod-fail
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.status.phase'
+      operator: 'In'
+      values:
+      - 'Running'
+    - key: '.metadata.ownerReferences.[].kind'
+      operator: 'In'
+      values:
+      - 'Job'
+    - cel:
+        expression: >-
+          self.spec.containers.exists(c, c.image.endsWith('{SIMULATED_FAILURE_SUFFIX}'))
+  next:
+    statusTemplate: |
+      {{{{ $now := Now }}}}
+      containerStatuses:
+      {{{{ range $index, $item := .spec.containers }}}}
+      - image: {{{{ $item.image | Quote }}}}
+        name: {{{{ $item.name | Quote }}}}
+        ready: false
+        restartCount: 0
+        started: false
+        state:
+          terminated:
+            exitCode: 1
+            finishedAt: {{{{ $now | Quote }}}}
+            reason: Error
+            startedAt: {{{{ $now | Quote }}}}
+      {{{{ end }}}}
+      phase: Failed
+"""
+
+POD_ROLE_STAGE = f"""\
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: stateward-simulated-patroni-role
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.status.phase'
+      operator: 'In'
+      values:
+      - 'Running'
+    - cel:
+        expression: >-
+          has(self.metadata.labels) &&
+          'stateward.io/cluster' in self.metadata.labels &&
+          'statefulset.kubernetes.io/pod-name' in self.metadata.labels &&
+          !('{ROLE_LABEL}' in self.metadata.labels)
+  next:
+    patches:
+    - root: metadata
+      template: |
+        labels:
+          {ROLE_LABEL}: {{{{ if hasSuffix "-0" .metadata.name }}}}primary{{{{ else -}}}}
+            replica{{{{- end }}}}
+"""
 
 
 # Real clusters finish a PVC expansion through the CSI resizer; kwok has no stage for it, so

@@ -1,1 +1,35 @@
-"""Pure builders: a PostgresCluster model in, the desired Kubernetes objects out. No I/O."""
+"""Pure builders: a PostgresCluster model in, the desired Kubernetes objects out. No I/O.
+
+Every object is a JSON-ready dict for server-side apply under one field manager: complete
+``apiVersion``/``kind``/``metadata``, only the fields Stateward owns, never a None value.
+"""
+
+from __future__ import annotations
+
+from stateward.api import v1alpha1
+from stateward.specs import backup, config, meta, pdb, rbac, services, statefulset
+
+
+def children(cluster: v1alpha1.PostgresCluster, *, config_hash: str) -> list[meta.Object]:
+    """Every owned child desired for ``cluster``, in apply order.
+
+    ``config_hash`` is ``config.config_hash(cluster)``, or the hash of the configuration the
+    pods should run; it goes into the pod template.
+
+    Not included: the Secrets (created once, with generated passwords), the final backup Job
+    (created by the finalizer) and the backup repository PVC (not owned).
+    """
+    objects = [
+        rbac.service_account(cluster),
+        rbac.role(cluster),
+        rbac.role_binding(cluster),
+        config.config_map(cluster),
+        services.headless_service(cluster),
+        services.primary_service(cluster),
+        services.replicas_service(cluster),
+        pdb.pod_disruption_budget(cluster),
+        statefulset.statefulset(cluster, config_hash=config_hash),
+    ]
+    if cluster.spec.backup_schedule is not None:
+        objects.append(backup.backup_cronjob(cluster))
+    return objects

@@ -1,0 +1,162 @@
+"""``stateward local run`` (``make run``): the whole story on the embedded local cluster.
+
+Starts the local cluster if it is not running, installs the CRD, runs the operator as a child
+process, applies the sample PostgresCluster and prints its status each time it changes, until
+Ctrl-C. The cluster keeps running afterwards, for kubectl; ``stateward local down`` stops it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from lightkube import ApiError, Client, codecs
+from lightkube.config.kubeconfig import KubeConfig
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+from lightkube.resources.core_v1 import Namespace
+
+from stateward.api import crd, v1alpha1
+from stateward.local.cluster import Config, LocalCluster, free_port_base
+
+OPERATOR_NAMESPACE = "stateward-system"
+SAMPLE = Path(__file__).resolve().parents[3] / "config" / "samples" / "postgrescluster.yaml"
+PostgresClusterResource = create_namespaced_resource(
+    v1alpha1.GROUP, v1alpha1.VERSION, v1alpha1.KIND, v1alpha1.PLURAL
+)
+
+
+def say(message: str) -> None:
+    print(message, flush=True)
+
+
+def install_crds(client: Client) -> None:
+    client.apply(
+        CustomResourceDefinition.from_dict(crd.postgrescluster_crd()),
+        field_manager="stateward-install",
+        force=True,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        found = client.get(CustomResourceDefinition, f"{v1alpha1.PLURAL}.{v1alpha1.GROUP}")
+        conditions = (found.status.conditions if found.status else None) or []
+        if any(c.type == "Established" and c.status == "True" for c in conditions):
+            return
+        time.sleep(0.2)
+    raise RuntimeError("the PostgresCluster CRD did not become Established within 30s")
+
+
+def ensure_namespace(client: Client, name: str) -> None:
+    with contextlib.suppress(ApiError):
+        client.create(Namespace(metadata=ObjectMeta(name=name)))
+
+
+@dataclasses.dataclass
+class OperatorProcess:
+    process: subprocess.Popen[bytes]
+    probe_port: int
+    webhook_port: int
+    log: Path
+
+    def stop(self, timeout: float = 15) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        return self.process.wait()
+
+
+def start_operator(
+    cluster: LocalCluster, *, extra: list[str] | None = None, name: str = "operator"
+) -> OperatorProcess:
+    """The operator as a child process, as user ``stateward-operator``, on free ports."""
+    log_path = cluster.state_dir / "logs" / f"{name}.log"
+    log = log_path.open("ab")
+    kubeconfig = cluster.state_dir / "operator.kubeconfig"
+    base = free_port_base(count=2)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "stateward",
+            "operator",
+            f"--kubeconfig={kubeconfig}",
+            f"--namespace={OPERATOR_NAMESPACE}",
+            "--probe-address=127.0.0.1",
+            f"--probe-port={base}",
+            "--webhook-address=127.0.0.1",
+            "--webhook-host=127.0.0.1",
+            f"--webhook-port={base + 1}",
+            *(extra or []),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    log.close()
+    return OperatorProcess(process, base, base + 1, log_path)
+
+
+def _status_line(obj: Any) -> str:
+    status = obj.get("status") or {}
+    ready = {c["type"]: c for c in status.get("conditions") or []}.get("Ready", {})
+    return (
+        f"{obj['metadata']['name']}: phase={status.get('phase', '-')}"
+        f" ready={status.get('readyReplicas', 0)}/{obj['spec']['replicas']}"
+        f" primary={status.get('primaryPod', '-')}"
+        f" replicas={','.join(status.get('replicaPods', [])) or '-'}"
+        f" ({ready.get('reason', '-')}: {ready.get('message', '')})"
+    )
+
+
+def run() -> int:
+    config = Config.default()
+    cluster = LocalCluster(config)
+    if not cluster.running():
+        say("==> Starting the local Kubernetes cluster")
+        cluster.up(progress=say)
+    else:
+        say(f"==> Using the running local cluster ({cluster.kubeconfig})")
+    client = Client(KubeConfig.from_file(cluster.kubeconfig), field_manager="stateward-run")
+    say("==> Installing the PostgresCluster CRD")
+    install_crds(client)
+    ensure_namespace(client, OPERATOR_NAMESPACE)
+    say(f"==> Starting the operator (log: {cluster.state_dir / 'logs' / 'operator.log'})")
+    operator = start_operator(cluster)
+    try:
+        sample = yaml.safe_load(SAMPLE.read_text())
+        sample["metadata"].setdefault("namespace", "default")
+        client.apply(codecs.from_dict(sample), field_manager="stateward-run", force=True)
+        name = sample["metadata"]["name"]
+        say(f"==> Applied the sample PostgresCluster {name!r}; status follows (Ctrl-C to stop)")
+        say(f"    kubectl --kubeconfig {cluster.kubeconfig} get pgc,sts,svc,pods -n default")
+        last = ""
+        while True:
+            if operator.process.poll() is not None:
+                say("operator exited; see its log")
+                return 1
+            with contextlib.suppress(ApiError):
+                obj = client.get(PostgresClusterResource, name, namespace="default").to_dict()
+                line = _status_line(obj)
+                if line != last:
+                    say(f"[{time.strftime('%H:%M:%S')}] {line}")
+                    last = line
+            time.sleep(1)
+    except KeyboardInterrupt:
+        say(
+            "\n==> Stopping the operator; the cluster keeps running"
+            " (`stateward local down` stops it)"
+        )
+        return 0
+    finally:
+        operator.stop()

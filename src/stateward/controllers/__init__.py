@@ -1,0 +1,1 @@
+"""Reconcilers: ordered phases over one object, driven from observed state."""

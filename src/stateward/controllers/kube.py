@@ -1,0 +1,181 @@
+"""The operator's door to the API server: every write goes through here.
+
+Objects are plain dicts on both sides. Two guarantees live in this one place:
+* no write is sent unless the process still holds leadership (``may_write``), so a replica
+  that lost its Lease cannot act on stale decisions;
+* every write is counted (``on_write``), which is how metrics and tests see write traffic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from lightkube import ApiError, AsyncClient, codecs
+from lightkube.core.resource_registry import resource_registry
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.types import CascadeType, PatchType
+
+from stateward.api import v1alpha1
+
+FIELD_MANAGER = "stateward"
+Body = dict[str, Any]
+
+create_namespaced_resource(v1alpha1.GROUP, v1alpha1.VERSION, v1alpha1.KIND, v1alpha1.PLURAL)
+
+
+class NotLeader(Exception):
+    """Raised instead of writing when this process no longer holds the leader Lease."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Ref:
+    api_version: str
+    kind: str
+    namespace: str
+    name: str
+
+    @classmethod
+    def of(cls, body: Body) -> Ref:
+        metadata = body["metadata"]
+        return cls(
+            body["apiVersion"], body["kind"], metadata.get("namespace", ""), metadata["name"]
+        )
+
+
+def _resource(api_version: str, kind: str) -> Any:
+    return resource_registry.load(api_version, kind)
+
+
+def is_not_found(error: ApiError) -> bool:
+    return error.status.code == 404
+
+
+class Kube:
+    def __init__(
+        self,
+        client: AsyncClient,
+        *,
+        may_write: Callable[[], bool] = lambda: True,
+        on_write: Callable[[str, str], None] = lambda verb, kind: None,
+        component: str = "stateward-operator",
+    ) -> None:
+        self.client = client
+        self.may_write = may_write
+        self.on_write = on_write
+        self.component = component
+
+    def _guard(self, verb: str, kind: str) -> None:
+        if not self.may_write():
+            raise NotLeader(f"not the leader: refusing to {verb} {kind}")
+        self.on_write(verb, kind)
+
+    # --- reads ------------------------------------------------------------------------------
+
+    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Body | None:
+        try:
+            found = await self.client.get(_resource(api_version, kind), name, namespace=namespace)
+        except ApiError as error:
+            if is_not_found(error):
+                return None
+            raise
+        return _to_dict(found)
+
+    async def list(
+        self, api_version: str, kind: str, namespace: str, labels: dict[str, str]
+    ) -> list[Body]:
+        return [
+            _to_dict(item)
+            async for item in self.client.list(
+                _resource(api_version, kind), namespace=namespace, labels=labels
+            )
+        ]
+
+    # --- writes -----------------------------------------------------------------------------
+
+    async def apply(self, body: Body) -> Body:
+        """Server-side apply under the one field manager, taking ownership of our fields."""
+        self._guard("apply", body["kind"])
+        applied = await self.client.apply(
+            codecs.from_dict(body), field_manager=FIELD_MANAGER, force=True
+        )
+        return _to_dict(applied)
+
+    async def create(self, body: Body) -> Body:
+        self._guard("create", body["kind"])
+        created = await self.client.create(codecs.from_dict(body), field_manager=FIELD_MANAGER)
+        return _to_dict(created)
+
+    async def delete(self, ref: Ref, *, orphan: bool = False) -> None:
+        """Delete; a missing object counts as deleted."""
+        self._guard("delete", ref.kind)
+        try:
+            await self.client.delete(
+                _resource(ref.api_version, ref.kind),
+                ref.name,
+                namespace=ref.namespace,
+                cascade=CascadeType.ORPHAN if orphan else CascadeType.BACKGROUND,
+            )
+        except ApiError as error:
+            if not is_not_found(error):
+                raise
+
+    async def patch(
+        self,
+        ref: Ref,
+        patch: Body | list[Body],
+        *,
+        json_patch: bool = False,
+        status: bool = False,
+    ) -> Body:
+        self._guard("patch", ref.kind + ("/status" if status else ""))
+        resource = _resource(ref.api_version, ref.kind)
+        if status:
+            resource = resource.Status
+        patched = await self.client.patch(
+            resource,
+            ref.name,
+            patch,
+            namespace=ref.namespace,
+            patch_type=PatchType.JSON if json_patch else PatchType.MERGE,
+            field_manager=FIELD_MANAGER,
+        )
+        return _to_dict(patched)
+
+    async def event(
+        self, involved: Body, *, reason: str, message: str, warning: bool = False
+    ) -> None:
+        """Record a core/v1 Event on ``involved``. Messages never carry secret values."""
+        metadata = involved["metadata"]
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "name": f"{metadata['name']}.{uuid.uuid4().hex[:12]}",
+                "namespace": metadata.get("namespace", "default"),
+            },
+            "involvedObject": {
+                "apiVersion": involved["apiVersion"],
+                "kind": involved["kind"],
+                "name": metadata["name"],
+                "namespace": metadata.get("namespace"),
+                "uid": metadata.get("uid"),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": self.component},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        await self.create(body)
+
+
+def _to_dict(obj: Any) -> Body:
+    result: Body = obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
+    return result

@@ -1,0 +1,597 @@
+"""The PostgresCluster reconciler: an ordered checklist of phases over one cluster.
+
+Every run starts from what is observed now (the store, fed by watches) and moves the world
+one safe step toward the spec. Each phase returns a short sentence saying what it did or why
+it waited, in the manner of Patroni's HA loop; the sentences are logged and tested. A phase
+writes only when the observed state differs from the desired one, so a run over a converged
+cluster makes no write at all. Status is computed from observations and written once at the
+end, and only if it changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pydantic
+from lightkube import ApiError
+
+from stateward import specs
+from stateward.api import quantity, v1alpha1
+from stateward.api.v1alpha1 import PostgresCluster
+from stateward.controllers import conditions as cond
+from stateward.controllers.diff import differences
+from stateward.controllers.kube import Body, Kube, Ref
+from stateward.controllers.queue import Outcome
+from stateward.controllers.store import ObjectStore
+from stateward.specs import backup, meta, secrets
+from stateward.specs import config as config_spec
+
+logger = logging.getLogger(__name__)
+
+KIND = v1alpha1.KIND
+ROLL_RECHECK = 2.0
+PROGRESS_RECHECK = 5.0
+UNSATISFIABLE_RECHECK = 30.0
+FINAL_BACKUP_MAX_DELAY = 300.0
+REVISION_LABEL = "controller-revision-hash"
+
+# StatefulSet fields the API server refuses to change; a change to any of them is made by
+# deleting the StatefulSet with orphan propagation (its pods keep running) and recreating it.
+IMMUTABLE_STATEFULSET_FIELDS = (
+    ".spec.volumeClaimTemplates",
+    ".spec.selector",
+    ".spec.serviceName",
+    ".spec.podManagementPolicy",
+)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclasses.dataclass
+class Scope:
+    """One reconcile's view: the cluster, its observed children, and what was decided."""
+
+    cluster: PostgresCluster
+    body: Body
+    kube: Kube
+    store: ObjectStore
+    now: str
+    conditions: list[dict[str, Any]]
+    notes: list[str] = dataclasses.field(default_factory=list)
+    requeue_after: float | None = None
+    degraded: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    progressing: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+
+    @property
+    def namespace(self) -> str:
+        return self.cluster.namespace
+
+    def owned(self, kind: str) -> list[Body]:
+        return self.store.owned_by(self.namespace, self.cluster.name, kind)
+
+    def observed(self, kind: str, name: str) -> Body | None:
+        return self.store.get(kind, self.namespace, name)
+
+    def requeue(self, seconds: float) -> None:
+        if self.requeue_after is None or seconds < self.requeue_after:
+            self.requeue_after = seconds
+
+    def set_condition(self, type: str, status: bool | None, reason: str, message: str) -> None:
+        self.conditions = cond.set_condition(
+            self.conditions,
+            type=type,
+            status=status,
+            reason=reason,
+            message=message,
+            generation=self.cluster.generation,
+            now=self.now,
+        )
+
+    async def event(self, reason: str, message: str, *, warning: bool = False) -> None:
+        await self.kube.event(self.body, reason=reason, message=message, warning=warning)
+
+
+Phase = Callable[[Scope], Awaitable[str | None]]
+
+
+class Reconciler:
+    def __init__(self, kube: Kube, store: ObjectStore) -> None:
+        self.kube = kube
+        self.store = store
+
+    async def reconcile(self, key: tuple[str, str]) -> Outcome:
+        namespace, name = key
+        body = self.store.get(KIND, namespace, name)
+        if body is None:
+            return Outcome()
+        try:
+            cluster = PostgresCluster.model_validate(body)
+        except pydantic.ValidationError as error:
+            # Admission refuses invalid specs; this only happens to objects stored before a
+            # rule existed. Say so on the object and wait for a new spec.
+            logger.warning("%s/%s has an invalid spec: %s", namespace, name, error)
+            return Outcome()
+        scope = Scope(
+            cluster=cluster,
+            body=body,
+            kube=self.kube,
+            store=self.store,
+            now=_now(),
+            conditions=[dict(c) for c in (body.get("status") or {}).get("conditions") or []],
+        )
+        deleting = bool(body["metadata"].get("deletionTimestamp"))
+        phases: list[Phase] = (
+            [finalize]
+            if deleting
+            else [
+                ensure_finalizer,
+                ensure_secrets,
+                check_storage_class,
+                apply_children,
+                remove_backup_cronjob,
+                ensure_backup_repository,
+                expand_volumes,
+                roll_pods,
+            ]
+        )
+        for phase in phases:
+            note = await phase(scope)
+            if note:
+                scope.notes.append(note)
+        if deleting and FINALIZER_REMOVED in scope.notes:
+            logger.info("%s/%s: %s", namespace, name, "; ".join(scope.notes))
+            return Outcome()
+        await write_status(scope, deleting=deleting)
+        if scope.notes:
+            logger.info("%s/%s: %s", namespace, name, "; ".join(scope.notes))
+        return Outcome(requeue_after=scope.requeue_after)
+
+
+# --- phases ----------------------------------------------------------------------------------
+
+
+async def ensure_finalizer(scope: Scope) -> str | None:
+    finalizers = list(scope.body["metadata"].get("finalizers") or [])
+    if v1alpha1.FINALIZER in finalizers:
+        return None
+    # resourceVersion makes this an optimistic write: a concurrent change to the list fails
+    # with a conflict and is retried from fresh observations instead of being overwritten.
+    patched = await scope.kube.patch(
+        Ref.of(scope.body),
+        {
+            "metadata": {
+                "finalizers": [*finalizers, v1alpha1.FINALIZER],
+                "resourceVersion": scope.body["metadata"]["resourceVersion"],
+            }
+        },
+    )
+    scope.store.observe(patched)
+    scope.body = patched
+    return "added the finalizer"
+
+
+def _data_volumes(scope: Scope) -> list[Body]:
+    return [
+        claim
+        for claim in scope.owned("PersistentVolumeClaim")
+        if (claim["metadata"].get("labels") or {}).get(meta.BACKUP_REPOSITORY_LABEL) != "true"
+    ]
+
+
+async def ensure_secrets(scope: Scope) -> str | None:
+    cluster = scope.cluster
+    made: list[str] = []
+    for name, build in (
+        (cluster.superuser_secret_name, secrets.superuser_secret),
+        (cluster.replication_secret_name, secrets.replication_secret),
+    ):
+        if scope.observed("Secret", name) is not None:
+            continue
+        if _data_volumes(scope):
+            # The data already holds the old passwords: new ones would lock everyone out.
+            message = (
+                f"Secret {name} is missing but the cluster's data volumes exist; restore the"
+                " Secret from your backup of it. Stateward does not generate new passwords for"
+                " existing data."
+            )
+            if not cond.is_true(scope.conditions, "Degraded"):
+                await scope.event("SecretMissing", message, warning=True)
+            scope.degraded.append(("SecretMissing", message))
+            continue
+        try:
+            created = await scope.kube.create(build(cluster, password=secrets.generate_password()))
+        except ApiError as error:
+            if error.status.code != 409:
+                raise
+            continue
+        scope.store.observe(created)
+        made.append(name)
+    if made:
+        await scope.event("SecretCreated", f"Generated credentials in {', '.join(made)}")
+        return f"created {', '.join(made)}"
+    return None
+
+
+async def check_storage_class(scope: Scope) -> str | None:
+    name = scope.cluster.spec.storage_class_name
+    if name is None or scope.observed("StatefulSet", scope.cluster.name) is not None:
+        return None
+    found = await scope.kube.get("storage.k8s.io/v1", "StorageClass", "", name)
+    if found is not None:
+        return None
+    message = (
+        f"StorageClass {name!r} (spec.storageClassName) does not exist; create it or recreate"
+        " the cluster with an existing class. Checking again every"
+        f" {UNSATISFIABLE_RECHECK:.0f}s."
+    )
+    if not any(reason == "StorageClassNotFound" for reason, _ in scope.degraded):
+        previous = cond.get_condition(scope.conditions, "Degraded")
+        if previous is None or previous.get("reason") != "StorageClassNotFound":
+            await scope.event("StorageClassNotFound", message, warning=True)
+    scope.degraded.append(("StorageClassNotFound", message))
+    scope.requeue(UNSATISFIABLE_RECHECK)
+    return "waiting for the storage class"
+
+
+async def apply_children(scope: Scope) -> str | None:
+    if any(reason == "StorageClassNotFound" for reason, _ in scope.degraded):
+        return None
+    cluster = scope.cluster
+    desired = specs.children(cluster, config_hash=config_spec.config_hash(cluster))
+    changed: list[str] = []
+    for child in desired:
+        kind, name = child["kind"], child["metadata"]["name"]
+        observed = scope.observed(kind, name)
+        if observed is not None:
+            drift = differences(observed, child)
+            if not drift:
+                continue
+            if kind == "StatefulSet" and any(
+                path.startswith(field) for path in drift for field in IMMUTABLE_STATEFULSET_FIELDS
+            ):
+                await scope.kube.delete(Ref.of(observed), orphan=True)
+                scope.store.forget(kind, scope.namespace, name)
+                await scope.event(
+                    "StatefulSetRecreated",
+                    f"Recreating StatefulSet {name} to change immutable fields"
+                    f" ({', '.join(sorted(set(drift))[:5])}); its pods keep running",
+                )
+                observed = None
+        applied = await scope.kube.apply(child)
+        scope.store.observe(applied)
+        if observed is None:
+            await scope.event("Created", f"Created {kind} {name}")
+            changed.append(f"created {kind} {name}")
+        else:
+            await scope.event(
+                "Updated", f"Updated {kind} {name} ({', '.join(sorted(set(drift))[:5])})"
+            )
+            changed.append(f"updated {kind} {name}")
+    return ", ".join(changed) or None
+
+
+async def remove_backup_cronjob(scope: Scope) -> str | None:
+    if scope.cluster.spec.backup_schedule is not None:
+        return None
+    observed = scope.observed("CronJob", scope.cluster.backup_cronjob_name)
+    if observed is None:
+        return None
+    await scope.kube.delete(Ref.of(observed))
+    scope.store.forget("CronJob", scope.namespace, scope.cluster.backup_cronjob_name)
+    await scope.event("BackupScheduleRemoved", "backupSchedule was cleared: deleted the CronJob")
+    return "deleted the backup CronJob"
+
+
+async def ensure_backup_repository(scope: Scope) -> str | None:
+    if (
+        scope.cluster.spec.backup_schedule is None
+        and not scope.cluster.spec.deletion_policy.final_backup
+    ):
+        return None
+    name = scope.cluster.backup_repository_name
+    if scope.observed("PersistentVolumeClaim", name) is not None:
+        return None
+    try:
+        created = await scope.kube.create(backup.backup_repository_pvc(scope.cluster))
+    except ApiError as error:
+        if error.status.code != 409:
+            raise
+        return None
+    scope.store.observe(created)
+    await scope.event("BackupRepositoryCreated", f"Created backup repository PVC {name}")
+    return f"created backup repository {name}"
+
+
+async def expand_volumes(scope: Scope) -> str | None:
+    wanted = quantity.parse(scope.cluster.spec.storage_size)
+    expanded: list[str] = []
+    for claim in _data_volumes(scope):
+        requested = claim["spec"]["resources"]["requests"]["storage"]
+        capacity = ((claim.get("status") or {}).get("capacity") or {}).get("storage")
+        if quantity.parse(requested) < wanted:
+            patched = await scope.kube.patch(
+                Ref.of(claim),
+                {"spec": {"resources": {"requests": {"storage": scope.cluster.spec.storage_size}}}},
+            )
+            scope.store.observe(patched)
+            expanded.append(claim["metadata"]["name"])
+        elif capacity is not None and quantity.parse(capacity) < wanted:
+            scope.progressing.append(
+                ("VolumeResizing", f"PVC {claim['metadata']['name']} is growing to {requested}")
+            )
+            scope.requeue(PROGRESS_RECHECK)
+    if expanded:
+        await scope.event(
+            "VolumeExpansion",
+            f"Expanding {', '.join(expanded)} to {scope.cluster.spec.storage_size}",
+        )
+        scope.progressing.append(("VolumeResizing", f"expanding {', '.join(expanded)}"))
+        scope.requeue(PROGRESS_RECHECK)
+        return f"expanding {', '.join(expanded)}"
+    return None
+
+
+def _pods(scope: Scope) -> list[Body]:
+    return [
+        pod
+        for pod in scope.owned("Pod")
+        if not pod["metadata"].get("deletionTimestamp")
+        and (pod["metadata"].get("labels") or {}).get(meta.COMPONENT_LABEL)
+        == meta.INSTANCE_COMPONENT
+    ]
+
+
+def _role(pod: Body) -> str | None:
+    return (pod["metadata"].get("labels") or {}).get(meta.ROLE_LABEL)
+
+
+def _ready(pod: Body) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
+async def roll_pods(scope: Scope) -> str | None:
+    """Replace outdated pods one at a time: replicas first, the primary last.
+
+    The StatefulSet uses OnDelete, so a template change touches no pod until this phase
+    deletes it. A pod is replaced only while every instance is ready, so at most one
+    instance is ever down for an update.
+    """
+    statefulset = scope.observed("StatefulSet", scope.cluster.name)
+    if statefulset is None:
+        return None
+    status = statefulset.get("status") or {}
+    revision = status.get("updateRevision")
+    if not revision or status.get("observedGeneration") != statefulset["metadata"].get(
+        "generation"
+    ):
+        return None
+    pods = _pods(scope)
+    outdated = [p for p in pods if p["metadata"].get("labels", {}).get(REVISION_LABEL) != revision]
+    if not outdated:
+        return None
+    scope.progressing.append(
+        ("RollingUpdate", f"{len(outdated)} of {len(pods)} instances run an older revision")
+    )
+    scope.requeue(ROLL_RECHECK)
+    everyone_ready = len(pods) == scope.cluster.spec.replicas and all(_ready(p) for p in pods)
+    if not everyone_ready:
+        return "rolling update waits for every instance to be ready"
+    outdated.sort(key=lambda p: (_role(p) == "primary", p["metadata"]["name"]))
+    victim = outdated[0]
+    name = victim["metadata"]["name"]
+    await scope.kube.delete(Ref.of(victim))
+    scope.store.forget("Pod", scope.namespace, name)
+    role = _role(victim) or "unknown role"
+    await scope.event("RollingUpdate", f"Restarting {name} ({role}) on revision {revision}")
+    return f"restarted {name} ({role}) for the rolling update"
+
+
+# --- deletion --------------------------------------------------------------------------------
+
+FINALIZER_REMOVED = "removed the finalizer"
+
+
+def _job_state(job: Body) -> str:
+    for condition in (job.get("status") or {}).get("conditions") or []:
+        if condition.get("status") == "True" and condition.get("type") in ("Complete", "Failed"):
+            return str(condition["type"])
+    return "Running"
+
+
+async def finalize(scope: Scope) -> str | None:
+    if v1alpha1.FINALIZER not in (scope.body["metadata"].get("finalizers") or []):
+        return None
+    cluster = scope.cluster
+    if cluster.spec.deletion_policy.final_backup:
+        waiting = await _final_backup(scope)
+        if waiting:
+            return waiting
+    removed: list[str] = []
+    if cluster.spec.deletion_policy.persistent_volume_claims == v1alpha1.PVCPolicy.DELETE:
+        for claim in _data_volumes(scope):
+            if not claim["metadata"].get("deletionTimestamp"):
+                await scope.kube.delete(Ref.of(claim))
+                removed.append(claim["metadata"]["name"])
+        if removed:
+            await scope.event("VolumesDeleted", f"Deleted data volumes {', '.join(removed)}")
+    finalizers = [f for f in scope.body["metadata"]["finalizers"] if f != v1alpha1.FINALIZER]
+    await scope.kube.patch(
+        Ref.of(scope.body),
+        [
+            {
+                "op": "test",
+                "path": "/metadata/resourceVersion",
+                "value": scope.body["metadata"]["resourceVersion"],
+            },
+            {"op": "replace", "path": "/metadata/finalizers", "value": finalizers},
+        ],
+        json_patch=True,
+    )
+    return FINALIZER_REMOVED
+
+
+async def _final_backup(scope: Scope) -> str | None:
+    """Run the final backup Job to success; None once it has succeeded."""
+    cluster = scope.cluster
+    job = scope.observed("Job", cluster.final_backup_job_name)
+    previous = cond.get_condition(scope.conditions, "FinalBackup")
+    attempts = (
+        int((previous or {}).get("message", "").partition("attempt ")[2].split(" ")[0] or 0)
+        if previous
+        else 0
+    )
+    if job is not None and _job_state(job) == "Complete":
+        if previous is None or previous.get("reason") != "Succeeded":
+            scope.set_condition("FinalBackup", True, "Succeeded", f"attempt {attempts} succeeded")
+            await scope.event(
+                "FinalBackupSucceeded",
+                f"Final backup Job {cluster.final_backup_job_name} succeeded",
+            )
+        return None
+    if job is not None and _job_state(job) == "Failed":
+        delay = min(FINAL_BACKUP_MAX_DELAY, 5.0 * 2 ** max(attempts - 1, 0))
+        message = (
+            f"attempt {attempts} failed; retrying in {delay:.0f}s. The cluster stays until a"
+            " final backup succeeds; set spec.deletionPolicy.finalBackup=false to skip it."
+        )
+        scope.set_condition("FinalBackup", False, "Failed", message)
+        await scope.event("FinalBackupFailed", f"Final backup {message}", warning=True)
+        await scope.kube.delete(Ref.of(job))
+        scope.store.forget("Job", scope.namespace, cluster.final_backup_job_name)
+        scope.requeue(delay)
+        return f"final backup attempt {attempts} failed"
+    if job is None:
+        if previous is not None and previous.get("reason") == "Failed":
+            failed_at = datetime.datetime.fromisoformat(
+                previous["lastTransitionTime"].replace("Z", "+00:00")
+            )
+            delay = min(FINAL_BACKUP_MAX_DELAY, 5.0 * 2 ** max(attempts - 1, 0))
+            wait = (
+                failed_at + datetime.timedelta(seconds=delay) - datetime.datetime.now(datetime.UTC)
+            ).total_seconds()
+            if wait > 0:
+                scope.requeue(wait)
+                return f"final backup retry in {wait:.0f}s"
+        await ensure_backup_repository(scope)
+        try:
+            created = await scope.kube.create(backup.final_backup_job(cluster))
+        except ApiError as error:
+            if error.status.code != 409:
+                raise
+        else:
+            scope.store.observe(created)
+        attempts += 1
+        scope.set_condition(
+            "FinalBackup",
+            None,
+            "Running",
+            f"attempt {attempts} running in Job {cluster.final_backup_job_name};"
+            " deletion waits for it",
+        )
+        await scope.event(
+            "FinalBackupStarted",
+            f"Final backup attempt {attempts} started (Job {cluster.final_backup_job_name})",
+        )
+        scope.requeue(PROGRESS_RECHECK)
+        return f"started final backup attempt {attempts}"
+    scope.requeue(PROGRESS_RECHECK)
+    return "waiting for the final backup"
+
+
+# --- status ----------------------------------------------------------------------------------
+
+
+async def write_status(scope: Scope, *, deleting: bool) -> None:
+    cluster = scope.cluster
+    spec = cluster.spec
+    statefulset = scope.observed("StatefulSet", cluster.name)
+    sts_status = (statefulset or {}).get("status") or {}
+    ready = int(sts_status.get("readyReplicas") or 0)
+    pods = _pods(scope)
+    primaries = sorted(p["metadata"]["name"] for p in pods if _role(p) == "primary")
+    replicas = sorted(p["metadata"]["name"] for p in pods if _role(p) == "replica")
+
+    if statefulset is not None and int(sts_status.get("replicas") or 0) != spec.replicas:
+        scope.progressing.append(
+            ("Scaling", f"{sts_status.get('replicas', 0)} of {spec.replicas} instances exist")
+        )
+    if ready < spec.replicas:
+        scope.progressing.append(
+            ("InstancesStarting", f"{ready} of {spec.replicas} instances ready")
+        )
+        scope.requeue(PROGRESS_RECHECK)
+
+    is_ready = ready == spec.replicas and len(primaries) == 1
+    if is_ready:
+        scope.set_condition(
+            "Ready",
+            True,
+            "AllInstancesReady",
+            f"{ready}/{spec.replicas} ready, primary {primaries[0]}",
+        )
+    elif not primaries:
+        scope.set_condition(
+            "Ready", False, "NoPrimary", f"{ready}/{spec.replicas} ready, no primary elected yet"
+        )
+    else:
+        scope.set_condition("Ready", False, "InstancesNotReady", f"{ready}/{spec.replicas} ready")
+    if scope.progressing:
+        reason = scope.progressing[0][0]
+        scope.set_condition("Progressing", True, reason, "; ".join(m for _, m in scope.progressing))
+    else:
+        scope.set_condition("Progressing", False, "Stable", "the cluster matches its spec")
+    if scope.degraded:
+        reason, _ = scope.degraded[0]
+        scope.set_condition("Degraded", True, reason, " ".join(m for _, m in scope.degraded))
+    else:
+        scope.set_condition("Degraded", False, "AsExpected", "nothing is wrong")
+    cronjob = scope.observed("CronJob", cluster.backup_cronjob_name)
+    if spec.backup_schedule is None:
+        scope.set_condition(
+            "BackupScheduled", False, "NotConfigured", "spec.backupSchedule is not set"
+        )
+    elif cronjob is None:
+        scope.set_condition(
+            "BackupScheduled", False, "Pending", "the backup CronJob is not created yet"
+        )
+    else:
+        scope.set_condition(
+            "BackupScheduled", True, "Scheduled", f"backups run on {spec.backup_schedule!r} (UTC)"
+        )
+
+    current = dict(scope.body.get("status") or {})
+    if deleting:
+        phase = v1alpha1.Phase.DELETING
+    elif scope.degraded:
+        phase = v1alpha1.Phase.FAILING
+    elif is_ready and not scope.progressing:
+        phase = v1alpha1.Phase.READY
+    elif current.get("phase") in (v1alpha1.Phase.READY.value, v1alpha1.Phase.UPDATING.value):
+        phase = v1alpha1.Phase.UPDATING
+    else:
+        phase = v1alpha1.Phase.CREATING
+    status: dict[str, Any] = {
+        "phase": phase.value,
+        "primaryPod": primaries[0] if len(primaries) == 1 else None,
+        "replicaPods": replicas,
+        "readyReplicas": ready,
+        "conditions": scope.conditions,
+        "lastBackupTime": ((cronjob or {}).get("status") or {}).get("lastSuccessfulTime")
+        or current.get("lastBackupTime"),
+        "observedGeneration": cluster.generation,
+    }
+    status = {k: v for k, v in status.items() if v is not None}
+    if status == {k: v for k, v in current.items() if k in status} and set(current) <= set(status):
+        return
+    patch = {"status": {**{k: None for k in current if k not in status}, **status}}
+    patched = await scope.kube.patch(Ref.of(scope.body), patch, status=True)
+    scope.store.observe(patched)

@@ -1,0 +1,138 @@
+"""A work queue of object keys: deduplicated, serialized per key, with per-key backoff.
+
+The shape is client-go's workqueue: a key added many times while waiting is processed once;
+a key is never processed by two workers at once (an add during processing marks it dirty and
+it runs again afterwards); failures requeue with exponential backoff that resets on success.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What a processed key asks for next: nothing, or another run after ``requeue_after``."""
+
+    requeue_after: float | None = None
+
+
+class Backoff:
+    """Exponential per-key delays: base, 2*base, 4*base ... capped at ``cap``."""
+
+    def __init__(self, *, base: float = 0.5, cap: float = 60.0) -> None:
+        self.base, self.cap = base, cap
+        self._failures: dict[Hashable, int] = {}
+
+    def next(self, key: Hashable) -> float:
+        failures = self._failures.get(key, 0)
+        self._failures[key] = failures + 1
+        return float(min(self.cap, self.base * (2**failures)))
+
+    def reset(self, key: Hashable) -> None:
+        self._failures.pop(key, None)
+
+    def failures(self, key: Hashable) -> int:
+        return self._failures.get(key, 0)
+
+
+class WorkQueue(Generic[K]):
+    def __init__(
+        self,
+        handler: Callable[[K], Awaitable[Outcome]],
+        *,
+        workers: int = 4,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self._handler = handler
+        self._workers = workers
+        self.backoff = backoff or Backoff()
+        self._ready: asyncio.Queue[K] = asyncio.Queue()
+        self._queued: set[K] = set()
+        self._processing: set[K] = set()
+        self._dirty: set[K] = set()
+        self._timers: dict[K, asyncio.TimerHandle] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def add(self, key: K) -> None:
+        """Process ``key`` soon; a no-op if it is already waiting."""
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+        if key in self._processing:
+            self._dirty.add(key)
+            return
+        if key not in self._queued:
+            self._queued.add(key)
+            self._ready.put_nowait(key)
+
+    def add_after(self, key: K, delay: float) -> None:
+        """Process ``key`` after ``delay`` seconds, unless an earlier run is already due."""
+        existing = self._timers.get(key)
+        loop = asyncio.get_running_loop()
+        when = loop.time() + delay
+        if key in self._queued or (existing is not None and existing.when() <= when):
+            return
+        if existing is not None:
+            existing.cancel()
+        self._timers[key] = loop.call_at(when, self._fire, key)
+
+    def _fire(self, key: K) -> None:
+        self._timers.pop(key, None)
+        self.add(key)
+
+    def forget(self, key: K) -> None:
+        """Drop pending timers and backoff state of a key whose object is gone."""
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+        self.backoff.reset(key)
+
+    def __len__(self) -> int:
+        return len(self._queued)
+
+    async def _work(self) -> None:
+        while True:
+            key = await self._ready.get()
+            self._queued.discard(key)
+            self._processing.add(key)
+            try:
+                outcome = await self._handler(key)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                delay = self.backoff.next(key)
+                logger.exception("processing %s failed; retrying in %.1fs", key, delay)
+                self.add_after(key, delay)
+            else:
+                self.backoff.reset(key)
+                if outcome.requeue_after is not None:
+                    self.add_after(key, outcome.requeue_after)
+            finally:
+                self._processing.discard(key)
+                if key in self._dirty:
+                    self._dirty.discard(key)
+                    self.add(key)
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._work()) for _ in range(self._workers)]
+
+    async def stop(self) -> None:
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []

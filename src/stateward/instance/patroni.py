@@ -1,0 +1,192 @@
+"""The Patroni configuration of an instance, rendered from the PostgresCluster model.
+
+Patroni supervises PostgreSQL in each instance pod and keeps its state in the Kubernetes
+DCS (ConfigMaps mode: ``NAME-leader``, ``NAME-config``, ``NAME-sync``, ``NAME-failover``).
+Everything static lives in the YAML rendered here (mounted from a ConfigMap whose hash rolls
+the pods); per-pod values (name, namespace, IP) and credentials come from the environment,
+so no secret is ever rendered into the file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+import yaml
+
+from stateward.api import v1alpha1
+
+# --- the contract between Patroni and the operator's Services ---------------------------
+
+ROLE_LABEL: Final = "stateward.io/role"
+"""Pod label Patroni keeps current; the primary and replicas Services select on it."""
+PRIMARY_ROLE: Final = "primary"
+REPLICA_ROLE: Final = "replica"
+SCOPE_LABEL: Final = "stateward.io/cluster"
+"""Patroni adds ``{scope_label: scope}`` to its label selector; we make it our cluster label
+(scope = cluster name), so Patroni needs no extra ``cluster-name`` label on the pods."""
+
+SUPERUSER_USERNAME: Final = "postgres"
+REPLICATION_USERNAME: Final = "replicator"
+
+# --- ports and paths inside the instance container --------------------------------------
+
+POSTGRES_PORT: Final = 5432
+RESTAPI_PORT: Final = 8008
+CONFIG_DIR: Final = "/etc/patroni"
+CONFIG_FILE_NAME: Final = "patroni.yaml"
+CONFIG_FILE: Final = f"{CONFIG_DIR}/{CONFIG_FILE_NAME}"
+DATA_MOUNT: Final = "/var/lib/postgresql/data"
+DATA_DIR: Final = f"{DATA_MOUNT}/pgdata"
+"""A subdirectory of the volume: initdb refuses a non-empty directory (lost+found)."""
+SOCKET_DIR: Final = "/var/run/postgresql"
+TMP_DIR: Final = "/tmp"  # noqa: S108 - an emptyDir private to the container
+PGPASS_FILE: Final = f"{TMP_DIR}/pgpass"
+"""Patroni writes a pgpass file; the root filesystem is read-only, /tmp is an emptyDir."""
+
+# --- failover timing ---------------------------------------------------------------------
+
+TTL: Final = 20
+"""Leader lock lifetime; Patroni refuses less than 20. Node-loss failover ~ TTL + LOOP_WAIT."""
+LOOP_WAIT: Final = 2
+"""Seconds between HA cycles: every cycle renews the lock, one API write per cluster."""
+RETRY_TIMEOUT: Final = 5
+"""DCS and PostgreSQL hiccups shorter than this do not demote the primary."""
+PRIMARY_START_TIMEOUT: Final = 10
+"""A crashed primary gets this long to come back before a failover (default 300 s)."""
+
+# --- PostgreSQL parameters ---------------------------------------------------------------
+
+MAX_WAL_SENDERS: Final = v1alpha1.MAX_REPLICAS + 4
+"""Every possible replica plus room for base backups; constant so scaling needs no restart
+(replicas must have at least the primary's value)."""
+
+OPERATOR_PARAMETERS: Final[Mapping[str, str]] = {
+    "wal_level": "replica",
+    "hot_standby": "on",
+    "max_wal_senders": str(MAX_WAL_SENDERS),
+    "max_replication_slots": str(MAX_WAL_SENDERS),
+    "wal_keep_size": "128MB",
+    "wal_log_hints": "on",
+    "password_encryption": "scram-sha-256",
+    "unix_socket_directories": SOCKET_DIR,
+}
+"""Parameters the operator sets; applied after the user's, so they always win."""
+
+PATRONI_OWNED_PARAMETERS: Final = frozenset(
+    {
+        "listen_addresses",
+        "port",
+        "cluster_name",
+        "data_directory",
+        "config_file",
+        "hba_file",
+        "ident_file",
+    }
+)
+"""Parameters Patroni sets from its own configuration; a user value is dropped."""
+
+PG_HBA: Final = (
+    # The socket lives in a pod-private emptyDir: only processes of the instance container,
+    # which already hold the superuser password, can reach it.
+    "local all all trust",
+    # Streaming replicas (replicator) and base backups (the superuser); only roles with the
+    # REPLICATION attribute can use it.
+    "host replication all all scram-sha-256",
+    "host all all all scram-sha-256",
+)
+
+
+def bin_dir(major_version: int) -> str:
+    """PostgreSQL binaries of one major version (Debian layout of the instance image)."""
+    return f"/usr/lib/postgresql/{major_version}/bin"
+
+
+def parameters(cluster: v1alpha1.PostgresCluster) -> dict[str, str]:
+    """The user's parameters merged with the operator's, sorted by name.
+
+    Names compare case-insensitively, as PostgreSQL's do: ``WAL_LEVEL`` cannot slip past.
+    """
+    merged = {
+        name: value
+        for name, value in cluster.spec.postgresql.parameters.items()
+        if name.lower() not in PATRONI_OWNED_PARAMETERS | OPERATOR_PARAMETERS.keys()
+    }
+    merged.update(OPERATOR_PARAMETERS)
+    return dict(sorted(merged.items()))
+
+
+def dynamic_configuration(cluster: v1alpha1.PostgresCluster) -> dict[str, Any]:
+    """Patroni's cluster-wide (DCS) configuration.
+
+    Rendered into ``bootstrap.dcs``, which Patroni reads only when it initializes the
+    cluster. Later changes (parameters such as max_connections must be equal on every member
+    and are ignored in the local file) take effect when this document is sent to Patroni's
+    ``PATCH /config``.
+    """
+    return {
+        "ttl": TTL,
+        "loop_wait": LOOP_WAIT,
+        "retry_timeout": RETRY_TIMEOUT,
+        "primary_start_timeout": PRIMARY_START_TIMEOUT,
+        "postgresql": {
+            "use_pg_rewind": True,
+            "use_slots": True,
+            "parameters": parameters(cluster),
+        },
+    }
+
+
+def configuration(
+    cluster: v1alpha1.PostgresCluster,
+    *,
+    labels: Mapping[str, str],
+) -> dict[str, Any]:
+    """The whole Patroni configuration as a document.
+
+    ``labels`` are the instance pods' selector labels: Patroni lists its members with them
+    and puts them on the ConfigMaps it creates.
+    """
+    return {
+        "scope": cluster.name,
+        "kubernetes": {
+            # ConfigMaps mode: Endpoints are deprecated upstream.
+            "use_endpoints": False,
+            "scope_label": SCOPE_LABEL,
+            "labels": dict(labels),
+            "role_label": ROLE_LABEL,
+            "leader_label_value": PRIMARY_ROLE,
+            "follower_label_value": REPLICA_ROLE,
+            # A standby cluster's leader serves the primary Service (read-only).
+            "standby_leader_label_value": PRIMARY_ROLE,
+        },
+        "restapi": {
+            # connect_address comes from PATRONI_RESTAPI_CONNECT_ADDRESS (the pod IP).
+            "listen": f"0.0.0.0:{RESTAPI_PORT}",
+        },
+        "bootstrap": {
+            "dcs": dynamic_configuration(cluster),
+            "initdb": [{"encoding": "UTF8"}, "data-checksums"],
+        },
+        "postgresql": {
+            # connect_address from PATRONI_POSTGRESQL_CONNECT_ADDRESS; credentials from
+            # PATRONI_SUPERUSER_* and PATRONI_REPLICATION_* (Secrets, never this file).
+            "listen": f"0.0.0.0:{POSTGRES_PORT}",
+            "data_dir": DATA_DIR,
+            "bin_dir": bin_dir(cluster.spec.major_version),
+            "pgpass": PGPASS_FILE,
+            "use_unix_socket": True,
+            "pg_hba": list(PG_HBA),
+        },
+        # Pods have no /dev/watchdog; "automatic" would only log that on every start.
+        "watchdog": {"mode": "off"},
+    }
+
+
+def render(cluster: v1alpha1.PostgresCluster, *, labels: Mapping[str, str]) -> str:
+    """``patroni.yaml`` for the instances of ``cluster``; deterministic for one input."""
+    return yaml.safe_dump(
+        configuration(cluster, labels=labels),
+        sort_keys=False,
+        default_flow_style=False,
+    )

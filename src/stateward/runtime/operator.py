@@ -1,0 +1,347 @@
+"""The operator process: leader election, Kopf watches feeding a work queue, probes, metrics.
+
+Kopf is used level-triggered only: ``on.event`` handlers record each observed body in the
+store and enqueue the owning cluster; no change handlers, so Kopf never writes its own
+annotations or finalizers anywhere. Reconciles run from our work queue, one cluster at a time
+per key, with a periodic resync of every known cluster.
+
+Only the leader runs Kopf and the queue. Losing the Lease ends the process (exit code 1), as
+controller-runtime does: a fresh process campaigns again from a clean slate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import socket
+import time
+from typing import Any
+
+import kopf
+from aiohttp import web
+from lightkube import AsyncClient
+from lightkube.config.kubeconfig import KubeConfig
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from stateward.api import v1alpha1, validation
+from stateward.controllers.kube import FIELD_MANAGER, Kube
+from stateward.controllers.postgrescluster import Reconciler
+from stateward.controllers.queue import Outcome, WorkQueue
+from stateward.controllers.store import CLUSTER_LABEL, ObjectStore
+from stateward.runtime import metrics
+from stateward.runtime.leader import LeaderElector
+
+logger = logging.getLogger("stateward")
+
+MANAGED_BY = "app.kubernetes.io/managed-by=stateward"
+
+# (api group, version, plural, kind) of every child kind the operator watches.
+CHILD_RESOURCES = (
+    ("apps", "v1", "statefulsets", "StatefulSet"),
+    ("", "v1", "services", "Service"),
+    ("", "v1", "configmaps", "ConfigMap"),
+    ("", "v1", "secrets", "Secret"),
+    ("", "v1", "serviceaccounts", "ServiceAccount"),
+    ("", "v1", "pods", "Pod"),
+    ("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim"),
+    ("rbac.authorization.k8s.io", "v1", "roles", "Role"),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
+    ("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget"),
+    ("batch", "v1", "cronjobs", "CronJob"),
+    ("batch", "v1", "jobs", "Job"),
+)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Options:
+    namespace: str = "stateward-system"
+    lease_name: str = "stateward-operator-leader"
+    identity: str = ""
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    resync_interval: float = 300.0
+    workers: int = 4
+    probe_address: str = "0.0.0.0"  # noqa: S104 - probes and metrics serve the kubelet/Prometheus
+    probe_port: int = 8081
+    webhook_address: str = "0.0.0.0"  # noqa: S104
+    webhook_port: int = 9443
+    webhook_host: str | None = None
+    webhooks: bool = True
+
+
+class Operator:
+    def __init__(self, options: Options, client: AsyncClient) -> None:
+        self.options = options
+        identity = options.identity or f"{socket.gethostname()}-{os.getpid()}"
+        self.elector = LeaderElector(
+            client,
+            namespace=options.namespace,
+            name=options.lease_name,
+            identity=identity,
+            lease_duration=options.lease_duration,
+            renew_deadline=options.renew_deadline,
+            retry_period=options.retry_period,
+        )
+        self.kube = Kube(
+            client,
+            may_write=self.elector.is_leader,
+            on_write=lambda verb, kind: metrics.API_WRITES.labels(verb, kind).inc(),
+        )
+        self.store = ObjectStore()
+        self.reconciler = Reconciler(self.kube, self.store)
+        self.queue: WorkQueue[tuple[str, str]] = WorkQueue(self._reconcile, workers=options.workers)
+        self.kopf_ready = asyncio.Event()
+
+    async def _reconcile(self, key: tuple[str, str]) -> Outcome:
+        started = time.monotonic()
+        try:
+            outcome = await self.reconciler.reconcile(key)
+        except Exception:
+            metrics.RECONCILES.labels(v1alpha1.KIND, "error").inc()
+            metrics.RECONCILE_ERRORS.labels(v1alpha1.KIND).inc()
+            raise
+        finally:
+            metrics.RECONCILE_SECONDS.labels(v1alpha1.KIND).observe(time.monotonic() - started)
+            metrics.QUEUE_DEPTH.set(len(self.queue))
+        metrics.RECONCILES.labels(v1alpha1.KIND, "success").inc()
+        return outcome
+
+    # --- watch events --------------------------------------------------------------------
+
+    def on_cluster_event(self, event_type: str | None, body: dict[str, Any]) -> None:
+        metadata = body["metadata"]
+        key = (metadata["namespace"], metadata["name"])
+        if event_type == "DELETED":
+            self.store.forget(v1alpha1.KIND, *key)
+            self.queue.forget(key)
+            return
+        previous = self.store.get(v1alpha1.KIND, *key)
+        self.store.observe(body)
+        metrics.WATCHED_OBJECTS.set(len(self.store))
+        # Status-only updates (ours, mostly) change neither generation nor metadata we act
+        # on; reacting to them would only make a second, empty reconcile.
+        if previous is not None and _same_intent(previous, body):
+            return
+        self.queue.add(key)
+
+    def on_child_event(self, event_type: str | None, body: dict[str, Any]) -> None:
+        metadata = body["metadata"]
+        namespace = metadata.get("namespace", "")
+        if event_type == "DELETED":
+            self.store.forget(body["kind"], namespace, metadata["name"])
+        else:
+            self.store.observe(body)
+        metrics.WATCHED_OBJECTS.set(len(self.store))
+        cluster = (metadata.get("labels") or {}).get(CLUSTER_LABEL)
+        if cluster and self.store.get(v1alpha1.KIND, namespace, cluster) is not None:
+            self.queue.add((namespace, cluster))
+
+    async def resync(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.resync_interval)
+            for key in self.store.names(v1alpha1.KIND):
+                self.queue.add(key)
+
+    # --- Kopf -----------------------------------------------------------------------------
+
+    def registry(self) -> kopf.OperatorRegistry:
+        registry = kopf.OperatorRegistry()
+        options = self.options
+
+        @kopf.on.startup(registry=registry)
+        def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+            settings.posting.enabled = False
+            settings.peering.standalone = True
+            settings.scanning.disabled = True
+            # Watches are restarted by the server every minute at most; a stream that has
+            # gone quiet for longer than that is dead, however healthy its socket looks.
+            settings.watching.server_timeout = 60
+            settings.watching.client_timeout = 90
+            settings.watching.connect_timeout = 10
+            settings.watching.inactivity_timeout = 75
+            settings.networking.request_timeout = 30
+            settings.networking.connect_timeout = 10
+            for _group, _version, plural, _kind in CHILD_RESOURCES:
+                settings.watching.label_selectors[plural] = MANAGED_BY
+            if options.webhooks:
+                settings.admission.server = kopf.WebhookServer(
+                    addr=options.webhook_address,
+                    port=options.webhook_port,
+                    host=options.webhook_host,
+                )
+                settings.admission.managed = "stateward.io"
+
+        @kopf.on.login(registry=registry)
+        def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+            if os.path.exists("/var/run/secrets/kubernetes.io/serviceaccount/token"):
+                return kopf.login_with_service_account(**kwargs)
+            return kopf.login_with_kubeconfig(**kwargs)
+
+        @kopf.on.event(v1alpha1.GROUP, v1alpha1.VERSION, v1alpha1.PLURAL, registry=registry)
+        def cluster_event(event: dict[str, Any], **_: Any) -> None:
+            self.on_cluster_event(event.get("type"), _plain(event["object"]))
+
+        for group, version, plural, kind in CHILD_RESOURCES:
+
+            def child_event(event: dict[str, Any], _kind: str = kind, **_: Any) -> None:
+                body = _plain(event["object"])
+                body.setdefault("kind", _kind)
+                self.on_child_event(event.get("type"), body)
+
+            kopf.on.event(
+                group or "",
+                version,
+                plural,
+                id=f"observe-{plural}",
+                registry=registry,
+            )(child_event)
+
+        @kopf.on.validate(
+            v1alpha1.GROUP,
+            v1alpha1.VERSION,
+            v1alpha1.PLURAL,
+            id="validate-postgrescluster",
+            operations=["CREATE", "UPDATE"],
+            registry=registry,
+        )
+        def validate(body: Any, old: Any, **_: Any) -> None:
+            problems = validation.validate_spec(
+                _plain(body).get("spec") or {}, (_plain(old) or {}).get("spec") if old else None
+            )
+            if problems:
+                raise kopf.AdmissionError("; ".join(problems), code=422)
+
+        return registry
+
+    # --- process ----------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> int:
+        probes = await self._start_probes()
+        election = asyncio.create_task(self.elector.run(stop))
+        try:
+            await _first(self.elector.acquired.wait(), stop.wait(), election)
+            if stop.is_set() or not self.elector.acquired.is_set():
+                return 0
+            metrics.LEADER.set(1)
+            self.queue.start()
+            kopf_stop = asyncio.Event()
+            kopf_task = asyncio.create_task(
+                kopf.operator(
+                    registry=self.registry(),
+                    clusterwide=True,
+                    standalone=True,
+                    stop_flag=kopf_stop,
+                    ready_flag=self.kopf_ready,
+                )
+            )
+            resync = asyncio.create_task(self.resync())
+            await _first(stop.wait(), self.elector.lost.wait(), kopf_task)
+            lost = self.elector.lost.is_set()
+            kopf_stop.set()
+            resync.cancel()
+            await self.queue.stop()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(kopf_task, 10)
+            if lost:
+                logger.error("leadership lost: exiting so a fresh process can campaign again")
+                return 1
+            if kopf_task.done() and not stop.is_set():
+                logger.error("Kopf stopped unexpectedly; exiting")
+                return 1
+            return 0
+        finally:
+            metrics.LEADER.set(0)
+            stop.set()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(election, 5)
+            await probes.cleanup()
+
+    async def _start_probes(self) -> web.AppRunner:
+        async def healthz(_: web.Request) -> web.Response:
+            return web.Response(text="ok")
+
+        async def readyz(_: web.Request) -> web.Response:
+            if self.elector.is_leader() and self.kopf_ready.is_set():
+                return web.Response(text="ok")
+            return web.Response(status=503, text="standby: not the leader")
+
+        async def serve_metrics(_: web.Request) -> web.Response:
+            return web.Response(
+                body=generate_latest(metrics.REGISTRY),
+                headers={"Content-Type": CONTENT_TYPE_LATEST},
+            )
+
+        app = web.Application()
+        app.router.add_get("/healthz", healthz)
+        app.router.add_get("/readyz", readyz)
+        app.router.add_get("/metrics", serve_metrics)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, self.options.probe_address, self.options.probe_port).start()
+        return runner
+
+
+def _same_intent(previous: dict[str, Any], current: dict[str, Any]) -> bool:
+    """True when only status (or bookkeeping) changed between two bodies of one cluster."""
+    before, after = previous["metadata"], current["metadata"]
+    return (
+        before.get("uid") == after.get("uid")
+        and before.get("generation") == after.get("generation")
+        and before.get("deletionTimestamp") == after.get("deletionTimestamp")
+        and before.get("finalizers") == after.get("finalizers")
+        and before.get("labels") == after.get("labels")
+    )
+
+
+def _plain(obj: Any) -> dict[str, Any]:
+    """A deep plain-dict copy of a Kopf body view."""
+    if obj is None:
+        return {}
+    if isinstance(obj, dict):
+        return {k: _plain_value(v) for k, v in obj.items()}
+    return {k: _plain_value(v) for k, v in dict(obj).items()}
+
+
+def _plain_value(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain_value(v) for v in value]
+    return value
+
+
+async def _first(*waitables: Any) -> None:
+    tasks = [w if isinstance(w, asyncio.Task) else asyncio.ensure_future(w) for w in waitables]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            if task not in waitables:
+                task.cancel()
+
+
+def run(options: Options) -> int:
+    """Run until SIGINT/SIGTERM (exit 0) or lost leadership (exit 1)."""
+    logging.basicConfig(
+        level=os.environ.get("STATEWARD_LOG_LEVEL", "INFO"),
+        format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":%(message)r}',
+    )
+
+    async def main() -> int:
+        config = KubeConfig.from_env()
+        client = AsyncClient(config, field_manager=FIELD_MANAGER)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        try:
+            return await Operator(options, client).run(stop)
+        finally:
+            await client.close()
+
+    return asyncio.run(main())

@@ -1,0 +1,42 @@
+"""The ConfigMap holding ``patroni.yaml``, and the hash that rolls the pods when it changes."""
+
+from __future__ import annotations
+
+import hashlib
+
+from stateward.api import v1alpha1
+from stateward.instance import patroni
+from stateward.specs import meta
+
+HASH_LENGTH = 16
+
+
+def config_map_name(cluster: v1alpha1.PostgresCluster) -> str:
+    """``NAME-patroni``.
+
+    Not ``cluster.config_map_name`` (``NAME-config``): in ConfigMaps mode Patroni itself owns
+    ``{scope}-config`` (dynamic configuration, initialize key, timeline history) and patches
+    its labels and annotations; sharing it would make Patroni and the operator fight.
+    """
+    return f"{cluster.name}-patroni"
+
+
+def render(cluster: v1alpha1.PostgresCluster) -> str:
+    """``patroni.yaml``, with Patroni listing its members by the instance selector labels."""
+    return patroni.render(cluster, labels=meta.selector_labels(cluster))
+
+
+def config_map(cluster: v1alpha1.PostgresCluster) -> meta.Object:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        # No component label: Patroni lists ConfigMaps by the instance selector labels and
+        # must not see (or ever delete) this one.
+        "metadata": meta.object_meta(cluster, config_map_name(cluster)),
+        "data": {patroni.CONFIG_FILE_NAME: render(cluster)},
+    }
+
+
+def config_hash(cluster: v1alpha1.PostgresCluster) -> str:
+    """Short sha256 of the rendered configuration, for the pod template annotation."""
+    return hashlib.sha256(render(cluster).encode()).hexdigest()[:HASH_LENGTH]

@@ -1,0 +1,91 @@
+"""Labels, owner references and object metadata shared by every child of a PostgresCluster."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from stateward.api import v1alpha1
+from stateward.instance import patroni
+
+Object = dict[str, Any]
+"""A Kubernetes object (or part of one) as a JSON-ready dict, for server-side apply."""
+
+NAME_LABEL: Final = "app.kubernetes.io/name"
+INSTANCE_LABEL: Final = "app.kubernetes.io/instance"
+MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
+COMPONENT_LABEL: Final = "app.kubernetes.io/component"
+CLUSTER_LABEL: Final = patroni.SCOPE_LABEL
+ROLE_LABEL: Final = patroni.ROLE_LABEL
+PRIMARY_ROLE: Final = patroni.PRIMARY_ROLE
+REPLICA_ROLE: Final = patroni.REPLICA_ROLE
+BACKUP_LABEL: Final = "stateward.io/backup"
+"""Which backup a Job runs: ``scheduled`` or ``final``."""
+BACKUP_REPOSITORY_LABEL: Final = "stateward.io/backup-repository"
+
+CONFIG_HASH_ANNOTATION: Final = "stateward.io/config-hash"
+
+APP_NAME: Final = "postgresql"
+MANAGER: Final = "stateward"
+INSTANCE_COMPONENT: Final = "instance"
+"""Database pods and what exists only for them (StatefulSet, volumes, PDB)."""
+BACKUP_COMPONENT: Final = "backup"
+"""Backup pods, their Job and CronJob, and the backup repository."""
+
+
+def labels(cluster: v1alpha1.PostgresCluster, *, component: str | None = None) -> dict[str, str]:
+    """The standard labels every child carries, plus the component where one applies."""
+    result = {
+        NAME_LABEL: APP_NAME,
+        INSTANCE_LABEL: cluster.name,
+        MANAGED_BY_LABEL: MANAGER,
+        CLUSTER_LABEL: cluster.name,
+    }
+    if component is not None:
+        result[COMPONENT_LABEL] = component
+    return result
+
+
+def selector_labels(cluster: v1alpha1.PostgresCluster) -> dict[str, str]:
+    """Labels that select the instance pods of ``cluster`` and nothing else.
+
+    Immutable once a StatefulSet exists; Patroni lists its members with the same labels.
+    The component keeps backup pods out of the headless Service and the PDB.
+    """
+    return {
+        NAME_LABEL: APP_NAME,
+        CLUSTER_LABEL: cluster.name,
+        COMPONENT_LABEL: INSTANCE_COMPONENT,
+    }
+
+
+def owner_reference(cluster: v1alpha1.PostgresCluster) -> Object:
+    """A controller reference to ``cluster``: its children go when it goes."""
+    if not cluster.uid:
+        raise ValueError(f"PostgresCluster {cluster.name!r} has no metadata.uid")
+    return {
+        "apiVersion": v1alpha1.API_VERSION,
+        "kind": v1alpha1.KIND,
+        "name": cluster.name,
+        "uid": cluster.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def object_meta(
+    cluster: v1alpha1.PostgresCluster,
+    name: str,
+    *,
+    component: str | None = None,
+    extra_labels: dict[str, str] | None = None,
+    owned: bool = True,
+) -> Object:
+    """``metadata`` of a child named ``name`` in the cluster's namespace."""
+    meta: Object = {
+        "name": name,
+        "namespace": cluster.namespace,
+        "labels": {**labels(cluster, component=component), **(extra_labels or {})},
+    }
+    if owned:
+        meta["ownerReferences"] = [owner_reference(cluster)]
+    return meta

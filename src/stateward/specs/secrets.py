@@ -1,0 +1,67 @@
+"""The two credential Secrets of a cluster, created once by the controller.
+
+Builders take the password as an argument; ``generate_password`` is the only
+non-deterministic function of ``stateward.specs``. Values go to ``data`` (base64) rather
+than ``stringData``, which the API server folds into ``data``, so an apply compares cleanly.
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+
+from stateward.api import v1alpha1
+from stateward.instance import patroni
+from stateward.specs import meta
+
+USERNAME_KEY = "username"
+PASSWORD_KEY = "password"  # noqa: S105 - the key name, not a password
+BASIC_AUTH_TYPE = "kubernetes.io/basic-auth"
+
+
+def generate_password() -> str:
+    """A fresh random password: 32 random bytes, URL-safe (43 characters)."""
+    return secrets.token_urlsafe(32)
+
+
+def superuser_secret(cluster: v1alpha1.PostgresCluster, *, password: str) -> meta.Object:
+    return _basic_auth(
+        cluster,
+        cluster.superuser_secret_name,
+        username=patroni.SUPERUSER_USERNAME,
+        password=password,
+    )
+
+
+def replication_secret(cluster: v1alpha1.PostgresCluster, *, password: str) -> meta.Object:
+    return _basic_auth(
+        cluster,
+        cluster.replication_secret_name,
+        username=patroni.REPLICATION_USERNAME,
+        password=password,
+    )
+
+
+def _basic_auth(
+    cluster: v1alpha1.PostgresCluster,
+    name: str,
+    *,
+    username: str,
+    password: str,
+) -> meta.Object:
+    if not password:
+        raise ValueError(f"Secret {name!r}: the password must not be empty")
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": meta.object_meta(cluster, name),
+        "type": BASIC_AUTH_TYPE,
+        "data": {
+            USERNAME_KEY: _b64(username),
+            PASSWORD_KEY: _b64(password),
+        },
+    }
+
+
+def _b64(value: str) -> str:
+    return base64.b64encode(value.encode()).decode("ascii")

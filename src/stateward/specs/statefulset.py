@@ -1,0 +1,200 @@
+"""The StatefulSet of instance pods, each running Patroni supervising PostgreSQL."""
+
+from __future__ import annotations
+
+from stateward.api import v1alpha1
+from stateward.instance import patroni
+from stateward.specs import config, meta, pods, secrets, services
+
+CONTAINER_NAME = "postgres"
+DATA_VOLUME = "pgdata"
+CONFIG_VOLUME = "config"
+SOCKET_VOLUME = "run"
+TMP_VOLUME = "tmp"
+SHM_VOLUME = "shm"
+SHM_MOUNT = "/dev/shm"  # noqa: S108 - a memory-backed emptyDir
+
+TERMINATION_GRACE_PERIOD_SECONDS = 120
+"""Patroni stops PostgreSQL in fast mode; a primary first waits for the shutdown checkpoint
+to reach the replicas. Killing it sooner only costs crash recovery, never data."""
+
+
+def statefulset(cluster: v1alpha1.PostgresCluster, *, config_hash: str) -> meta.Object:
+    """``NAME``: ``replicas`` instance pods; ``config_hash`` marks the configuration they run."""
+    spec: meta.Object = {
+        "replicas": cluster.spec.replicas,
+        "serviceName": cluster.headless_service_name,
+        # Parallel: Patroni settles bootstrap races through the DCS leader lock, so pods
+        # need not start one by one, and a stuck pod-0 does not block the others.
+        # Immutable once created.
+        "podManagementPolicy": "Parallel",
+        # The operator rolls pods itself: replicas first, switchover, primary last.
+        "updateStrategy": {"type": "OnDelete"},
+        "selector": {"matchLabels": meta.selector_labels(cluster)},
+        "template": _pod_template(cluster, config_hash=config_hash),
+        "volumeClaimTemplates": [_data_volume_claim_template(cluster)],
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": meta.object_meta(cluster, cluster.name, component=meta.INSTANCE_COMPONENT),
+        "spec": spec,
+    }
+
+
+def _pod_template(cluster: v1alpha1.PostgresCluster, *, config_hash: str) -> meta.Object:
+    # No role label here: Patroni sets it once the pod has a role.
+    return {
+        "metadata": {
+            "labels": {
+                **meta.labels(cluster, component=meta.INSTANCE_COMPONENT),
+                **meta.selector_labels(cluster),
+            },
+            "annotations": {meta.CONFIG_HASH_ANNOTATION: config_hash},
+        },
+        "spec": {
+            "serviceAccountName": cluster.instance_account_name,
+            # Service links would inject variables named after every Service in the
+            # namespace, PATRONI_* ones included, which Patroni would read as settings.
+            "enableServiceLinks": False,
+            "terminationGracePeriodSeconds": TERMINATION_GRACE_PERIOD_SECONDS,
+            "securityContext": pods.pod_security_context(),
+            "affinity": _anti_affinity(cluster),
+            "containers": [_postgres_container(cluster)],
+            "volumes": [
+                {"name": CONFIG_VOLUME, "configMap": {"name": config.config_map_name(cluster)}},
+                pods.empty_dir(SOCKET_VOLUME),
+                pods.empty_dir(TMP_VOLUME),
+                # The runtime's default /dev/shm (64 MiB) is too small for parallel queries.
+                pods.empty_dir(SHM_VOLUME, memory=True),
+            ],
+        },
+    }
+
+
+def _postgres_container(cluster: v1alpha1.PostgresCluster) -> meta.Object:
+    container: meta.Object = {
+        "name": CONTAINER_NAME,
+        "image": cluster.image,
+        "command": ["patroni", patroni.CONFIG_FILE],
+        "ports": [
+            {"name": services.POSTGRES_PORT_NAME, "containerPort": patroni.POSTGRES_PORT},
+            {"name": services.PATRONI_PORT_NAME, "containerPort": patroni.RESTAPI_PORT},
+        ],
+        "env": _env(cluster),
+    }
+    resources = _resources(cluster)
+    if resources:
+        container["resources"] = resources
+    container.update(
+        {
+            "volumeMounts": [
+                {"name": DATA_VOLUME, "mountPath": patroni.DATA_MOUNT},
+                {"name": CONFIG_VOLUME, "mountPath": patroni.CONFIG_DIR, "readOnly": True},
+                {"name": SOCKET_VOLUME, "mountPath": patroni.SOCKET_DIR},
+                {"name": TMP_VOLUME, "mountPath": patroni.TMP_DIR},
+                {"name": SHM_VOLUME, "mountPath": SHM_MOUNT},
+            ],
+            # Until the REST API answers (Patroni start-up); Patroni's loop keeps running
+            # during a long base backup, so this need not cover cloning.
+            "startupProbe": _probe("/liveness", period=5, timeout=3, failures=60),
+            # Restarting the container kills PostgreSQL: only for a loop hung for a minute,
+            # well after a failover (TTL) would have happened anyway.
+            "livenessProbe": _probe("/liveness", period=10, timeout=5, failures=6),
+            # Leader, or a replica that is streaming: what the Services may route to.
+            "readinessProbe": _probe("/readiness", period=5, timeout=3, failures=3),
+            "securityContext": pods.container_security_context(),
+        }
+    )
+    return container
+
+
+def _env(cluster: v1alpha1.PostgresCluster) -> list[meta.Object]:
+    """Per-pod values and credentials; everything static is in ``patroni.yaml``.
+
+    Order matters: ``$(PATRONI_KUBERNETES_POD_IP)`` refers to a variable defined above it.
+    """
+    pod_ip = "$(PATRONI_KUBERNETES_POD_IP)"
+    return [
+        pods.field_env("PATRONI_NAME", field_path="metadata.name"),
+        pods.field_env("PATRONI_KUBERNETES_NAMESPACE", field_path="metadata.namespace"),
+        pods.field_env("PATRONI_KUBERNETES_POD_IP", field_path="status.podIP"),
+        {"name": "PATRONI_RESTAPI_CONNECT_ADDRESS", "value": f"{pod_ip}:{patroni.RESTAPI_PORT}"},
+        {
+            "name": "PATRONI_POSTGRESQL_CONNECT_ADDRESS",
+            "value": f"{pod_ip}:{patroni.POSTGRES_PORT}",
+        },
+        pods.secret_env(
+            "PATRONI_SUPERUSER_USERNAME",
+            secret=cluster.superuser_secret_name,
+            key=secrets.USERNAME_KEY,
+        ),
+        pods.secret_env(
+            "PATRONI_SUPERUSER_PASSWORD",
+            secret=cluster.superuser_secret_name,
+            key=secrets.PASSWORD_KEY,
+        ),
+        pods.secret_env(
+            "PATRONI_REPLICATION_USERNAME",
+            secret=cluster.replication_secret_name,
+            key=secrets.USERNAME_KEY,
+        ),
+        pods.secret_env(
+            "PATRONI_REPLICATION_PASSWORD",
+            secret=cluster.replication_secret_name,
+            key=secrets.PASSWORD_KEY,
+        ),
+        # `patronictl` in the pod (kubectl exec) finds the configuration without flags.
+        {"name": "PATRONICTL_CONFIG_FILE", "value": patroni.CONFIG_FILE},
+    ]
+
+
+def _resources(cluster: v1alpha1.PostgresCluster) -> meta.Object:
+    wanted = cluster.spec.resources
+    return {
+        key: dict(value)
+        for key, value in (("requests", wanted.requests), ("limits", wanted.limits))
+        if value
+    }
+
+
+def _probe(path: str, *, period: int, timeout: int, failures: int) -> meta.Object:
+    return {
+        "httpGet": {"path": path, "port": patroni.RESTAPI_PORT},
+        "periodSeconds": period,
+        "timeoutSeconds": timeout,
+        "failureThreshold": failures,
+    }
+
+
+def _anti_affinity(cluster: v1alpha1.PostgresCluster) -> meta.Object:
+    # Preferred, not required: a cluster larger than the node count still schedules.
+    return {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 100,
+                    "podAffinityTerm": {
+                        "labelSelector": {"matchLabels": meta.selector_labels(cluster)},
+                        "topologyKey": "kubernetes.io/hostname",
+                    },
+                }
+            ]
+        }
+    }
+
+
+def _data_volume_claim_template(cluster: v1alpha1.PostgresCluster) -> meta.Object:
+    spec: meta.Object = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": cluster.spec.storage_size}},
+    }
+    if cluster.spec.storage_class_name is not None:
+        spec["storageClassName"] = cluster.spec.storage_class_name
+    return {
+        "metadata": {
+            "name": DATA_VOLUME,
+            "labels": meta.labels(cluster, component=meta.INSTANCE_COMPONENT),
+        },
+        "spec": spec,
+    }

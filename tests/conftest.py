@@ -1,0 +1,69 @@
+"""Fixtures shared by every test layer.
+
+Real-cluster fixtures never read $KUBECONFIG: each starts its own control plane in a temporary
+directory on free ports, so a test run cannot touch a cluster it did not make.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from lightkube import Client
+from lightkube.config.kubeconfig import KubeConfig
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Namespace
+
+from stateward.local import binaries
+from stateward.local.cluster import Config, LocalCluster, Ports, free_port_base
+
+os.environ.pop("KUBECONFIG", None)
+
+
+def _start(tmp: Path, *, controllers: bool) -> Iterator[LocalCluster]:
+    config = Config(
+        state_dir=tmp / "local",
+        ports=Ports.from_base(free_port_base()),
+        controllers=controllers,
+    )
+    cluster = LocalCluster(config)
+    binaries.ensure()
+    cluster.up(progress=lambda message: print(message))
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """etcd + kube-apiserver + controller-manager + scheduler + kwok nodes, for the session."""
+    yield from _start(tmp_path_factory.mktemp("cluster"), controllers=True)
+
+
+@pytest.fixture(scope="session")
+def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """etcd + kube-apiserver only: for tests of API-server behaviour that need no controllers."""
+    yield from _start(tmp_path_factory.mktemp("apiserver"), controllers=False)
+
+
+def client_for(cluster: LocalCluster, *, kubeconfig: Path | None = None) -> Client:
+    config = KubeConfig.from_file(kubeconfig or cluster.kubeconfig)
+    return Client(config=config, field_manager="stateward-tests")
+
+
+@pytest.fixture(scope="session")
+def kube(control_plane: LocalCluster) -> Client:
+    return client_for(control_plane)
+
+
+@pytest.fixture
+def namespace(kube: Client) -> Iterator[str]:
+    """A fresh namespace per test, deleted afterwards."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    kube.create(Namespace(metadata=ObjectMeta(name=name, labels={"stateward.io/test": "true"})))
+    yield name
+    kube.delete(Namespace, name)

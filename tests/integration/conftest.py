@@ -1,0 +1,137 @@
+"""The operator, as a real process, against the session's real control plane."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from lightkube import ApiError, Client, codecs
+
+from stateward.cli.run import (
+    OPERATOR_NAMESPACE,
+    OperatorProcess,
+    PostgresClusterResource,
+    ensure_namespace,
+    install_crds,
+    start_operator,
+)
+from stateward.local.cluster import OPERATOR_USER, LocalCluster
+from tests.support.waiting import wait_for
+
+RESYNC_SECONDS = 3
+
+
+def metric(port: int, name: str, labels: str = "") -> float:
+    """One sample from the operator's /metrics (0 when absent)."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + ("{" if labels else "")) or line.startswith(name + " "):
+            if labels and labels not in line:
+                continue
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def wait_leading(handle: OperatorProcess, timeout: float = 60) -> None:
+    def leading() -> bool:
+        if handle.process.poll() is not None:
+            raise AssertionError(f"operator exited; log:\n{handle.log.read_text()[-3000:]}")
+        response = httpx.get(f"http://127.0.0.1:{handle.probe_port}/readyz", timeout=2)
+        return response.status_code == 200
+
+    wait_for(leading, what="the operator to lead and be ready", timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def crds(control_plane: LocalCluster, kube: Client) -> None:
+    install_crds(kube)
+    ensure_namespace(kube, OPERATOR_NAMESPACE)
+
+
+@pytest.fixture(scope="session")
+def operator(control_plane: LocalCluster, crds: None) -> Iterator[OperatorProcess]:
+    handle = start_operator(control_plane, extra=[f"--resync-interval={RESYNC_SECONDS}"])
+    try:
+        wait_leading(handle)
+        yield handle
+    finally:
+        handle.stop()
+
+
+class AuditLog:
+    """Write requests the API server recorded, read from its audit log."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def writes(self, *, user: str = OPERATOR_USER, namespace: str | None = None) -> list[dict[str, Any]]:
+        entries = []
+        for line in self.path.read_text().splitlines():
+            entry = json.loads(line)
+            if entry.get("user", {}).get("username") != user:
+                continue
+            if entry.get("verb") not in ("create", "update", "patch", "delete", "deletecollection"):
+                continue
+            ref = entry.get("objectRef", {})
+            if namespace is not None and ref.get("namespace") != namespace:
+                continue
+            entries.append(entry)
+        return entries
+
+
+@pytest.fixture(scope="session")
+def audit(control_plane: LocalCluster) -> AuditLog:
+    return AuditLog(control_plane.audit_log)
+
+
+def pgc_body(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "stateward.io/v1alpha1",
+        "kind": "PostgresCluster",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"version": "16", "replicas": 3, "storageSize": "1Gi", **spec},
+    }
+
+
+@pytest.fixture
+def make_cluster(kube: Client, namespace: str, operator: OperatorProcess) -> Callable[..., str]:
+    def make(name: str | None = None, **spec: Any) -> str:
+        name = name or f"pg-{uuid.uuid4().hex[:6]}"
+        kube.create(codecs.from_dict(pgc_body(name, namespace, **spec)))
+        return name
+
+    return make
+
+
+def get_pgc(kube: Client, name: str, namespace: str) -> dict[str, Any]:
+    result: dict[str, Any] = kube.get(PostgresClusterResource, name, namespace=namespace).to_dict()
+    return result
+
+
+def condition(obj: dict[str, Any], type: str) -> dict[str, Any]:
+    for entry in (obj.get("status") or {}).get("conditions") or []:
+        if entry["type"] == type:
+            return dict(entry)
+    return {}
+
+
+def wait_phase(kube: Client, name: str, namespace: str, phase: str, timeout: float = 60) -> dict[str, Any]:
+    return wait_for(
+        lambda: (obj := get_pgc(kube, name, namespace)).get("status", {}).get("phase") == phase and obj,
+        what=f"{name} to reach phase {phase}",
+        timeout=timeout,
+    )
+
+
+def gone(kube: Client, resource: Any, name: str, namespace: str) -> bool:
+    try:
+        kube.get(resource, name, namespace=namespace)
+    except ApiError as error:
+        return error.status.code == 404
+    return False

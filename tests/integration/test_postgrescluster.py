@@ -1,0 +1,557 @@
+"""The PostgresCluster operator against a real control plane: children, drift, day-2, deletion."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import pytest
+from lightkube import ApiError, Client, codecs
+from lightkube.resources.apps_v1 import StatefulSet
+from lightkube.resources.batch_v1 import CronJob
+from lightkube.resources.core_v1 import (
+    ConfigMap,
+    Event,
+    PersistentVolumeClaim,
+    Pod,
+    Secret,
+    Service,
+    ServiceAccount,
+)
+from lightkube.resources.policy_v1 import PodDisruptionBudget
+from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
+from lightkube.types import PatchType
+
+from stateward.cli.run import OperatorProcess, PostgresClusterResource
+from stateward.local.cluster import SIMULATED_FAILURE_SUFFIX, LocalCluster
+from tests.integration.conftest import (
+    AuditLog,
+    condition,
+    get_pgc,
+    gone,
+    metric,
+    pgc_body,
+    wait_phase,
+)
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+MakeCluster = Callable[..., str]
+
+CHILDREN: list[tuple[Any, str]] = [
+    (StatefulSet, "{}"),
+    (Service, "{}-primary"),
+    (Service, "{}-replicas"),
+    (Service, "{}-headless"),
+    (ConfigMap, "{}-config"),
+    (Secret, "{}-superuser"),
+    (Secret, "{}-replication"),
+    (ServiceAccount, "{}-instance"),
+    (Role, "{}-instance"),
+    (RoleBinding, "{}-instance"),
+    (PodDisruptionBudget, "{}"),
+    (CronJob, "{}-backup"),
+]
+
+
+def events(kube: Client, namespace: str, name: str) -> list[str]:
+    return [
+        f"{e.reason}: {e.message}"
+        for e in kube.list(Event, namespace=namespace, fields={"involvedObject.name": name})
+    ]
+
+
+def test_children_exist_owned_and_labelled_and_status_converges(
+    kube: Client, namespace: str, make_cluster: MakeCluster
+) -> None:
+    name = make_cluster(backupSchedule="0 3 * * *")
+    ready = wait_phase(kube, name, namespace, "Ready", timeout=90)
+    uid = ready["metadata"]["uid"]
+    for resource, pattern in CHILDREN:
+        child = kube.get(resource, pattern.format(name), namespace=namespace)
+        owners = child.metadata.ownerReferences  # type: ignore[union-attr]
+        assert owners and owners[0].uid == uid and owners[0].controller, pattern
+        labels = child.metadata.labels or {}  # type: ignore[union-attr]
+        assert labels["app.kubernetes.io/managed-by"] == "stateward"
+        assert labels["stateward.io/cluster"] == name
+        assert not any(k.startswith("kopf.") for k in child.metadata.annotations or {})  # type: ignore[union-attr]
+    repository = kube.get(PersistentVolumeClaim, f"{name}-backups", namespace=namespace)
+    assert not repository.metadata.ownerReferences  # type: ignore[union-attr]
+
+    status = ready["status"]
+    assert status["readyReplicas"] == 3
+    assert status["primaryPod"] == f"{name}-0"
+    assert status["replicaPods"] == [f"{name}-1", f"{name}-2"]
+    assert status["observedGeneration"] == ready["metadata"]["generation"]
+    assert condition(ready, "Ready")["status"] == "True"
+    assert condition(ready, "BackupScheduled")["status"] == "True"
+    assert ready["metadata"]["finalizers"] == ["stateward.io/finalizer"]
+    assert any(e.startswith("Created: Created StatefulSet") for e in events(kube, namespace, name))
+
+    sts = kube.get(StatefulSet, name, namespace=namespace)
+    assert sts.spec.updateStrategy.type == "OnDelete"  # type: ignore[union-attr]
+    assert sts.spec.serviceName == f"{name}-headless"  # type: ignore[union-attr]
+    # Services select by the role label Patroni keeps current.
+    primary = kube.get(Service, f"{name}-primary", namespace=namespace)
+    assert primary.spec.selector["stateward.io/role"] == "primary"  # type: ignore[index, union-attr]
+
+
+def test_secrets_hold_generated_passwords_that_never_reach_status_or_events(
+    kube: Client, namespace: str, make_cluster: MakeCluster
+) -> None:
+    name = make_cluster()
+    wait_phase(kube, name, namespace, "Ready", timeout=90)
+    passwords = []
+    for suffix in ("superuser", "replication"):
+        secret = kube.get(Secret, f"{name}-{suffix}", namespace=namespace)
+        password = base64.b64decode(secret.data["password"]).decode()  # type: ignore[index]
+        assert len(password) >= 32
+        passwords.append(password)
+    assert passwords[0] != passwords[1]
+    visible = str(get_pgc(kube, name, namespace)) + " ".join(events(kube, namespace, name))
+    assert not any(p in visible for p in passwords)
+
+
+def _wait_restored(kube: Client, resource: Any, name: str, namespace: str, old_uid: str) -> Any:
+    return wait_for(
+        lambda: (
+            (obj := kube.get(resource, name, namespace=namespace)).metadata.uid != old_uid  # type: ignore[union-attr]
+            and obj
+        ),
+        what=f"{resource.__name__} {name} to be recreated",
+        timeout=30,
+    )
+
+
+@pytest.mark.parametrize(
+    ("resource", "suffix"),
+    [(StatefulSet, ""), (Service, "-primary"), (CronJob, "-backup"), (ConfigMap, "-config")],
+)
+def test_deleted_child_is_recreated(
+    kube: Client, namespace: str, make_cluster: MakeCluster, resource: Any, suffix: str
+) -> None:
+    name = make_cluster(backupSchedule="*/5 * * * *")
+    wait_phase(kube, name, namespace, "Ready", timeout=90)
+    child = f"{name}{suffix}"
+    old = kube.get(resource, child, namespace=namespace)
+    kube.delete(resource, child, namespace=namespace)
+    _wait_restored(kube, resource, child, namespace, old.metadata.uid)  # type: ignore[union-attr]
+
+
+def test_hand_edits_are_repaired(kube: Client, namespace: str, make_cluster: MakeCluster) -> None:
+    name = make_cluster(backupSchedule="0 3 * * *")
+    wait_phase(kube, name, namespace, "Ready", timeout=90)
+    kube.patch(
+        Service,
+        f"{name}-primary",
+        {"spec": {"selector": {"stateward.io/role": "replica"}}},
+        namespace=namespace,
+        patch_type=PatchType.MERGE,
+    )
+    kube.patch(
+        CronJob,
+        f"{name}-backup",
+        {"spec": {"schedule": "1 1 1 1 1"}},
+        namespace=namespace,
+        patch_type=PatchType.MERGE,
+    )
+    kube.patch(
+        ConfigMap,
+        f"{name}-config",
+        {"data": {"patroni.yaml": "tampered: true"}},
+        namespace=namespace,
+        patch_type=PatchType.MERGE,
+    )
+    wait_for(
+        lambda: kube.get(Service, f"{name}-primary", namespace=namespace).spec.selector[  # type: ignore[index, union-attr]
+            "stateward.io/role"
+        ]
+        == "primary",
+        what="the primary Service selector to be repaired",
+        timeout=30,
+    )
+    wait_for(
+        lambda: kube.get(CronJob, f"{name}-backup", namespace=namespace).spec.schedule  # type: ignore[union-attr]
+        == "0 3 * * *",
+        what="the CronJob schedule to be repaired",
+        timeout=30,
+    )
+    wait_for(
+        lambda: "tampered"
+        not in kube.get(ConfigMap, f"{name}-config", namespace=namespace).data["patroni.yaml"],  # type: ignore[index]
+        what="the ConfigMap to be repaired",
+        timeout=30,
+    )
+
+
+def test_deleted_secret_with_existing_data_is_reported_not_regenerated(
+    kube: Client, namespace: str, make_cluster: MakeCluster
+) -> None:
+    name = make_cluster()
+    wait_phase(kube, name, namespace, "Ready", timeout=90)
+    kube.delete(Secret, f"{name}-superuser", namespace=namespace)
+    failing = wait_phase(kube, name, namespace, "Failing", timeout=30)
+    degraded = condition(failing, "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "SecretMissing"
+    assert gone(kube, Secret, f"{name}-superuser", namespace)
+    assert any(e.startswith("SecretMissing") for e in events(kube, namespace, name))
+
+
+def test_backup_schedule_set_changed_cleared(
+    kube: Client, namespace: str, make_cluster: MakeCluster
+) -> None:
+    name = make_cluster()
+    wait_phase(kube, name, namespace, "Ready", timeout=90)
+    assert gone(kube, CronJob, f"{name}-backup", namespace)
+    assert condition(get_pgc(kube, name, namespace), "BackupScheduled")["status"] == "False"
+
+    def schedule(value: str | None) -> None:
+        kube.patch(
+            PostgresClusterResource,
+            name,
+            {"spec": {"backupSchedule": value}},
+            namespace=namespace,
+            patch_type=PatchType.MERGE,
+        )
+
+    schedule("15 2 * * *")
+    wait_for(
+        lambda: kube.get(CronJob, f"{name}-backup", namespace=namespace).spec.schedule  # type: ignore[union-attr]
+        == "15 2 * * *",
+        what="the CronJob to be created",
+        timeout=30,
+    )
+    schedule("30 4 * * 1")
+    wait_for(
+        lambda: kube.get(CronJob, f"{name}-backup", namespace=namespace).spec.schedule  # type: ignore[union-attr]
+        == "30 4 * * 1",
+        what="the CronJob to follow the new schedule",
+        timeout=30,
+    )
+    schedule(None)
+    wait_for(
+        lambda: gone(kube, CronJob, f"{name}-backup", namespace),
+        what="the CronJob to be deleted",
+        timeout=30,
+    )
+
+
+def test_scaling_changes_the_statefulset(
+    kube: Client, namespace: str, make_cluster: MakeCluster
+) -> None:
+    name = make_cluster(replicas=2)
+    wait_phase(kube, name, namespace, "Ready", timeout=90)
+    kube.patch(
+        PostgresClusterResource,
+        name,
+        {"spec": {"replicas": 4}},
+        namespace=namespace,
+        patch_type=PatchType.MERGE,
+    )
+    ready = wait_for(
+        lambda: (obj := get_pgc(kube, name, namespace))["status"].get("readyReplicas") == 4
+        and obj["status"].get("phase") == "Ready"
+        and obj,
+        what="4 ready instances",
+        timeout=90,
+    )
+    assert ready["status"]["replicaPods"] == [f"{name}-1", f"{name}-2", f"{name}-3"]
+    kube.patch(
+        PostgresClusterResource,
+        name,
+        {"spec": {"replicas": 1}},
+        namespace=namespace,
+        patch_type=PatchType.MERGE,
+    )
+    wait_for(
+        lambda: [p.metadata.name for p in kube.list(Pod, namespace=namespace,  # type: ignore[union-attr]
+                                                     labels={"app.kubernetes.io/component": "instance"})]
+        == [f"{name}-0"],
+        what="scale down to the primary alone",
+        timeout=90,
+    )
+
+
+def test_storage_grows_without_restarting_pods(
+    kube: Client, namespace: str, make_cluster: MakeCluster
+) -> None:
+    name = make_cluster()
+    wait_phase(kube, name, namespace, "Ready", timeout=90)
+    pods_before = {
+        p.metadata.name: p.metadata.uid  # type: ignore[union-attr]
+        for p in kube.list(Pod, namespace=namespace, labels={"stateward.io/cluster": name})
+    }
+    kube.patch(
+        PostgresClusterResource,
+        name,
+        {"spec": {"storageSize": "2Gi"}},
+        namespace=namespace,
+        patch_type=PatchType.MERGE,
+    )
+
+    def claims_grown() -> bool:
+        claims = [
+            c
+            for c in kube.list(PersistentVolumeClaim, namespace=namespace)
+            if c.metadata.name.startswith(f"pgdata-{name}-")  # type: ignore[union-attr]
+        ]
+        return len(claims) == 3 and all(
+            c.spec.resources.requests["storage"] == "2Gi"  # type: ignore[index, union-attr]
+            and c.status.capacity["storage"] == "2Gi"  # type: ignore[index, union-attr]
+            for c in claims
+        )
+
+    wait_for(claims_grown, what="every data PVC to grow to 2Gi", timeout=60)
+    wait_for(
+        lambda: kube.get(StatefulSet, name, namespace=namespace)
+        .spec.volumeClaimTemplates[0]  # type: ignore[index, union-attr]
+        .spec.resources.requests["storage"]  # type: ignore[index, union-attr]
+        == "2Gi",
+        what="the StatefulSet template to be refreshed",
+        timeout=60,
+    )
+    wait_phase(kube, name, namespace, "Ready", timeout=60)
+    pods_after = {
+        p.metadata.name: p.metadata.uid  # type: ignore[union-attr]
+        for p in kube.list(Pod, namespace=namespace, labels={"stateward.io/cluster": name})
+    }
+    assert pods_after == pods_before
+    with pytest.raises(ApiError) as refused:
+        kube.patch(
+            PostgresClusterResource,
+            name,
+            {"spec": {"storageSize": "1Gi"}},
+            namespace=namespace,
+            patch_type=PatchType.MERGE,
+        )
+    assert "storageSize" in str(refused.value.status.message)
+
+
+def test_version_change_rolls_replicas_first_primary_last(
+    kube: Client, namespace: str, make_cluster: MakeCluster
+) -> None:
+    name = make_cluster(version="16")
+    wait_phase(kube, name, namespace, "Ready", timeout=90)
+    kube.patch(
+        PostgresClusterResource,
+        name,
+        {"spec": {"version": "17"}},
+        namespace=namespace,
+        patch_type=PatchType.MERGE,
+    )
+
+    def all_on_17() -> bool:
+        pods = list(
+            kube.list(Pod, namespace=namespace, labels={"app.kubernetes.io/component": "instance"})
+        )
+        return len(pods) == 3 and all(
+            p.spec.containers[0].image.endswith(":17") and not p.metadata.deletionTimestamp  # type: ignore[union-attr]
+            for p in pods
+        )
+
+    wait_for(all_on_17, what="every pod to run version 17", timeout=120)
+    wait_phase(kube, name, namespace, "Ready", timeout=60)
+    restarts = [
+        e.split("Restarting ")[1].split(" ")[0]
+        for e in events(kube, namespace, name)
+        if e.startswith("RollingUpdate:")
+    ]
+    assert sorted(restarts) == sorted({f"{name}-0", f"{name}-1", f"{name}-2"})
+    assert restarts[-1] == f"{name}-0", restarts  # the primary goes last
+
+
+def test_unknown_storage_class_is_a_condition_not_a_hot_loop(
+    kube: Client, namespace: str, make_cluster: MakeCluster, audit: AuditLog
+) -> None:
+    name = make_cluster(storageClassName="does-not-exist")
+    failing = wait_phase(kube, name, namespace, "Failing", timeout=30)
+    assert condition(failing, "Degraded")["reason"] == "StorageClassNotFound"
+    assert "spec.storageClassName" in condition(failing, "Degraded")["message"]
+    assert gone(kube, StatefulSet, name, namespace)
+    writes = len(audit.writes(namespace=namespace))
+    # A change elsewhere makes the operator look again; it must not write anything new.
+    kube.patch(
+        PostgresClusterResource,
+        name,
+        {"metadata": {"labels": {"touched": "yes"}}},
+        namespace=namespace,
+        patch_type=PatchType.MERGE,
+    )
+    wait_for(
+        lambda: "touched" in get_pgc(kube, name, namespace)["metadata"]["labels"],
+        what="the label",
+    )
+    assert len(audit.writes(namespace=namespace)) == writes
+
+
+def test_converged_cluster_makes_zero_writes(
+    kube: Client,
+    namespace: str,
+    make_cluster: MakeCluster,
+    audit: AuditLog,
+    operator: OperatorProcess,
+) -> None:
+    name = make_cluster(backupSchedule="0 3 * * *")
+    wait_phase(kube, name, namespace, "Ready", timeout=90)
+    # Let in-flight follow-ups (the status write after Ready, child events) drain: wait until
+    # two full resyncs have passed with no new write for this namespace.
+    baseline = len(audit.writes(namespace=namespace))
+    for _ in range(3):
+        reconciles = metric(operator.probe_port, "stateward_reconcile_total")
+        wait_for(
+            lambda r=reconciles: metric(operator.probe_port, "stateward_reconcile_total") >= r + 2,
+            what="a resync",
+            timeout=30,
+        )
+        now = len(audit.writes(namespace=namespace))
+        if now == baseline:
+            break
+        baseline = now
+    start = baseline
+    for _ in range(3):
+        reconciles = metric(operator.probe_port, "stateward_reconcile_total")
+        wait_for(
+            lambda r=reconciles: metric(operator.probe_port, "stateward_reconcile_total") >= r + 1,
+            what="another resync",
+            timeout=30,
+        )
+    extra = audit.writes(namespace=namespace)[start:]
+    assert extra == [], [
+        (e["verb"], e["objectRef"].get("resource"), e["objectRef"].get("name")) for e in extra
+    ]
+
+
+def test_delete_runs_final_backup_then_removes_volumes(
+    kube: Client, namespace: str, make_cluster: MakeCluster
+) -> None:
+    name = make_cluster()
+    wait_phase(kube, name, namespace, "Ready", timeout=90)
+    kube.delete(PostgresClusterResource, name, namespace=namespace)
+    wait_for(
+        lambda: gone(kube, PostgresClusterResource, name, namespace),
+        what="the cluster to be deleted",
+        timeout=90,
+    )
+    reasons = [e.split(":")[0] for e in events(kube, namespace, name)]
+    assert "FinalBackupStarted" in reasons and "FinalBackupSucceeded" in reasons
+    wait_for(
+        lambda: not [
+            c
+            for c in kube.list(PersistentVolumeClaim, namespace=namespace)
+            if c.metadata.name.startswith(f"pgdata-{name}")  # type: ignore[union-attr]
+        ],
+        what="the data volumes to be deleted",
+        timeout=60,
+    )
+    # The backup repository outlives the cluster.
+    assert kube.get(PersistentVolumeClaim, f"{name}-backups", namespace=namespace)
+
+
+def test_failing_final_backup_keeps_the_cluster_and_retries(
+    kube: Client, namespace: str, make_cluster: MakeCluster
+) -> None:
+    name = make_cluster(
+        image=f"example.invalid/postgres{SIMULATED_FAILURE_SUFFIX}",
+        deletionPolicy={"persistentVolumeClaims": "Retain"},
+    )
+    wait_for(
+        lambda: get_pgc(kube, name, namespace).get("status", {}).get("readyReplicas") == 3,
+        what="3 ready instances",
+        timeout=90,
+    )
+    kube.delete(PostgresClusterResource, name, namespace=namespace)
+    failed = wait_for(
+        lambda: (obj := get_pgc(kube, name, namespace))
+        and condition(obj, "FinalBackup").get("reason") == "Failed"
+        and obj,
+        what="the final backup to be reported failed",
+        timeout=90,
+    )
+    assert failed["metadata"]["deletionTimestamp"]
+    assert failed["status"]["phase"] == "Deleting"
+    assert "finalBackup=false" in condition(failed, "FinalBackup")["message"]
+    assert any(e.startswith("FinalBackupFailed") for e in events(kube, namespace, name))
+    # The next attempt runs with the fixed image and lets the deletion finish.
+    kube.patch(
+        PostgresClusterResource,
+        name,
+        {"spec": {"image": "example.invalid/postgres:16"}},
+        namespace=namespace,
+        patch_type=PatchType.MERGE,
+    )
+    wait_for(
+        lambda: gone(kube, PostgresClusterResource, name, namespace),
+        what="the cluster to go after a successful retry",
+        timeout=120,
+    )
+    retained = [
+        c
+        for c in kube.list(PersistentVolumeClaim, namespace=namespace)
+        if c.metadata.name.startswith(f"pgdata-{name}")  # type: ignore[union-attr]
+    ]
+    assert len(retained) == 3 and not any(c.metadata.deletionTimestamp for c in retained)  # type: ignore[union-attr]
+
+
+def test_invalid_specs_are_refused_with_the_field_named(
+    kube: Client, namespace: str, operator: OperatorProcess
+) -> None:
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"replicas": 0}, "spec.replicas"),
+        ({"replicas": 1000}, "spec.replicas"),
+        ({"storageSize": "lots"}, "storageSize"),
+        ({"backupSchedule": "61 * * * *"}, "backupSchedule"),
+        ({"backupSchedule": "* * *"}, "backupSchedule"),
+        ({"backupSchedule": "@every 5m"}, "backupSchedule"),
+        ({"version": "9.6"}, "version"),
+        ({"postgresql": {"parameters": {"port": "5433"}}}, "parameters"),
+    ]
+    for index, (spec, field) in enumerate(cases):
+        with pytest.raises(ApiError) as refused:
+            kube.create(codecs.from_dict(pgc_body(f"bad-{index}", namespace, **spec)))
+        assert field in str(refused.value.status.message), (spec, refused.value.status.message)
+
+
+def test_never_firing_schedule_is_refused_by_the_webhook(
+    kube: Client, namespace: str, operator: OperatorProcess
+) -> None:
+    with pytest.raises(ApiError) as refused:
+        kube.create(codecs.from_dict(pgc_body("feb30", namespace, backupSchedule="0 0 30 2 *")))
+    message = str(refused.value.status.message)
+    assert "backupSchedule" in message and "admission webhook" in message
+
+
+def test_immutable_storage_class_and_unknown_fields(
+    kube: Client, namespace: str, make_cluster: MakeCluster
+) -> None:
+    name = make_cluster()
+    with pytest.raises(ApiError) as refused:
+        kube.patch(
+            PostgresClusterResource,
+            name,
+            {"spec": {"storageClassName": "other"}},
+            namespace=namespace,
+            patch_type=PatchType.MERGE,
+        )
+    assert "storageClassName" in str(refused.value.status.message)
+
+
+def test_unknown_fields_are_refused_by_kubectl(
+    control_plane: LocalCluster, namespace: str, crds: None, tmp_path: Path
+) -> None:
+    manifest = tmp_path / "typo.yaml"
+    manifest.write_text(yaml.safe_dump(pgc_body("typo", namespace, replcas=3)))
+    result = subprocess.run(
+        ["kubectl", f"--kubeconfig={control_plane.kubeconfig}", "apply", "-f", str(manifest)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert 'unknown field "spec.replcas"' in result.stderr

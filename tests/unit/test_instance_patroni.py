@@ -1,0 +1,212 @@
+"""The Patroni configuration: timing, parameters, DCS settings, and no secret in the file."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from stateward.api.v1alpha1 import PostgresCluster
+from stateward.instance import patroni
+
+pytestmark = pytest.mark.unit
+
+LABELS = {"app.kubernetes.io/name": "postgresql", "stateward.io/cluster": "demo"}
+
+
+def make_cluster(**spec: Any) -> PostgresCluster:
+    return PostgresCluster.model_validate(
+        {
+            "metadata": {"name": "demo", "namespace": "db", "uid": "uid-1"},
+            "spec": {"version": "16", "replicas": 3, "storageSize": "1Gi", **spec},
+        }
+    )
+
+
+def rendered(cluster: PostgresCluster) -> dict[str, Any]:
+    document = yaml.safe_load(patroni.render(cluster, labels=LABELS))
+    assert isinstance(document, dict)
+    return document
+
+
+def test_timing_respects_patroni_rules() -> None:
+    dcs = rendered(make_cluster())["bootstrap"]["dcs"]
+    assert dcs["ttl"] >= 20
+    assert dcs["loop_wait"] + 2 * dcs["retry_timeout"] <= dcs["ttl"]
+    assert dcs["loop_wait"] >= 1
+    assert (dcs["ttl"], dcs["loop_wait"], dcs["retry_timeout"]) == (
+        patroni.TTL,
+        patroni.LOOP_WAIT,
+        patroni.RETRY_TIMEOUT,
+    )
+    assert dcs["primary_start_timeout"] == patroni.PRIMARY_START_TIMEOUT
+    assert dcs["primary_start_timeout"] < 300
+
+
+def test_scope_is_the_cluster_name() -> None:
+    assert rendered(make_cluster())["scope"] == "demo"
+
+
+def test_kubernetes_dcs_uses_configmaps_and_our_labels() -> None:
+    kubernetes = rendered(make_cluster())["kubernetes"]
+    assert kubernetes == {
+        "use_endpoints": False,
+        "scope_label": "stateward.io/cluster",
+        "labels": LABELS,
+        "role_label": "stateward.io/role",
+        "leader_label_value": "primary",
+        "follower_label_value": "replica",
+        "standby_leader_label_value": "primary",
+    }
+
+
+def test_scope_label_value_matches_the_labels() -> None:
+    # Patroni adds {scope_label: scope} to its selector: it must agree with the pod labels.
+    document = rendered(make_cluster())
+    assert (
+        document["kubernetes"]["labels"][document["kubernetes"]["scope_label"]]
+        == (document["scope"])
+    )
+
+
+def test_restapi_and_postgresql_listen_on_all_addresses() -> None:
+    document = rendered(make_cluster())
+    assert document["restapi"] == {"listen": "0.0.0.0:8008"}
+    postgresql = document["postgresql"]
+    assert postgresql["listen"] == "0.0.0.0:5432"
+    assert postgresql["data_dir"] == "/var/lib/postgresql/data/pgdata"
+    assert postgresql["pgpass"].startswith("/tmp/")
+    assert postgresql["use_unix_socket"] is True
+
+
+@pytest.mark.parametrize("version", ["13", "15.4", "16", "18"])
+def test_bin_dir_follows_the_major_version(version: str) -> None:
+    major = version.split(".")[0]
+    postgresql = rendered(make_cluster(version=version))["postgresql"]
+    assert postgresql["bin_dir"] == f"/usr/lib/postgresql/{major}/bin"
+
+
+def test_no_credentials_in_the_file() -> None:
+    document = rendered(make_cluster())
+    assert "authentication" not in document["postgresql"]
+    assert "connect_address" not in document["postgresql"]
+    assert "connect_address" not in document["restapi"]
+    assert not any(key in {"password", "username"} for key in keys(document))
+
+
+def keys(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        return [*node, *(key for value in node.values() for key in keys(value))]
+    if isinstance(node, list):
+        return [key for value in node for key in keys(value)]
+    return []
+
+
+def test_pg_hba_requires_scram_over_the_network() -> None:
+    pg_hba = rendered(make_cluster())["postgresql"]["pg_hba"]
+    assert pg_hba == [
+        "local all all trust",
+        "host replication all all scram-sha-256",
+        "host all all all scram-sha-256",
+    ]
+    assert all(rule.startswith("local") or rule.endswith("scram-sha-256") for rule in pg_hba)
+
+
+def test_rewind_and_slots() -> None:
+    postgresql = rendered(make_cluster())["bootstrap"]["dcs"]["postgresql"]
+    assert postgresql["use_pg_rewind"] is True
+    assert postgresql["use_slots"] is True
+
+
+def test_managed_parameters_without_user_parameters() -> None:
+    parameters = rendered(make_cluster())["bootstrap"]["dcs"]["postgresql"]["parameters"]
+    assert parameters == {
+        "hot_standby": "on",
+        "max_replication_slots": "20",
+        "max_wal_senders": "20",
+        "password_encryption": "scram-sha-256",
+        "unix_socket_directories": "/var/run/postgresql",
+        "wal_keep_size": "128MB",
+        "wal_level": "replica",
+        "wal_log_hints": "on",
+    }
+    assert all(isinstance(value, str) for value in parameters.values())
+
+
+def test_user_parameters_are_merged_and_managed_ones_win() -> None:
+    cluster = make_cluster(
+        postgresql={
+            "parameters": {
+                "max_connections": "200",
+                "work_mem": "16MB",
+                "wal_level": "minimal",
+                "hot_standby": "off",
+                "password_encryption": "md5",
+            }
+        }
+    )
+    parameters = rendered(cluster)["bootstrap"]["dcs"]["postgresql"]["parameters"]
+    assert parameters["max_connections"] == "200"
+    assert parameters["work_mem"] == "16MB"
+    for name, value in patroni.OPERATOR_PARAMETERS.items():
+        assert parameters[name] == value
+    assert list(parameters) == sorted(parameters)
+
+
+@pytest.mark.parametrize("name", sorted(patroni.PATRONI_OWNED_PARAMETERS))
+def test_parameters_patroni_owns_are_dropped(name: str) -> None:
+    cluster = make_cluster(postgresql={"parameters": {name: "x", name.upper(): "y"}})
+    merged = patroni.parameters(cluster)
+    assert name not in merged
+    assert name.upper() not in merged
+
+
+def test_managed_parameters_win_whatever_the_case() -> None:
+    cluster = make_cluster(
+        postgresql={"parameters": {"WAL_LEVEL": "minimal", "Hot_Standby": "off"}}
+    )
+    merged = patroni.parameters(cluster)
+    assert merged["wal_level"] == "replica"
+    assert merged["hot_standby"] == "on"
+    assert {name.lower() for name in merged} == set(merged)
+
+
+def test_max_wal_senders_covers_every_possible_replica() -> None:
+    assert int(patroni.OPERATOR_PARAMETERS["max_wal_senders"]) > 16
+    assert (
+        patroni.OPERATOR_PARAMETERS["max_wal_senders"]
+        == (patroni.OPERATOR_PARAMETERS["max_replication_slots"])
+    )
+    one = patroni.parameters(make_cluster(replicas=1))
+    many = patroni.parameters(make_cluster(replicas=16))
+    assert one == many
+
+
+def test_dynamic_configuration_is_the_bootstrap_dcs() -> None:
+    cluster = make_cluster(postgresql={"parameters": {"work_mem": "8MB"}})
+    assert rendered(cluster)["bootstrap"]["dcs"] == patroni.dynamic_configuration(cluster)
+
+
+def test_initdb_enables_checksums() -> None:
+    assert rendered(make_cluster())["bootstrap"]["initdb"] == [
+        {"encoding": "UTF8"},
+        "data-checksums",
+    ]
+
+
+def test_watchdog_is_off_as_a_string() -> None:
+    # Unquoted, YAML would read "off" as a boolean.
+    assert rendered(make_cluster())["watchdog"] == {"mode": "off"}
+
+
+def test_render_is_deterministic() -> None:
+    first = patroni.render(make_cluster(), labels=LABELS)
+    second = patroni.render(make_cluster(), labels=dict(LABELS))
+    assert first == second
+
+
+def test_parameter_order_does_not_change_the_rendering() -> None:
+    one = make_cluster(postgresql={"parameters": {"a_param": "1", "b_param": "2"}})
+    other = make_cluster(postgresql={"parameters": {"b_param": "2", "a_param": "1"}})
+    assert patroni.render(one, labels=LABELS) == patroni.render(other, labels=LABELS)

@@ -1,0 +1,210 @@
+"""Properties of every built object: children(), secrets, backups, determinism."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from stateward import specs
+from stateward.api.v1alpha1 import PostgresCluster
+from stateward.specs import backup, config, meta, secrets
+
+pytestmark = pytest.mark.unit
+
+SUPERUSER_PASSWORD = "superuser-pa55-Zq9"
+REPLICATION_PASSWORD = "replication-pa55-Xk3"
+
+
+def make_cluster(**spec: Any) -> PostgresCluster:
+    return PostgresCluster.model_validate(
+        {
+            "metadata": {"name": "demo", "namespace": "db", "uid": "uid-1", "generation": 4},
+            "spec": {"version": "16", "replicas": 3, "storageSize": "1Gi", **spec},
+        }
+    )
+
+
+FULL_SPEC: dict[str, Any] = {
+    "backupSchedule": "*/30 * * * *",
+    "storageClassName": "standard",
+    "image": "registry.example/pg:16.4",
+    "resources": {"requests": {"cpu": "250m"}, "limits": {"memory": "1Gi"}},
+    "postgresql": {"parameters": {"max_connections": "50"}},
+    "deletionPolicy": {"finalBackup": False, "persistentVolumeClaims": "Retain"},
+}
+
+CLUSTERS = {"minimal": make_cluster(), "full": make_cluster(**FULL_SPEC)}
+
+
+def built(cluster: PostgresCluster) -> list[dict[str, Any]]:
+    return [
+        *specs.children(cluster, config_hash=config.config_hash(cluster)),
+        secrets.superuser_secret(cluster, password=SUPERUSER_PASSWORD),
+        secrets.replication_secret(cluster, password=REPLICATION_PASSWORD),
+        backup.final_backup_job(cluster),
+        backup.backup_repository_pvc(cluster),
+    ]
+
+
+def walk(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    yield path, node
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from walk(value, f"{path}.{key}")
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from walk(value, f"{path}[{index}]")
+
+
+def kinds_and_names(objects: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(obj["kind"], obj["metadata"]["name"]) for obj in objects]
+
+
+def test_children_in_apply_order_with_backup_schedule() -> None:
+    cluster = make_cluster(backupSchedule="0 3 * * *")
+    assert kinds_and_names(specs.children(cluster, config_hash="h")) == [
+        ("ServiceAccount", "demo-instance"),
+        ("Role", "demo-instance"),
+        ("RoleBinding", "demo-instance"),
+        ("ConfigMap", "demo-patroni"),
+        ("Service", "demo-headless"),
+        ("Service", "demo-primary"),
+        ("Service", "demo-replicas"),
+        ("PodDisruptionBudget", "demo"),
+        ("StatefulSet", "demo"),
+        ("CronJob", "demo-backup"),
+    ]
+
+
+def test_no_cronjob_without_backup_schedule() -> None:
+    kinds = [obj["kind"] for obj in specs.children(make_cluster(), config_hash="h")]
+    assert "CronJob" not in kinds
+    assert len(kinds) == 9
+
+
+def test_children_exclude_secrets_jobs_and_the_repository() -> None:
+    kinds = {obj["kind"] for obj in specs.children(make_cluster(**FULL_SPEC), config_hash="h")}
+    assert not kinds & {"Secret", "Job", "PersistentVolumeClaim"}
+
+
+def test_children_pass_the_config_hash_to_the_pod_template() -> None:
+    objects = specs.children(make_cluster(), config_hash="feedbeef")
+    (sts,) = [obj for obj in objects if obj["kind"] == "StatefulSet"]
+    annotations = sts["spec"]["template"]["metadata"]["annotations"]
+    assert annotations == {"stateward.io/config-hash": "feedbeef"}
+
+
+@pytest.mark.parametrize("cluster", CLUSTERS.values(), ids=CLUSTERS.keys())
+def test_every_object_is_complete(cluster: PostgresCluster) -> None:
+    for obj in built(cluster):
+        assert obj["apiVersion"]
+        assert obj["kind"]
+        assert obj["metadata"]["name"].startswith("demo")
+        assert obj["metadata"]["namespace"] == "db"
+        assert "status" not in obj
+
+
+@pytest.mark.parametrize("cluster", CLUSTERS.values(), ids=CLUSTERS.keys())
+def test_every_object_has_the_standard_labels(cluster: PostgresCluster) -> None:
+    standard = meta.labels(cluster)
+    for obj in built(cluster):
+        assert standard.items() <= obj["metadata"]["labels"].items(), obj["kind"]
+
+
+@pytest.mark.parametrize("cluster", CLUSTERS.values(), ids=CLUSTERS.keys())
+def test_every_object_but_the_repository_is_owned(cluster: PostgresCluster) -> None:
+    for obj in built(cluster):
+        if obj["kind"] == "PersistentVolumeClaim":
+            assert "ownerReferences" not in obj["metadata"]
+        else:
+            assert obj["metadata"]["ownerReferences"] == [meta.owner_reference(cluster)]
+
+
+@pytest.mark.parametrize("cluster", CLUSTERS.values(), ids=CLUSTERS.keys())
+def test_no_kopf_or_other_annotations_on_any_object(cluster: PostgresCluster) -> None:
+    for obj in built(cluster):
+        assert "annotations" not in obj["metadata"], obj["kind"]
+        assert "kopf" not in json.dumps(obj)
+
+
+@pytest.mark.parametrize("cluster", CLUSTERS.values(), ids=CLUSTERS.keys())
+def test_no_none_anywhere(cluster: PostgresCluster) -> None:
+    for obj in built(cluster):
+        for path, value in walk(obj):
+            assert value is not None, f"{obj['kind']}{path} is None"
+
+
+@pytest.mark.parametrize("cluster", CLUSTERS.values(), ids=CLUSTERS.keys())
+def test_objects_are_json_ready(cluster: PostgresCluster) -> None:
+    for obj in built(cluster):
+        assert json.loads(json.dumps(obj)) == obj
+        for path, value in walk(obj):
+            assert isinstance(value, str | int | bool | dict | list), f"{obj['kind']}{path}"
+
+
+@pytest.mark.parametrize("cluster", CLUSTERS.values(), ids=CLUSTERS.keys())
+def test_no_secret_value_outside_the_secrets_data(cluster: PostgresCluster) -> None:
+    forbidden = {
+        SUPERUSER_PASSWORD,
+        REPLICATION_PASSWORD,
+        base64.b64encode(SUPERUSER_PASSWORD.encode()).decode(),
+        base64.b64encode(REPLICATION_PASSWORD.encode()).decode(),
+    }
+    for obj in built(cluster):
+        without_data = {
+            key: value for key, value in obj.items() if obj["kind"] != "Secret" or key != "data"
+        }
+        text = json.dumps(without_data)
+        assert not any(secret in text for secret in forbidden), obj["kind"]
+
+
+@pytest.mark.parametrize("cluster", CLUSTERS.values(), ids=CLUSTERS.keys())
+def test_credentials_in_env_are_secret_refs(cluster: PostgresCluster) -> None:
+    for obj in built(cluster):
+        for path, value in walk(obj):
+            if path.endswith(".env"):
+                for variable in value:
+                    if any(word in variable["name"] for word in ("PASSWORD", "USER")):
+                        assert "value" not in variable, f"{obj['kind']}{path}"
+                        assert "secretKeyRef" in variable["valueFrom"]
+
+
+@pytest.mark.parametrize("cluster", CLUSTERS.values(), ids=CLUSTERS.keys())
+def test_building_is_deterministic(cluster: PostgresCluster) -> None:
+    assert built(cluster) == built(cluster)
+    assert json.dumps(built(cluster)) == json.dumps(built(cluster))
+    assert config.config_hash(cluster) == config.config_hash(cluster)
+
+
+def test_building_does_not_mutate_the_cluster() -> None:
+    cluster = make_cluster(**FULL_SPEC)
+    before = cluster.model_dump()
+    built(cluster)
+    assert cluster.model_dump() == before
+
+
+def test_builders_return_independent_objects() -> None:
+    cluster = make_cluster(**FULL_SPEC)
+    first = built(cluster)
+    for obj in first:
+        obj["metadata"]["labels"]["mutated"] = "yes"
+        obj["metadata"].get("ownerReferences", [{}])[0]["name"] = "mutated"
+    first[-2]["spec"]["template"]["spec"]["containers"][0]["env"].clear()
+    for obj in built(cluster):
+        assert "mutated" not in obj["metadata"]["labels"]
+        assert "mutated" not in json.dumps(obj)
+
+
+def test_equal_clusters_in_other_namespaces_differ_only_there() -> None:
+    one = make_cluster()
+    other = PostgresCluster.model_validate(
+        {**one.model_dump(by_alias=True), "metadata": {**one.metadata, "namespace": "other"}}
+    )
+    assert config.config_hash(one) == config.config_hash(other)
+    for a, b in zip(built(one), built(other), strict=True):
+        assert a["metadata"]["namespace"] == "db"
+        assert b["metadata"]["namespace"] == "other"

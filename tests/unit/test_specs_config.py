@@ -1,0 +1,78 @@
+"""The Patroni ConfigMap and its hash."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from stateward.api.v1alpha1 import PostgresCluster
+from stateward.specs import config, meta
+
+pytestmark = pytest.mark.unit
+
+
+def make_cluster(**spec: Any) -> PostgresCluster:
+    return PostgresCluster.model_validate(
+        {
+            "metadata": {"name": "demo", "namespace": "db", "uid": "uid-1"},
+            "spec": {"version": "16", "replicas": 3, "storageSize": "1Gi", **spec},
+        }
+    )
+
+
+def test_config_map() -> None:
+    cluster = make_cluster()
+    config_map = config.config_map(cluster)
+    assert config_map["apiVersion"] == "v1"
+    assert config_map["kind"] == "ConfigMap"
+    assert config_map["metadata"] == {
+        "name": "demo-patroni",
+        "namespace": "db",
+        "labels": meta.labels(cluster),
+        "ownerReferences": [meta.owner_reference(cluster)],
+    }
+    assert config_map["data"] == {"patroni.yaml": config.render(cluster)}
+
+
+def test_config_map_name_avoids_patronis_own_config_map() -> None:
+    cluster = make_cluster()
+    assert config.config_map_name(cluster) != f"{cluster.name}-config"
+    assert config.config_map_name(cluster) != cluster.leader_config_map_name
+
+
+def test_config_map_is_invisible_to_patronis_label_selector() -> None:
+    cluster = make_cluster()
+    labels = config.config_map(cluster)["metadata"]["labels"]
+    assert not meta.selector_labels(cluster).items() <= labels.items()
+
+
+def test_rendered_configuration_uses_the_instance_selector_labels() -> None:
+    cluster = make_cluster()
+    document = yaml.safe_load(config.render(cluster))
+    assert document["kubernetes"]["labels"] == meta.selector_labels(cluster)
+    assert document["kubernetes"]["role_label"] == meta.ROLE_LABEL
+    assert document["kubernetes"]["scope_label"] == meta.CLUSTER_LABEL
+
+
+def test_config_hash_is_short_hex_and_deterministic() -> None:
+    first = config.config_hash(make_cluster())
+    assert len(first) == 16
+    int(first, 16)
+    assert config.config_hash(make_cluster()) == first
+
+
+def test_config_hash_follows_the_configuration() -> None:
+    base = config.config_hash(make_cluster())
+    assert config.config_hash(make_cluster(postgresql={"parameters": {"work_mem": "8MB"}})) != (
+        base
+    )
+    assert config.config_hash(make_cluster(version="17")) != base
+
+
+def test_config_hash_ignores_what_the_configuration_does_not_contain() -> None:
+    base = config.config_hash(make_cluster())
+    assert config.config_hash(make_cluster(replicas=5)) == base
+    assert config.config_hash(make_cluster(storageSize="5Gi")) == base
+    assert config.config_hash(make_cluster(backupSchedule="0 3 * * *")) == base
