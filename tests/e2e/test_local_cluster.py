@@ -75,7 +75,9 @@ def test_up_status_down_lifecycle(workdir: tuple[Path, dict[str, str]]) -> None:
     status = stateward("local", "status", cwd=cwd, env=env)
     assert status.returncode == 0
     for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"):
-        assert any(line.startswith(name) and "running" in line for line in status.stdout.splitlines())
+        assert any(
+            line.startswith(name) and "running" in line for line in status.stdout.splitlines()
+        )
 
     again = stateward("local", "up", cwd=cwd, env=env)
     assert again.returncode != 0
@@ -100,8 +102,9 @@ def test_stale_state_is_refused_with_the_fix(workdir: tuple[Path, dict[str, str]
     cwd, env = workdir
     state = cwd / ".stateward" / "local"
     state.mkdir(parents=True)
-    (state / "state.json").write_text('{"processes": [{"name": "etcd", "pid": 999999,'
-                                      ' "start_time": "1", "log": "x"}]}')
+    (state / "state.json").write_text(
+        '{"processes": [{"name": "etcd", "pid": 999999, "start_time": "1", "log": "x"}]}'
+    )
     stale = stateward("local", "up", cwd=cwd, env=env)
     assert stale.returncode == 1
     assert "stale state" in stale.stderr and "stateward local down" in stale.stderr

@@ -70,7 +70,9 @@ class AuditLog:
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def writes(self, *, user: str = OPERATOR_USER, namespace: str | None = None) -> list[dict[str, Any]]:
+    def writes(
+        self, *, user: str = OPERATOR_USER, namespace: str | None = None
+    ) -> list[dict[str, Any]]:
         entries = []
         for line in self.path.read_text().splitlines():
             entry = json.loads(line)
@@ -121,9 +123,13 @@ def condition(obj: dict[str, Any], type: str) -> dict[str, Any]:
     return {}
 
 
-def wait_phase(kube: Client, name: str, namespace: str, phase: str, timeout: float = 60) -> dict[str, Any]:
+def wait_phase(
+    kube: Client, name: str, namespace: str, phase: str, timeout: float = 60
+) -> dict[str, Any]:
     return wait_for(
-        lambda: (obj := get_pgc(kube, name, namespace)).get("status", {}).get("phase") == phase and obj,
+        lambda: (
+            (obj := get_pgc(kube, name, namespace)).get("status", {}).get("phase") == phase and obj
+        ),
         what=f"{name} to reach phase {phase}",
         timeout=timeout,
     )

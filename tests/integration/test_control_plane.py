@@ -6,7 +6,6 @@ import datetime
 import uuid
 from typing import Any
 
-import httpx
 import pytest
 from lightkube import ApiError, Client
 from lightkube.generic_resource import create_namespaced_resource
@@ -23,8 +22,9 @@ from tests.support.waiting import wait_for
 pytestmark = pytest.mark.integration
 
 
-def test_version_reports_the_pinned_release(control_plane: LocalCluster, kube: Client) -> None:
-    version = kube._client.client.get("/version").json()  # type: ignore[attr-defined]
+def test_version_reports_the_pinned_release(control_plane: LocalCluster) -> None:
+    with control_plane.http_client() as http:
+        version = http.get("/version").json()
     assert version["gitVersion"] == "v1.37.2"
     assert (version["major"], version["minor"]) == ("1", "37")
 
@@ -257,7 +257,6 @@ def test_node_leases_are_renewed_by_kwok(kube: Client) -> None:
 def test_apiserver_only_cluster_serves_without_controllers(apiserver: LocalCluster) -> None:
     names = [process.name for process in apiserver.status()]
     assert names == ["etcd", "kube-apiserver"]
-    context = __import__("ssl").create_default_context(cafile=str(apiserver.pki_dir / "ca.crt"))
-    context.load_cert_chain(apiserver.pki_dir / "admin.crt", apiserver.pki_dir / "admin.key")
-    url = f"https://127.0.0.1:{apiserver.config.ports.apiserver}/readyz"
-    assert httpx.get(url, verify=context).text == "ok"
+    with apiserver.http_client() as http:
+        assert http.get("/readyz").text == "ok"
+        assert http.get("/api/v1/nodes").json()["items"] == []

@@ -8,9 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 import pytest
+import yaml
 from lightkube import ApiError, Client, codecs
 from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.batch_v1 import CronJob
@@ -49,7 +48,7 @@ CHILDREN: list[tuple[Any, str]] = [
     (Service, "{}-primary"),
     (Service, "{}-replicas"),
     (Service, "{}-headless"),
-    (ConfigMap, "{}-config"),
+    (ConfigMap, "{}-patroni"),
     (Secret, "{}-superuser"),
     (Secret, "{}-replication"),
     (ServiceAccount, "{}-instance"),
@@ -131,7 +130,7 @@ def _wait_restored(kube: Client, resource: Any, name: str, namespace: str, old_u
 
 @pytest.mark.parametrize(
     ("resource", "suffix"),
-    [(StatefulSet, ""), (Service, "-primary"), (CronJob, "-backup"), (ConfigMap, "-config")],
+    [(StatefulSet, ""), (Service, "-primary"), (CronJob, "-backup"), (ConfigMap, "-patroni")],
 )
 def test_deleted_child_is_recreated(
     kube: Client, namespace: str, make_cluster: MakeCluster, resource: Any, suffix: str
@@ -163,28 +162,34 @@ def test_hand_edits_are_repaired(kube: Client, namespace: str, make_cluster: Mak
     )
     kube.patch(
         ConfigMap,
-        f"{name}-config",
+        f"{name}-patroni",
         {"data": {"patroni.yaml": "tampered: true"}},
         namespace=namespace,
         patch_type=PatchType.MERGE,
     )
     wait_for(
-        lambda: kube.get(Service, f"{name}-primary", namespace=namespace).spec.selector[  # type: ignore[index, union-attr]
-            "stateward.io/role"
-        ]
-        == "primary",
+        lambda: (
+            kube.get(Service, f"{name}-primary", namespace=namespace).spec.selector[  # type: ignore[index, union-attr]
+                "stateward.io/role"
+            ]
+            == "primary"
+        ),
         what="the primary Service selector to be repaired",
         timeout=30,
     )
     wait_for(
-        lambda: kube.get(CronJob, f"{name}-backup", namespace=namespace).spec.schedule  # type: ignore[union-attr]
-        == "0 3 * * *",
+        lambda: (
+            kube.get(CronJob, f"{name}-backup", namespace=namespace).spec.schedule  # type: ignore[union-attr]
+            == "0 3 * * *"
+        ),
         what="the CronJob schedule to be repaired",
         timeout=30,
     )
     wait_for(
-        lambda: "tampered"
-        not in kube.get(ConfigMap, f"{name}-config", namespace=namespace).data["patroni.yaml"],  # type: ignore[index]
+        lambda: (
+            "tampered"
+            not in kube.get(ConfigMap, f"{name}-patroni", namespace=namespace).data["patroni.yaml"]
+        ),  # type: ignore[index]
         what="the ConfigMap to be repaired",
         timeout=30,
     )
@@ -222,15 +227,19 @@ def test_backup_schedule_set_changed_cleared(
 
     schedule("15 2 * * *")
     wait_for(
-        lambda: kube.get(CronJob, f"{name}-backup", namespace=namespace).spec.schedule  # type: ignore[union-attr]
-        == "15 2 * * *",
+        lambda: (
+            kube.get(CronJob, f"{name}-backup", namespace=namespace).spec.schedule  # type: ignore[union-attr]
+            == "15 2 * * *"
+        ),
         what="the CronJob to be created",
         timeout=30,
     )
     schedule("30 4 * * 1")
     wait_for(
-        lambda: kube.get(CronJob, f"{name}-backup", namespace=namespace).spec.schedule  # type: ignore[union-attr]
-        == "30 4 * * 1",
+        lambda: (
+            kube.get(CronJob, f"{name}-backup", namespace=namespace).spec.schedule  # type: ignore[union-attr]
+            == "30 4 * * 1"
+        ),
         what="the CronJob to follow the new schedule",
         timeout=30,
     )
@@ -255,9 +264,11 @@ def test_scaling_changes_the_statefulset(
         patch_type=PatchType.MERGE,
     )
     ready = wait_for(
-        lambda: (obj := get_pgc(kube, name, namespace))["status"].get("readyReplicas") == 4
-        and obj["status"].get("phase") == "Ready"
-        and obj,
+        lambda: (
+            (obj := get_pgc(kube, name, namespace))["status"].get("readyReplicas") == 4
+            and obj["status"].get("phase") == "Ready"
+            and obj
+        ),
         what="4 ready instances",
         timeout=90,
     )
@@ -270,9 +281,17 @@ def test_scaling_changes_the_statefulset(
         patch_type=PatchType.MERGE,
     )
     wait_for(
-        lambda: [p.metadata.name for p in kube.list(Pod, namespace=namespace,  # type: ignore[union-attr]
-                                                     labels={"app.kubernetes.io/component": "instance"})]
-        == [f"{name}-0"],
+        lambda: (
+            [
+                p.metadata.name
+                for p in kube.list(
+                    Pod,
+                    namespace=namespace,  # type: ignore[union-attr]
+                    labels={"app.kubernetes.io/component": "instance"},
+                )
+            ]
+            == [f"{name}-0"]
+        ),
         what="scale down to the primary alone",
         timeout=90,
     )
@@ -309,10 +328,12 @@ def test_storage_grows_without_restarting_pods(
 
     wait_for(claims_grown, what="every data PVC to grow to 2Gi", timeout=60)
     wait_for(
-        lambda: kube.get(StatefulSet, name, namespace=namespace)
-        .spec.volumeClaimTemplates[0]  # type: ignore[index, union-attr]
-        .spec.resources.requests["storage"]  # type: ignore[index, union-attr]
-        == "2Gi",
+        lambda: (
+            kube.get(StatefulSet, name, namespace=namespace)
+            .spec.volumeClaimTemplates[0]  # type: ignore[index, union-attr]
+            .spec.resources.requests["storage"]  # type: ignore[index, union-attr]
+            == "2Gi"
+        ),
         what="the StatefulSet template to be refreshed",
         timeout=60,
     )
@@ -338,24 +359,33 @@ def test_version_change_rolls_replicas_first_primary_last(
 ) -> None:
     name = make_cluster(version="16")
     wait_phase(kube, name, namespace, "Ready", timeout=90)
+    with pytest.raises(ApiError) as major:
+        kube.patch(
+            PostgresClusterResource,
+            name,
+            {"spec": {"version": "17"}},
+            namespace=namespace,
+            patch_type=PatchType.MERGE,
+        )
+    assert "major version" in str(major.value.status.message)
     kube.patch(
         PostgresClusterResource,
         name,
-        {"spec": {"version": "17"}},
+        {"spec": {"version": "16.4"}},
         namespace=namespace,
         patch_type=PatchType.MERGE,
     )
 
-    def all_on_17() -> bool:
+    def all_updated() -> bool:
         pods = list(
             kube.list(Pod, namespace=namespace, labels={"app.kubernetes.io/component": "instance"})
         )
         return len(pods) == 3 and all(
-            p.spec.containers[0].image.endswith(":17") and not p.metadata.deletionTimestamp  # type: ignore[union-attr]
+            p.spec.containers[0].image.endswith(":16.4") and not p.metadata.deletionTimestamp  # type: ignore[union-attr]
             for p in pods
         )
 
-    wait_for(all_on_17, what="every pod to run version 17", timeout=120)
+    wait_for(all_updated, what="every pod to run version 16.4", timeout=120)
     wait_phase(kube, name, namespace, "Ready", timeout=60)
     restarts = [
         e.split("Restarting ")[1].split(" ")[0]
@@ -441,11 +471,13 @@ def test_delete_runs_final_backup_then_removes_volumes(
     reasons = [e.split(":")[0] for e in events(kube, namespace, name)]
     assert "FinalBackupStarted" in reasons and "FinalBackupSucceeded" in reasons
     wait_for(
-        lambda: not [
-            c
-            for c in kube.list(PersistentVolumeClaim, namespace=namespace)
-            if c.metadata.name.startswith(f"pgdata-{name}")  # type: ignore[union-attr]
-        ],
+        lambda: (
+            not [
+                c
+                for c in kube.list(PersistentVolumeClaim, namespace=namespace)
+                if c.metadata.name.startswith(f"pgdata-{name}")  # type: ignore[union-attr]
+            ]
+        ),
         what="the data volumes to be deleted",
         timeout=60,
     )
@@ -467,9 +499,11 @@ def test_failing_final_backup_keeps_the_cluster_and_retries(
     )
     kube.delete(PostgresClusterResource, name, namespace=namespace)
     failed = wait_for(
-        lambda: (obj := get_pgc(kube, name, namespace))
-        and condition(obj, "FinalBackup").get("reason") == "Failed"
-        and obj,
+        lambda: (
+            (obj := get_pgc(kube, name, namespace))
+            and condition(obj, "FinalBackup").get("reason") == "Failed"
+            and obj
+        ),
         what="the final backup to be reported failed",
         timeout=90,
     )

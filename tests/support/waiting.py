@@ -30,7 +30,7 @@ def wait_for(
     while True:
         try:
             value = probe()
-        except Exception as error:  # noqa: BLE001 - reported below if it persists
+        except Exception as error:
             value, last = None, error
         else:
             last = value

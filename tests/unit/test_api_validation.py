@@ -270,7 +270,9 @@ def test_parse_quantity(text: str, value: Decimal) -> None:
     assert parse_quantity(text) == value
 
 
-@pytest.mark.parametrize("text", ["", "Gi", "1GB", "1gi", "1K", "1 Gi", " 1Gi", "1e", "1.2.3", "ten"])
+@pytest.mark.parametrize(
+    "text", ["", "Gi", "1GB", "1gi", "1K", "1 Gi", " 1Gi", "1e", "1.2.3", "ten"]
+)
 def test_parse_quantity_refuses(text: str) -> None:
     assert parse_quantity(text) is None
 
@@ -364,7 +366,7 @@ def test_valid_spec() -> None:
         ({"replicas": 17}, "spec.replicas: must be between 1 and 16 (got 17)"),
         ({"replicas": "3"}, 'spec.replicas: must be an integer (got "3")'),
         ({"replicas": True}, "spec.replicas: must be an integer (got true)"),
-        ({"storageSize": "1GB"}, 'spec.storageSize: must be a positive Kubernetes quantity such'),
+        ({"storageSize": "1GB"}, "spec.storageSize: must be a positive Kubernetes quantity such"),
         ({"storageSize": "0"}, "spec.storageSize: must be a positive"),
         ({"storageSize": "-1Gi"}, "spec.storageSize: must be a positive"),
         ({"storageClassName": "Fast_SSD"}, "spec.storageClassName: must be a StorageClass name"),
@@ -426,7 +428,8 @@ def test_every_message_starts_with_the_field_path() -> None:
     [
         ({"storageSize": "2Gi"}, {"storageSize": "1Gi"}, "may grow but never shrink (from 2Gi"),
         ({"storageSize": "1Gi"}, {"storageSize": "1000Mi"}, "spec.storageSize: may grow but"),
-        ({"version": "16.2"}, {"version": "15"}, "cannot be downgraded (from 16 to 15)"),
+        ({"version": "16.2"}, {"version": "15"}, "cannot change (from 16 to 15)"),
+        ({"version": "16"}, {"version": "17"}, "major upgrades (pg_upgrade) are not supported"),
         ({}, {"storageClassName": "fast"}, 'it cannot be set after creation (to "fast")'),
         ({"storageClassName": "fast"}, {}, 'it cannot be removed after creation (was "fast")'),
         (
@@ -449,7 +452,7 @@ def test_refused_updates(old: dict[str, Any], new: dict[str, Any], message: str)
         ({"storageSize": "1Gi"}, {"storageSize": "1024Mi"}),  # equal, other unit
         ({"storageSize": "not-a-quantity"}, {"storageSize": "1Gi"}),  # a bad old value
         ({"version": "16.4"}, {"version": "16.1"}),  # minor versions may go back
-        ({"version": "16"}, {"version": "17"}),
+        ({"version": "16"}, {"version": "16.5"}),
         ({"version": "garbage"}, {"version": "15"}),
         ({"storageClassName": "fast"}, {"storageClassName": "fast"}),
         ({}, {}),

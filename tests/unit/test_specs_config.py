@@ -38,8 +38,8 @@ def test_config_map() -> None:
 
 def test_config_map_name_avoids_patronis_own_config_map() -> None:
     cluster = make_cluster()
-    assert config.config_map_name(cluster) != f"{cluster.name}-config"
-    assert config.config_map_name(cluster) != cluster.leader_config_map_name
+    assert cluster.patroni_config_map_name != f"{cluster.name}-config"
+    assert cluster.patroni_config_map_name != cluster.leader_config_map_name
 
 
 def test_config_map_is_invisible_to_patronis_label_selector() -> None:

@@ -13,9 +13,10 @@ The conversion from pydantic's JSON Schema:
   ``has()`` in CEL stays false. Only a field whose default is not None becomes
   ``nullable: true``;
 * ``int | str`` becomes ``x-kubernetes-int-or-string``; other unions are refused;
-* every node gets a ``type``; ``properties`` never sit next to ``additionalProperties``
-  (``extra="forbid"`` is not carried over: see unknown fields below); ``dict[str, X]`` is
-  ``{type: object, additionalProperties: X}``; ``dict[str, Any]`` keeps unknown fields;
+* every node gets a ``type`` (int-or-string nodes are marked as such instead);
+  ``properties`` never sit next to ``additionalProperties`` (``extra="forbid"`` is not
+  carried over: see unknown fields below); ``dict[str, X]`` is ``{type: object,
+  additionalProperties: X}``; ``dict[str, Any]`` keeps unknown fields;
 * titles, examples and pydantic-only keywords are dropped; numeric ``exclusiveMinimum``
   (JSON Schema 2020) becomes OpenAPI v3's boolean form; ``set[...]`` becomes a list of
   ``x-kubernetes-list-type: set`` (``uniqueItems`` is not allowed);
@@ -28,13 +29,16 @@ The conversion from pydantic's JSON Schema:
   dropped, and so is every default under ``status`` (the operator writes status; the API
   server should not invent it). ``metadata`` is ``{type: object}``: the API server owns it.
 
-Unknown fields: a structural schema makes the API server *prune* fields it does not know,
+Unknown fields: a structural schema makes the API server *prune* fields it does not know;
 it does not refuse them by itself. What the client sees depends on the request's
 ``fieldValidation``: ``Strict`` refuses the request with an error naming the field
-(``.spec.storageSise: field not declared in schema``; kubectl uses Strict by default since
-1.27, ``--validate=strict``), ``Warn`` (the API default) stores the object without the field
-and returns a warning naming it, ``Ignore`` drops it silently. Admission webhooks only ever
-see the pruned object.
+(``strict decoding error: unknown field "spec.storageSise"``; kubectl's ``--validate``
+defaults to strict, so ``kubectl apply/create`` refuse typos), ``Warn`` (the API default,
+e.g. for client libraries that do not set it) stores the object without the field and
+returns a warning naming it, ``Ignore`` drops it silently. Admission webhooks only ever see
+the pruned object, so :func:`~stateward.api.validation.validate_spec` cannot catch them
+there. A ``null`` in a non-nullable field is dropped the same way (so ``storageClassName:
+null`` means unset).
 
 Admission rules (CEL, ``x-kubernetes-validations``) live next to the schema in
 :data:`POSTGRESCLUSTER_EXTRAS`; what CEL cannot say is checked by
@@ -65,6 +69,8 @@ __all__ = [
     "POSTGRESCLUSTER_PRINTER_COLUMNS",
     "PrinterColumn",
     "Rule",
+    "SchemaError",
+    "apply_extras",
     "crd_for",
     "crd_schema",
     "postgrescluster_crd",
@@ -457,12 +463,17 @@ POSTGRESCLUSTER_EXTRAS: dict[str, dict[str, Any]] = {
                 rule=(
                     f"!self.version.matches({_NUMERIC_VERSION}) || "
                     f"!oldSelf.version.matches({_NUMERIC_VERSION}) || "
-                    "int(self.version.split('.')[0]) >= int(oldSelf.version.split('.')[0])"
+                    "int(self.version.split('.')[0]) == int(oldSelf.version.split('.')[0])"
                 ),
-                message="spec.version cannot downgrade the PostgreSQL major version",
+                message=(
+                    "spec.version cannot change the PostgreSQL major version: minor updates"
+                    " roll the pods, major upgrades (pg_upgrade) are not supported yet"
+                ),
                 message_expression=(
-                    "'spec.version cannot downgrade the PostgreSQL major version (from ' + "
-                    "oldSelf.version.split('.')[0] + ' to ' + self.version.split('.')[0] + ')'"
+                    "'spec.version cannot change the PostgreSQL major version (from ' + "
+                    "oldSelf.version.split('.')[0] + ' to ' + self.version.split('.')[0] + "
+                    "'): minor updates such as ' + oldSelf.version.split('.')[0] + "
+                    "'.5 roll the pods; major upgrades (pg_upgrade) are not supported yet'"
                 ),
                 field_path=".version",
                 reason="FieldValueForbidden",

@@ -41,7 +41,7 @@ class _Model(pydantic.BaseModel):
     )
 
 
-class PVCPolicy(str, enum.Enum):
+class PVCPolicy(enum.StrEnum):
     DELETE = "Delete"
     RETAIN = "Retain"
 
@@ -112,7 +112,7 @@ class PostgresClusterSpec(_Model):
         return int(self.version.split(".")[0])
 
 
-class ConditionStatus(str, enum.Enum):
+class ConditionStatus(enum.StrEnum):
     TRUE = "True"
     FALSE = "False"
     UNKNOWN = "Unknown"
@@ -129,7 +129,7 @@ class Condition(_Model):
     observed_generation: int | None = None
 
 
-class Phase(str, enum.Enum):
+class Phase(enum.StrEnum):
     CREATING = "Creating"
     READY = "Ready"
     UPDATING = "Updating"
@@ -204,8 +204,10 @@ class PostgresCluster(_Model):
         return f"{self.name}-replicas"
 
     @property
-    def config_map_name(self) -> str:
-        return f"{self.name}-config"
+    def patroni_config_map_name(self) -> str:
+        """Our static Patroni configuration. Not ``NAME-config``: in ConfigMaps mode Patroni
+        owns ``{scope}-config`` (its dynamic configuration and timeline history)."""
+        return f"{self.name}-patroni"
 
     @property
     def superuser_secret_name(self) -> str:
@@ -238,4 +240,4 @@ class PostgresCluster(_Model):
 
     @property
     def image(self) -> str:
-        return self.spec.image or f"{DEFAULT_IMAGE_REPOSITORY}:{self.spec.major_version}"
+        return self.spec.image or f"{DEFAULT_IMAGE_REPOSITORY}:{self.spec.version}"

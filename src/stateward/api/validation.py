@@ -408,10 +408,11 @@ def _check_version(spec: Mapping[str, Any], old: Mapping[str, Any] | None) -> li
         return [f"spec.version: {VERSION_MESSAGE} (got {_quote(version)})"]
     if old is not None:
         new_major, old_major = _major(version), _major(old.get("version"))
-        if new_major is not None and old_major is not None and new_major < old_major:
+        if new_major is not None and old_major is not None and new_major != old_major:
             return [
-                f"spec.version: the major version cannot be downgraded (from {old_major} "
-                f"to {new_major})"
+                f"spec.version: the major version cannot change (from {old_major} to"
+                f" {new_major}): minor updates roll the pods, major upgrades (pg_upgrade) are"
+                " not supported yet"
             ]
     return []
 

@@ -39,8 +39,9 @@ def say(message: str) -> None:
 
 
 def install_crds(client: Client) -> None:
+    definition: Any = CustomResourceDefinition.from_dict(crd.postgrescluster_crd())
     client.apply(
-        CustomResourceDefinition.from_dict(crd.postgrescluster_crd()),
+        definition,
         field_manager="stateward-install",
         force=True,
     )
@@ -146,7 +147,7 @@ def run() -> int:
                 say("operator exited; see its log")
                 return 1
             with contextlib.suppress(ApiError):
-                obj = client.get(PostgresClusterResource, name, namespace="default").to_dict()
+                obj = client.get(PostgresClusterResource, name, namespace="default").to_dict()  # type: ignore[no-untyped-call]
                 line = _status_line(obj)
                 if line != last:
                     say(f"[{time.strftime('%H:%M:%S')}] {line}")

@@ -84,8 +84,8 @@ class Kube:
             raise
         return _to_dict(found)
 
-    async def list(
-        self, api_version: str, kind: str, namespace: str, labels: dict[str, str]
+    async def list_objects(
+        self, api_version: str, kind: str, namespace: str, labels: dict[str, Any]
     ) -> list[Body]:
         return [
             _to_dict(item)

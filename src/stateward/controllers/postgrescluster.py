@@ -14,13 +14,14 @@ import dataclasses
 import datetime
 import logging
 from collections.abc import Awaitable, Callable
+from decimal import Decimal
 from typing import Any
 
 import pydantic
 from lightkube import ApiError
 
 from stateward import specs
-from stateward.api import quantity, v1alpha1
+from stateward.api import v1alpha1, validation
 from stateward.api.v1alpha1 import PostgresCluster
 from stateward.controllers import conditions as cond
 from stateward.controllers.diff import differences
@@ -308,20 +309,27 @@ async def ensure_backup_repository(scope: Scope) -> str | None:
     return f"created backup repository {name}"
 
 
+def _quantity(text: str) -> Decimal:
+    value = validation.parse_quantity(text)
+    if value is None:  # admission refuses such sizes; an old stored object may still hold one
+        raise ValueError(f"not a quantity: {text!r}")
+    return value
+
+
 async def expand_volumes(scope: Scope) -> str | None:
-    wanted = quantity.parse(scope.cluster.spec.storage_size)
+    wanted = _quantity(scope.cluster.spec.storage_size)
     expanded: list[str] = []
     for claim in _data_volumes(scope):
         requested = claim["spec"]["resources"]["requests"]["storage"]
         capacity = ((claim.get("status") or {}).get("capacity") or {}).get("storage")
-        if quantity.parse(requested) < wanted:
+        if _quantity(requested) < wanted:
             patched = await scope.kube.patch(
                 Ref.of(claim),
                 {"spec": {"resources": {"requests": {"storage": scope.cluster.spec.storage_size}}}},
             )
             scope.store.observe(patched)
             expanded.append(claim["metadata"]["name"])
-        elif capacity is not None and quantity.parse(capacity) < wanted:
+        elif capacity is not None and _quantity(capacity) < wanted:
             scope.progressing.append(
                 ("VolumeResizing", f"PVC {claim['metadata']['name']} is growing to {requested}")
             )

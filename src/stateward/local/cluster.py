@@ -509,7 +509,7 @@ class LocalCluster:
     # --- API calls during bring-up ----------------------------------------------------------
 
     @contextlib.contextmanager
-    def _client(self) -> Iterator[httpx.Client]:
+    def http_client(self) -> Iterator[httpx.Client]:
         context = ssl.create_default_context(cafile=str(self.pki_dir / "ca.crt"))
         context.load_cert_chain(self.pki_dir / "admin.crt", self.pki_dir / "admin.key")
         with httpx.Client(
@@ -522,11 +522,11 @@ class LocalCluster:
         return response.status_code == 200 and bool(response.json().get("health") == "true")
 
     def _apiserver_ready(self) -> bool:
-        with self._client() as client:
+        with self.http_client() as client:
             return client.get("/readyz").status_code == 200
 
     def _nodes_ready(self) -> bool:
-        with self._client() as client:
+        with self.http_client() as client:
             nodes = client.get("/api/v1/nodes").json().get("items", [])
         ready = [
             n
@@ -539,11 +539,11 @@ class LocalCluster:
         return len(ready) >= self.config.nodes
 
     def _default_sa_exists(self) -> bool:
-        with self._client() as client:
+        with self.http_client() as client:
             return client.get("/api/v1/namespaces/default/serviceaccounts/default").is_success
 
     def _create_nodes_and_storage(self) -> None:
-        with self._client() as client:
+        with self.http_client() as client:
             storage_class: dict[str, Any] = {
                 "apiVersion": "storage.k8s.io/v1",
                 "kind": "StorageClass",

@@ -183,12 +183,12 @@ class Operator:
             return kopf.login_with_kubeconfig(**kwargs)
 
         @kopf.on.event(v1alpha1.GROUP, v1alpha1.VERSION, v1alpha1.PLURAL, registry=registry)
-        def cluster_event(event: dict[str, Any], **_: Any) -> None:
+        def cluster_event(*, event: Any, **_: Any) -> None:
             self.on_cluster_event(event.get("type"), _plain(event["object"]))
 
         for group, version, plural, kind in CHILD_RESOURCES:
 
-            def child_event(event: dict[str, Any], _kind: str = kind, **_: Any) -> None:
+            def child_event(*, event: Any, _kind: str = kind, **_: Any) -> None:
                 body = _plain(event["object"])
                 body.setdefault("kind", _kind)
                 self.on_child_event(event.get("type"), body)
@@ -209,7 +209,8 @@ class Operator:
             operations=["CREATE", "UPDATE"],
             registry=registry,
         )
-        def validate(body: Any, old: Any, **_: Any) -> None:
+        def validate(*, body: Any, **kwargs: Any) -> None:
+            old = kwargs.get("old")
             problems = validation.validate_spec(
                 _plain(body).get("spec") or {}, (_plain(old) or {}).get("spec") if old else None
             )
@@ -289,7 +290,7 @@ class Operator:
 def _same_intent(previous: dict[str, Any], current: dict[str, Any]) -> bool:
     """True when only status (or bookkeeping) changed between two bodies of one cluster."""
     before, after = previous["metadata"], current["metadata"]
-    return (
+    return bool(
         before.get("uid") == after.get("uid")
         and before.get("generation") == after.get("generation")
         and before.get("deletionTimestamp") == after.get("deletionTimestamp")

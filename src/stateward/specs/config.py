@@ -11,16 +11,6 @@ from stateward.specs import meta
 HASH_LENGTH = 16
 
 
-def config_map_name(cluster: v1alpha1.PostgresCluster) -> str:
-    """``NAME-patroni``.
-
-    Not ``cluster.config_map_name`` (``NAME-config``): in ConfigMaps mode Patroni itself owns
-    ``{scope}-config`` (dynamic configuration, initialize key, timeline history) and patches
-    its labels and annotations; sharing it would make Patroni and the operator fight.
-    """
-    return f"{cluster.name}-patroni"
-
-
 def render(cluster: v1alpha1.PostgresCluster) -> str:
     """``patroni.yaml``, with Patroni listing its members by the instance selector labels."""
     return patroni.render(cluster, labels=meta.selector_labels(cluster))
@@ -32,7 +22,7 @@ def config_map(cluster: v1alpha1.PostgresCluster) -> meta.Object:
         "kind": "ConfigMap",
         # No component label: Patroni lists ConfigMaps by the instance selector labels and
         # must not see (or ever delete) this one.
-        "metadata": meta.object_meta(cluster, config_map_name(cluster)),
+        "metadata": meta.object_meta(cluster, cluster.patroni_config_map_name),
         "data": {patroni.CONFIG_FILE_NAME: render(cluster)},
     }
 

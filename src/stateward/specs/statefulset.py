@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from stateward.api import v1alpha1
 from stateward.instance import patroni
-from stateward.specs import config, meta, pods, secrets, services
+from stateward.specs import meta, pods, secrets, services
 
 CONTAINER_NAME = "postgres"
 DATA_VOLUME = "pgdata"
@@ -62,7 +62,7 @@ def _pod_template(cluster: v1alpha1.PostgresCluster, *, config_hash: str) -> met
             "affinity": _anti_affinity(cluster),
             "containers": [_postgres_container(cluster)],
             "volumes": [
-                {"name": CONFIG_VOLUME, "configMap": {"name": config.config_map_name(cluster)}},
+                {"name": CONFIG_VOLUME, "configMap": {"name": cluster.patroni_config_map_name}},
                 pods.empty_dir(SOCKET_VOLUME),
                 pods.empty_dir(TMP_VOLUME),
                 # The runtime's default /dev/shm (64 MiB) is too small for parallel queries.
