@@ -60,10 +60,10 @@ CHILDREN: list[tuple[Any, str]] = [
 
 
 def events(kube: Client, namespace: str, name: str) -> list[str]:
-    return [
-        f"{e.reason}: {e.message}"
-        for e in kube.list(Event, namespace=namespace, fields={"involvedObject.name": name})
-    ]
+    """The events of one object, oldest first (creation order is resourceVersion order)."""
+    found = kube.list(Event, namespace=namespace, fields={"involvedObject.name": name})
+    ordered = sorted(found, key=lambda e: int(e.metadata.resourceVersion))  # type: ignore[union-attr, arg-type]
+    return [f"{e.reason}: {e.message}" for e in ordered]
 
 
 def test_children_exist_owned_and_labelled_and_status_converges(

@@ -18,7 +18,9 @@ import logging
 import os
 import signal
 import socket
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -32,6 +34,7 @@ from stateward.controllers.kube import FIELD_MANAGER, Kube
 from stateward.controllers.postgrescluster import Reconciler
 from stateward.controllers.queue import Outcome, WorkQueue
 from stateward.controllers.store import CLUSTER_LABEL, ObjectStore
+from stateward.local import pki
 from stateward.runtime import metrics
 from stateward.runtime.leader import LeaderElector
 
@@ -169,10 +172,14 @@ class Operator:
             for _group, _version, plural, _kind in CHILD_RESOURCES:
                 settings.watching.label_selectors[plural] = MANAGED_BY
             if options.webhooks:
+                certfile, keyfile, cadata = self._webhook_certificate()
                 settings.admission.server = kopf.WebhookServer(
                     addr=options.webhook_address,
                     port=options.webhook_port,
                     host=options.webhook_host,
+                    certfile=certfile,
+                    pkeyfile=keyfile,
+                    cadata=cadata,
                 )
                 settings.admission.managed = "stateward.io"
 
@@ -182,7 +189,13 @@ class Operator:
                 return kopf.login_with_service_account(**kwargs)
             return kopf.login_with_kubeconfig(**kwargs)
 
-        @kopf.on.event(v1alpha1.GROUP, v1alpha1.VERSION, v1alpha1.PLURAL, registry=registry)
+        @kopf.on.event(
+            v1alpha1.GROUP,
+            v1alpha1.VERSION,
+            v1alpha1.PLURAL,
+            id="observe-postgresclusters",
+            registry=registry,
+        )
         def cluster_event(*, event: Any, **_: Any) -> None:
             self.on_cluster_event(event.get("type"), _plain(event["object"]))
 
@@ -218,6 +231,25 @@ class Operator:
                 raise kopf.AdmissionError("; ".join(problems), code=422)
 
         return registry
+
+    def _webhook_certificate(self) -> tuple[str, str, bytes]:
+        """A fresh CA and serving certificate for the webhook, made at every start.
+
+        Kopf patches the CA into the ValidatingWebhookConfiguration it manages, so nothing
+        outlives the process and no certificate manager is needed.
+        """
+        directory = Path(tempfile.mkdtemp(prefix="stateward-webhook-"))
+        authority = pki.Authority(directory)
+        hosts = {"localhost", "127.0.0.1"}
+        if self.options.webhook_host:
+            hosts.add(self.options.webhook_host)
+        pair = authority.issue(
+            "webhook",
+            common_name=self.options.webhook_host or "localhost",
+            hosts=tuple(sorted(hosts)),
+            server=True,
+        )
+        return str(pair.cert), str(pair.key), authority.cert_path.read_bytes()
 
     # --- process ----------------------------------------------------------------------------
 
@@ -332,6 +364,11 @@ def run(options: Options) -> int:
         level=os.environ.get("STATEWARD_LOG_LEVEL", "INFO"),
         format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":%(message)r}',
     )
+    # The HTTP client logs every request at INFO; leases alone would drown the log.
+    logging.getLogger("httpx2").setLevel(logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    # Kopf reports every successful event handler at INFO; ours only record observations.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 
     async def main() -> int:
         config = KubeConfig.from_env()
