@@ -69,8 +69,14 @@ class LeaderElector:
             and self.clock() - self._last_renew < self.renew_deadline
         )
 
+    def reset(self) -> None:
+        """Back to candidate after a lost term (called once the term's work has stopped)."""
+        self._last_renew = None
+        self.acquired.clear()
+        self.lost.clear()
+
     async def run(self, stop: asyncio.Event) -> None:
-        """Campaign, then renew, until ``stop`` is set or leadership is lost."""
+        """Campaign and renew until ``stop`` is set; ``acquired``/``lost`` mark each term."""
         while not stop.is_set():
             try:
                 renewed = await asyncio.wait_for(self._try_acquire_or_renew(), self.retry_period)
@@ -80,15 +86,16 @@ class LeaderElector:
             except Exception:  # the API client raises its own transport errors too
                 logger.exception("leader election: unexpected error")
                 renewed = False
+            if renewed and self.lost.is_set():
+                renewed = False  # the old term is still being torn down; renew after reset()
             if renewed:
                 self._last_renew = self.clock()
                 if not self.acquired.is_set():
                     logger.info("became leader as %s", self.identity)
                     self.acquired.set()
-            elif self.acquired.is_set() and not self.is_leader():
+            elif self.acquired.is_set() and not self.lost.is_set() and not self.is_leader():
                 logger.error("lost leadership: could not renew within %.0fs", self.renew_deadline)
                 self.lost.set()
-                return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.retry_period)
         if self.is_leader():

@@ -5,8 +5,10 @@ store and enqueue the owning cluster; no change handlers, so Kopf never writes i
 annotations or finalizers anywhere. Reconciles run from our work queue, one cluster at a time
 per key, with a periodic resync of every known cluster.
 
-Only the leader runs Kopf and the queue. Losing the Lease ends the process (exit code 1), as
-controller-runtime does: a fresh process campaigns again from a clean slate.
+Only the leader runs Kopf and the queue. A leader that cannot renew its Lease stops both at
+once (and its writes are refused even before that, see ``Kube.may_write``), drops what it had
+observed, and campaigns again: after an API-server outage the process comes back by itself
+with fresh watches instead of relying on a restart.
 """
 
 from __future__ import annotations
@@ -254,38 +256,18 @@ class Operator:
     # --- process ----------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> int:
+        """Campaign; while leading, watch and reconcile; on losing the Lease, stop and campaign
+        again. Returns 0 on a requested stop, 1 if Kopf itself failed."""
         probes = await self._start_probes()
         election = asyncio.create_task(self.elector.run(stop))
         try:
-            await _first(self.elector.acquired.wait(), stop.wait(), election)
-            if stop.is_set() or not self.elector.acquired.is_set():
-                return 0
-            metrics.LEADER.set(1)
-            self.queue.start()
-            kopf_stop = asyncio.Event()
-            kopf_task = asyncio.create_task(
-                kopf.operator(
-                    registry=self.registry(),
-                    clusterwide=True,
-                    standalone=True,
-                    stop_flag=kopf_stop,
-                    ready_flag=self.kopf_ready,
-                )
-            )
-            resync = asyncio.create_task(self.resync())
-            await _first(stop.wait(), self.elector.lost.wait(), kopf_task)
-            lost = self.elector.lost.is_set()
-            kopf_stop.set()
-            resync.cancel()
-            await self.queue.stop()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(kopf_task, 10)
-            if lost:
-                logger.error("leadership lost: exiting so a fresh process can campaign again")
-                return 1
-            if kopf_task.done() and not stop.is_set():
-                logger.error("Kopf stopped unexpectedly; exiting")
-                return 1
+            while not stop.is_set():
+                await _first(self.elector.acquired.wait(), stop.wait(), election)
+                if stop.is_set() or election.done():
+                    break
+                outcome = await self._lead(stop)
+                if outcome == "kopf-failed":
+                    return 1
             return 0
         finally:
             metrics.LEADER.set(0)
@@ -293,6 +275,42 @@ class Operator:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(election, 5)
             await probes.cleanup()
+
+    async def _lead(self, stop: asyncio.Event) -> str:
+        """One term as leader: Kopf watches and the work queue run until it ends."""
+        metrics.LEADER.set(1)
+        self.store = ObjectStore()
+        self.reconciler = Reconciler(self.kube, self.store)
+        self.kopf_ready.clear()
+        self.queue.start()
+        kopf_stop = asyncio.Event()
+        kopf_task = asyncio.create_task(
+            kopf.operator(
+                registry=self.registry(),
+                clusterwide=True,
+                standalone=True,
+                stop_flag=kopf_stop,
+                ready_flag=self.kopf_ready,
+            )
+        )
+        resync = asyncio.create_task(self.resync())
+        try:
+            await _first(stop.wait(), self.elector.lost.wait(), kopf_task)
+        finally:
+            kopf_stop.set()
+            resync.cancel()
+            await self.queue.stop()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(kopf_task, 10)
+            metrics.LEADER.set(0)
+        if self.elector.lost.is_set():
+            logger.error("leadership lost: stopped reconciling; campaigning again")
+            self.elector.reset()
+            return "lost"
+        if not stop.is_set():
+            logger.error("Kopf stopped unexpectedly; exiting")
+            return "kopf-failed"
+        return "stopped"
 
     async def _start_probes(self) -> web.AppRunner:
         async def healthz(_: web.Request) -> web.Response:

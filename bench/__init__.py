@@ -1,0 +1,1 @@
+"""Benchmarks of the operator at scale on the embedded local cluster (``make bench``)."""

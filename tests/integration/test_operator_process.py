@@ -1,0 +1,189 @@
+"""The operator as a process: leader election, losing the API server, probes and metrics.
+
+These tests run operators against their own API-server-only control plane (the session's
+`apiserver` fixture), so stopping the API server or running rival leaders cannot disturb the
+tests that share the full control plane.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from lightkube import Client, codecs
+from lightkube.resources.apps_v1 import StatefulSet
+from lightkube.resources.coordination_v1 import Lease
+from lightkube.resources.core_v1 import Namespace, Service
+
+from stateward.cli.run import (
+    OPERATOR_NAMESPACE,
+    OperatorProcess,
+    ensure_namespace,
+    install_crds,
+    start_operator,
+)
+from stateward.local.cluster import LocalCluster
+from tests.conftest import client_for
+from tests.integration.conftest import metric, pgc_body, wait_leading
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+FAST_LEASE = ["--lease-duration=6", "--renew-deadline=4", "--retry-period=1"]
+
+
+@pytest.fixture(scope="module")
+def bare(apiserver: LocalCluster) -> Client:
+    client = client_for(apiserver)
+    install_crds(client)
+    ensure_namespace(client, OPERATOR_NAMESPACE)
+    return client
+
+
+@pytest.fixture
+def operators(apiserver: LocalCluster) -> Iterator[list[OperatorProcess]]:
+    started: list[OperatorProcess] = []
+    yield started
+    for handle in started:
+        if handle.process.poll() is None:
+            os.kill(handle.process.pid, signal.SIGCONT)
+        handle.stop()
+
+
+def _launch(
+    cluster: LocalCluster, started: list[OperatorProcess], identity: str
+) -> OperatorProcess:
+    handle = start_operator(
+        cluster, extra=[f"--identity={identity}", *FAST_LEASE], name=f"operator-{identity}"
+    )
+    started.append(handle)
+    return handle
+
+
+def _holder(client: Client) -> str | None:
+    lease = client.get(Lease, "stateward-operator-leader", namespace=OPERATOR_NAMESPACE)
+    return lease.spec.holderIdentity if lease.spec else None
+
+
+def _ready(handle: OperatorProcess) -> bool:
+    try:
+        response = httpx.get(f"http://127.0.0.1:{handle.probe_port}/readyz", timeout=2)
+    except httpx.HTTPError:
+        return False
+    return response.status_code == 200
+
+
+def _api_ready(cluster: LocalCluster) -> bool:
+    with cluster.http_client() as http:
+        return http.get("/readyz").status_code == 200
+
+
+def _new_namespace(client: Client) -> str:
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    client.create(Namespace.from_dict({"metadata": {"name": name}}))
+    return name
+
+
+def _reconciled(client: Client, namespace: str, name: str, timeout: float = 30) -> None:
+    wait_for(
+        lambda: client.get(StatefulSet, name, namespace=namespace)
+        and client.get(Service, f"{name}-primary", namespace=namespace),
+        what=f"the children of {name}",
+        timeout=timeout,
+    )
+
+
+def test_exactly_one_leader_and_failover_by_lease(
+    apiserver: LocalCluster, bare: Client, operators: list[OperatorProcess]
+) -> None:
+    first = _launch(apiserver, operators, "first")
+    wait_leading(first)
+    second = _launch(apiserver, operators, "second")
+    wait_for(
+        lambda: httpx.get(f"http://127.0.0.1:{second.probe_port}/healthz", timeout=2).text == "ok",
+        what="the second operator to serve probes",
+    )
+    assert _holder(bare) == "first"
+
+    namespace = _new_namespace(bare)
+    bare.create(codecs.from_dict(pgc_body("one", namespace)))
+    _reconciled(bare, namespace, "one")
+    assert metric(first.probe_port, "stateward_leader") == 1
+    assert metric(second.probe_port, "stateward_leader") == 0
+    assert metric(second.probe_port, "stateward_reconcile_total") == 0
+    assert metric(second.probe_port, "stateward_api_writes_total") == 0
+    assert not _ready(second)
+
+    killed_at = time.monotonic()
+    first.process.kill()
+    wait_for(lambda: _holder(bare) == "second", what="the second operator to take the lease")
+    wait_for(lambda: _ready(second), what="the second operator to lead")
+    takeover = time.monotonic() - killed_at
+    assert takeover < 6 + 5, f"takeover took {takeover:.1f}s with a 6s lease"
+    bare.create(codecs.from_dict(pgc_body("two", namespace)))
+    _reconciled(bare, namespace, "two")
+
+
+def test_a_leader_that_cannot_renew_stops_reconciling(
+    apiserver: LocalCluster, bare: Client, operators: list[OperatorProcess]
+) -> None:
+    stalled = _launch(apiserver, operators, "stalled")
+    wait_leading(stalled)
+    wait_for(lambda: _holder(bare) == "stalled", what="the lease")
+    # Freeze the leader: it cannot renew, and a rival takes over once the lease expires.
+    os.kill(stalled.process.pid, signal.SIGSTOP)
+    rival = _launch(apiserver, operators, "rival")
+    wait_for(lambda: _holder(bare) == "rival", what="the rival to take the lease", timeout=30)
+    wait_leading(rival)
+    writes_before = metric(rival.probe_port, "stateward_api_writes_total")
+    os.kill(stalled.process.pid, signal.SIGCONT)
+    # On waking it must notice at once that its term is over: no writes, not ready, not leader.
+    wait_for(
+        lambda: metric(stalled.probe_port, "stateward_leader") == 0,
+        what="the stalled operator to step down",
+        timeout=15,
+    )
+    stalled_writes = metric(stalled.probe_port, "stateward_api_writes_total")
+    namespace = _new_namespace(bare)
+    bare.create(codecs.from_dict(pgc_body("after", namespace)))
+    _reconciled(bare, namespace, "after")
+    assert metric(stalled.probe_port, "stateward_api_writes_total") == stalled_writes
+    assert metric(rival.probe_port, "stateward_api_writes_total") > writes_before
+    assert not _ready(stalled)
+    assert stalled.process.poll() is None, "a stepped-down operator keeps campaigning"
+    assert _holder(bare) == "rival"
+
+
+def test_operator_recovers_after_the_api_server_is_down_for_30s(
+    apiserver: LocalCluster, bare: Client, operators: list[OperatorProcess]
+) -> None:
+    handle = _launch(apiserver, operators, "survivor")
+    wait_leading(handle)
+    namespace = _new_namespace(bare)
+    bare.create(codecs.from_dict(pgc_body("before", namespace)))
+    _reconciled(bare, namespace, "before")
+
+    apiserver.stop_component("kube-apiserver")
+    down_since = time.monotonic()
+    # The outage itself is the scenario: hold it for 30 s while checking the operator lives.
+    wait_for(
+        lambda: handle.process.poll() is None and time.monotonic() - down_since >= 30,
+        what="30 s of API-server outage",
+        timeout=45,
+        interval=1,
+    )
+    apiserver.start_component("kube-apiserver")
+    wait_for(lambda: _api_ready(apiserver), what="the API server to be ready again", timeout=60)
+    client = client_for(apiserver)
+    wait_leading(handle, timeout=60)
+    changed_at = time.monotonic()
+    client.create(codecs.from_dict(pgc_body("after", namespace)))
+    _reconciled(client, namespace, "after", timeout=30)
+    reaction = time.monotonic() - changed_at
+    assert reaction < 10, f"the operator took {reaction:.1f}s to react after the outage"
+    assert handle.process.poll() is None
