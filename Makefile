@@ -52,7 +52,33 @@ fmt: $(STAMP) ## Format and autofix
 
 .PHONY: manifests
 manifests: $(STAMP) ## Regenerate the CRDs and RBAC under config/ from the code
-	@$(BIN)/python -m stateward.api.manifests
+	@$(BIN)/stateward manifests
+
+.PHONY: verify-manifests
+verify-manifests: $(STAMP) ## Fail, naming each file, if a generated manifest under config/ is stale
+	@$(BIN)/stateward manifests --check
+
+# The project's own kubectl (kustomize built in), against $KUBECONFIG, or else the local
+# cluster's kubeconfig when one exists (or else kubectl's default, ~/.kube/config).
+KUBECTL = $(shell $(BIN)/python -c 'from stateward.local import binaries; print(binaries.locate().kubectl)')
+KUBECONFIG ?= $(wildcard $(CURDIR)/.stateward/local/kubeconfig)
+KUBECTL_RUN = KUBECONFIG="$(KUBECONFIG)" $(KUBECTL)
+
+.PHONY: install
+install: binaries ## Install the CRDs into the cluster of $KUBECONFIG (default: the local cluster)
+	@$(KUBECTL_RUN) apply --server-side -k config/crd
+
+.PHONY: uninstall
+uninstall: binaries ## Remove the CRDs, and with them every PostgresCluster, from that cluster
+	@$(KUBECTL_RUN) delete --ignore-not-found -k config/crd
+
+.PHONY: deploy
+deploy: binaries ## Deploy the operator (CRDs, RBAC, Deployment, Services) from config/default
+	@$(KUBECTL_RUN) apply --server-side -k config/default
+
+.PHONY: undeploy
+undeploy: binaries ## Remove everything `make deploy` created (CRDs and their objects too)
+	@$(KUBECTL_RUN) delete --ignore-not-found -k config/default
 
 .PHONY: up
 up: binaries ## Start the local cluster only

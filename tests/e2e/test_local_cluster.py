@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from stateward.local import binaries
 from stateward.local.cluster import free_port_base
 from tests.support.waiting import wait_for
 
@@ -41,8 +43,6 @@ def workdir(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
 
 
 def _pids(state_dir: Path) -> list[int]:
-    import json
-
     return [p["pid"] for p in json.loads((state_dir / "state.json").read_text())["processes"]]
 
 
@@ -63,7 +63,14 @@ def test_up_status_down_lifecycle(workdir: tuple[Path, dict[str, str]]) -> None:
     assert str(kubeconfig) in up.stderr + up.stdout
 
     nodes = subprocess.run(
-        ["kubectl", "--kubeconfig", str(kubeconfig), "get", "nodes", "--no-headers"],
+        [
+            str(binaries.locate().kubectl),
+            "--kubeconfig",
+            str(kubeconfig),
+            "get",
+            "nodes",
+            "--no-headers",
+        ],
         capture_output=True,
         text=True,
         timeout=KUBECTL_TIMEOUT,

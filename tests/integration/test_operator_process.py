@@ -91,8 +91,10 @@ def _new_namespace(client: Client) -> str:
 
 def _reconciled(client: Client, namespace: str, name: str, timeout: float = 30) -> None:
     wait_for(
-        lambda: client.get(StatefulSet, name, namespace=namespace)
-        and client.get(Service, f"{name}-primary", namespace=namespace),
+        lambda: (
+            client.get(StatefulSet, name, namespace=namespace)
+            and client.get(Service, f"{name}-primary", namespace=namespace)
+        ),
         what=f"the children of {name}",
         timeout=timeout,
     )

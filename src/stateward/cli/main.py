@@ -96,6 +96,52 @@ def _operator(args: argparse.Namespace) -> int:
     return operator.run(options)
 
 
+def _manifests(args: argparse.Namespace) -> int:
+    """Write (or with --check, verify) every generated file under config/."""
+    import difflib
+
+    from stateward.api import manifests
+    from stateward.runtime import rbac
+
+    root: Path = args.root if args.root is not None else manifests._default_root()
+    crds = [build() for build in manifests.CRDS]
+    generated = {manifests.crd_path(crd): manifests.render(crd) for crd in crds}
+    generated.update(rbac.rendered())
+    stale: list[Path] = []
+    for relative, text in generated.items():
+        target = root / relative
+        current = target.read_text(encoding="utf-8") if target.is_file() else None
+        if current == text:
+            continue
+        if not args.check:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text, encoding="utf-8")
+            print(f"wrote {relative}")
+            continue
+        stale.append(relative)
+        if current is None:
+            print(f"{relative}: missing", file=sys.stderr)
+        else:
+            diff = difflib.unified_diff(
+                current.splitlines(keepends=True),
+                text.splitlines(keepends=True),
+                f"{relative} (committed)",
+                f"{relative} (generated)",
+            )
+            sys.stderr.writelines(list(diff)[:60])
+    if stale:
+        for relative in stale:
+            print(f"stale: {relative}", file=sys.stderr)
+        print("run `make manifests` and commit the result", file=sys.stderr)
+        return 1
+    sample = root / manifests.SAMPLE_PATH
+    if not args.check and not sample.exists():
+        sample.parent.mkdir(parents=True, exist_ok=True)
+        sample.write_text(manifests.sample_yaml(), encoding="utf-8")
+        print(f"wrote {manifests.SAMPLE_PATH}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stateward", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -125,6 +171,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     op.add_argument("--no-webhooks", action="store_true", help="serve no admission webhook")
     op.set_defaults(handler=_operator)
+
+    manifests = commands.add_parser(
+        "manifests",
+        help="write the CRDs and RBAC under config/ from the code (make manifests)",
+    )
+    manifests.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 naming each generated file that is stale or missing",
+    )
+    manifests.add_argument(
+        "--root", type=Path, default=None, help="repository root (default: this checkout)"
+    )
+    manifests.set_defaults(handler=_manifests)
 
     local = commands.add_parser("local", help="the embedded local Kubernetes cluster")
     verbs = local.add_subparsers(dest="verb", required=True)

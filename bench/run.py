@@ -1,0 +1,896 @@
+"""``make bench``: the operator at scale on the embedded local cluster with kwok nodes.
+
+For each requested size N this starts a fresh local cluster (etcd, kube-apiserver,
+controller-manager, scheduler, kwok with enough simulated nodes for the pods), installs the
+CRD, runs the operator as a subprocess (``--resync-interval=30`` by default) and then:
+
+1. creates N PostgresClusters concurrently (every one with a ``backupSchedule``) and polls,
+   with one LIST per kind per round, until every cluster has all its children and a current
+   status (``status.observedGeneration == metadata.generation`` and ``status.phase`` set);
+2. waits until every cluster reports phase Ready (that is the simulated pods, not the operator);
+3. counts the operator's requests over a steady-state window (target: zero writes);
+4. times single spec changes (replicas + 1) until the StatefulSet shows them.
+
+The operator's requests are counted from the API server's audit log. The local cluster's
+own audit policy records writes only; this benchmark starts the API server with a policy
+that records every request of the operator's user (reads too) and nothing else.
+
+Results are printed as a table and written into docs/benchmarks.md between the generated
+markers; the hand-written parts of that file are left alone.
+
+    .venv/bin/python -m bench.run --clusters 100 --clusters 1000
+    .venv/bin/python -m bench.run --clusters 1000:1     # N:replicas
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import dataclasses
+import datetime
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from lightkube import Client
+from lightkube.config.kubeconfig import KubeConfig
+
+from stateward.api import v1alpha1
+from stateward.cli.run import (
+    OPERATOR_NAMESPACE,
+    OperatorProcess,
+    ensure_namespace,
+    install_crds,
+    start_operator,
+)
+from stateward.local import binaries
+from stateward.local.cluster import OPERATOR_USER, Config, LocalCluster, Ports, free_port_base
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "benchmarks.md"
+BEGIN = "<!-- BEGIN GENERATED RESULTS: written by `make bench` (bench/run.py); edits are lost -->"
+END = "<!-- END GENERATED RESULTS -->"
+
+NAMESPACE = "bench"
+# A schedule that does not fire during a run (midnight on 1 January), so no backup Job
+# disturbs the steady-state window.
+BACKUP_SCHEDULE = "0 0 1 1 *"
+PODS_PER_NODE = 100  # kwok nodes advertise 110; keep some room
+WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+READ_VERBS = frozenset({"get", "list", "watch"})
+PGC_PATH = f"/apis/{v1alpha1.GROUP}/{v1alpha1.VERSION}/namespaces/{NAMESPACE}/{v1alpha1.PLURAL}"
+CHILD_PATHS = {
+    "StatefulSet": f"/apis/apps/v1/namespaces/{NAMESPACE}/statefulsets",
+    "Service": f"/api/v1/namespaces/{NAMESPACE}/services",
+    "ConfigMap": f"/api/v1/namespaces/{NAMESPACE}/configmaps",
+    "Secret": f"/api/v1/namespaces/{NAMESPACE}/secrets",
+    "ServiceAccount": f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts",
+    "Role": f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/roles",
+    "RoleBinding": f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/rolebindings",
+    "PodDisruptionBudget": f"/apis/policy/v1/namespaces/{NAMESPACE}/poddisruptionbudgets",
+    "CronJob": f"/apis/batch/v1/namespaces/{NAMESPACE}/cronjobs",
+}
+# Every request of the operator's user at Metadata level (reads included), nothing else.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [{"level": "Metadata", "users": [OPERATOR_USER]}, {"level": "None"}],
+}
+
+
+def say(message: str) -> None:
+    print(message, flush=True)
+
+
+class Interrupted(Exception):
+    """SIGTERM, turned into an exception so that teardown runs."""
+
+
+# --- the cluster under test ------------------------------------------------------------------
+
+
+class BenchCluster(LocalCluster):
+    """The local cluster, with an audit policy that also records the operator's reads."""
+
+    def _apiserver_argv(self, paths: binaries.Binaries) -> list[str]:
+        argv = super()._apiserver_argv(paths)
+        policy = self.state_dir / "bench-audit-policy.yaml"
+        policy.write_text(yaml.safe_dump(AUDIT_POLICY))
+        flag = "--audit-policy-file="
+        if not any(a.startswith(flag) for a in argv):
+            raise RuntimeError("the local API server runs without an audit policy: cannot count")
+        return [f"{flag}{policy}" if a.startswith(flag) else a for a in argv]
+
+
+class Api:
+    """A plain HTTPS client of the API server as the admin user (thread-safe)."""
+
+    def __init__(self, cluster: LocalCluster, *, connections: int = 16) -> None:
+        context = ssl.create_default_context(cafile=str(cluster.pki_dir / "ca.crt"))
+        context.load_cert_chain(cluster.pki_dir / "admin.crt", cluster.pki_dir / "admin.key")
+        self.http = httpx.Client(
+            base_url=f"https://127.0.0.1:{cluster.config.ports.apiserver}",
+            verify=context,
+            timeout=60,
+            limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+        )
+
+    def close(self) -> None:
+        self.http.close()
+
+    def names(self, path: str) -> set[str]:
+        """Names of the objects at a collection path: one metadata-only LIST."""
+        response = self.http.get(
+            path,
+            headers={
+                "Accept": "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,"
+                "application/json"
+            },
+        )
+        response.raise_for_status()
+        return {item["metadata"]["name"] for item in response.json()["items"]}
+
+    def items(self, path: str) -> list[dict[str, Any]]:
+        response = self.http.get(path)
+        response.raise_for_status()
+        result: list[dict[str, Any]] = response.json()["items"]
+        return result
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        response = self.http.get(path)
+        if response.status_code == 404:
+            return None
+        response.raise_for_status()
+        result: dict[str, Any] = response.json()
+        return result
+
+    def create(self, path: str, body: dict[str, Any], *, attempts: int = 8) -> None:
+        """POST, retrying transient failures; an object that already exists counts as made."""
+        delay = 0.5
+        for attempt in range(attempts):
+            try:
+                response = self.http.post(path, json=body)
+            except httpx.TransportError:
+                if attempt == attempts - 1:
+                    raise
+            else:
+                if response.status_code in (200, 201, 202, 409):
+                    return
+                if response.status_code < 500 and response.status_code != 429:
+                    raise RuntimeError(f"POST {path} -> {response.status_code}: {response.text}")
+                if attempt == attempts - 1:
+                    response.raise_for_status()
+            time.sleep(delay)
+            delay = min(delay * 2, 10)
+
+    def merge_patch(self, path: str, patch: dict[str, Any]) -> None:
+        response = self.http.patch(
+            path, json=patch, headers={"Content-Type": "application/merge-patch+json"}
+        )
+        response.raise_for_status()
+
+
+def pgc_body(name: str, replicas: int) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{v1alpha1.GROUP}/{v1alpha1.VERSION}",
+        "kind": v1alpha1.KIND,
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "version": "16",
+            "replicas": replicas,
+            "storageSize": "1Gi",
+            "backupSchedule": BACKUP_SCHEDULE,
+        },
+    }
+
+
+def expected_children(name: str, replicas: int) -> set[tuple[str, str]]:
+    """(kind, name) of every child the operator must make for one cluster."""
+    model = v1alpha1.PostgresCluster.model_validate(pgc_body(name, replicas))
+    return {
+        ("StatefulSet", model.name),
+        ("Service", model.primary_service_name),
+        ("Service", model.replicas_service_name),
+        ("Service", model.headless_service_name),
+        ("ConfigMap", model.patroni_config_map_name),
+        ("Secret", model.superuser_secret_name),
+        ("Secret", model.replication_secret_name),
+        ("ServiceAccount", model.instance_account_name),
+        ("Role", model.instance_account_name),
+        ("RoleBinding", model.instance_account_name),
+        ("PodDisruptionBudget", model.name),
+        ("CronJob", model.backup_cronjob_name),
+    }
+
+
+class Tracker:
+    """Which clusters are converged (children + current status) and Ready, and since when."""
+
+    def __init__(self, names: list[str], replicas: int) -> None:
+        self.names = names
+        self.missing: dict[str, set[tuple[str, str]]] = {
+            name: expected_children(name, replicas) for name in names
+        }
+        self.converged_at: dict[str, float] = {}
+        self.ready_at: dict[str, float] = {}
+        self.lists = 0
+
+    def _wanted_kinds(self) -> set[str]:
+        return {kind for missing in self.missing.values() for kind, _ in missing}
+
+    def poll(self, api: Api) -> None:
+        """One round: one LIST per kind that some cluster still lacks, one of the clusters."""
+        for kind in sorted(self._wanted_kinds()):
+            present = api.names(CHILD_PATHS[kind])
+            self.lists += 1
+            for missing in self.missing.values():
+                missing -= {(k, n) for k, n in missing if k == kind and n in present}
+        clusters = api.items(PGC_PATH)
+        self.lists += 1
+        now = time.time()
+        for obj in clusters:
+            name = obj["metadata"]["name"]
+            if name not in self.missing:
+                continue
+            status = obj.get("status") or {}
+            current = status.get("observedGeneration") == obj["metadata"].get("generation")
+            if (
+                name not in self.converged_at
+                and not self.missing[name]
+                and current
+                and status.get("phase")
+            ):
+                self.converged_at[name] = now
+            if name not in self.ready_at and current and status.get("phase") == "Ready":
+                self.ready_at[name] = now
+
+    def all_converged(self) -> bool:
+        return len(self.converged_at) == len(self.names)
+
+    def all_ready(self) -> bool:
+        return len(self.ready_at) == len(self.names)
+
+
+# --- observing the operator ------------------------------------------------------------------
+
+
+def proc_status_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def cpu_seconds(pid: int) -> float:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def scrape(port: int) -> dict[str, float]:
+    """The operator's /metrics as {'name{labels}': value} (empty if unreachable)."""
+    try:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return {}
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            with contextlib.suppress(ValueError):
+                samples[key] = float(value)
+    return samples
+
+
+def metric(samples: dict[str, float], name: str, *labels: str) -> float:
+    total = 0.0
+    for key, value in samples.items():
+        base = key.split("{", 1)[0]
+        if base == name and all(label in key for label in labels):
+            total += value
+    return total
+
+
+def component_cpu(cluster: LocalCluster) -> dict[str, float]:
+    return {record.name: cpu_seconds(record.pid) for record in cluster.status() if record.running}
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    at: float
+    verb: str
+    resource: str
+    code: int
+
+
+def operator_requests(cluster: LocalCluster) -> list[Request]:
+    """Every request of the operator's user in the audit log (rotated files included)."""
+    seen: dict[str, Request] = {}
+    for path in sorted(cluster.audit_log.parent.glob("audit*.log")):
+        with path.open() as lines:
+            for line in lines:
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue  # a line being written
+                if entry.get("user", {}).get("username") != OPERATOR_USER:
+                    continue
+                if entry["auditID"] in seen:
+                    continue  # watches are logged at ResponseStarted and ResponseComplete
+                ref = entry.get("objectRef") or {}
+                resource = ref.get("resource", "?") + (
+                    f"/{ref['subresource']}" if ref.get("subresource") else ""
+                )
+                at = datetime.datetime.fromisoformat(entry["requestReceivedTimestamp"]).timestamp()
+                code = (entry.get("responseStatus") or {}).get("code", 0)
+                seen[entry["auditID"]] = Request(at, entry["verb"], resource, code)
+    return sorted(seen.values(), key=lambda r: r.at)
+
+
+def summarize(requests: list[Request], start: float, end: float) -> dict[str, Any]:
+    """The operator's requests received in [start, end), leader-election Lease traffic apart."""
+    window = [r for r in requests if start <= r.at < end]
+    lease = [r for r in window if r.resource == "leases"]
+    other = [r for r in window if r.resource != "leases"]
+    writes = [r for r in other if r.verb in WRITE_VERBS]
+    reads = [r for r in other if r.verb in READ_VERBS]
+    return {
+        "writes": len(writes),
+        "writes_by": dict(Counter(f"{r.verb} {r.resource}" for r in writes).most_common()),
+        "write_errors": sum(1 for r in writes if r.code >= 400),
+        "reads": len(reads),
+        "reads_by": dict(Counter(f"{r.verb} {r.resource}" for r in reads).most_common()),
+        "lease_writes": sum(1 for r in lease if r.verb in WRITE_VERBS),
+        "lease_reads": sum(1 for r in lease if r.verb in READ_VERBS),
+    }
+
+
+# --- one run -----------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+
+def wait_leading(operator: OperatorProcess, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if operator.process.poll() is not None:
+            raise RuntimeError(f"the operator exited; see {operator.log}")
+        with contextlib.suppress(httpx.HTTPError):
+            url = f"http://127.0.0.1:{operator.probe_port}/readyz"
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"the operator did not become ready within {timeout:.0f}s")
+
+
+def wait_webhook(api: Api, timeout: float = 60) -> None:
+    """Wait until the operator's admission webhook is registered, so every create uses it."""
+    path = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any("stateward" in name for name in api.names(path)):
+            return
+        time.sleep(0.2)
+    say("    (no validating webhook registered; creates bypass admission)")
+
+
+class Run:
+    def __init__(self, args: argparse.Namespace, clusters: int, replicas: int) -> None:
+        self.args = args
+        self.n = clusters
+        self.replicas = replicas
+        self.nodes = max(3, math.ceil(clusters * replicas / PODS_PER_NODE) + 1)
+        self.result: dict[str, Any] = {
+            "clusters": clusters,
+            "replicas": replicas,
+            "pods": clusters * replicas,
+            "nodes": self.nodes,
+            "resync_interval": args.resync,
+        }
+
+    def execute(self) -> dict[str, Any]:
+        started = time.monotonic()
+        state = Path(tempfile.mkdtemp(prefix=f"stateward-bench-{self.n}-"))
+        cluster = BenchCluster(
+            Config(
+                state_dir=state / "local",
+                ports=Ports.from_base(free_port_base()),
+                nodes=self.nodes,
+            )
+        )
+        operator: OperatorProcess | None = None
+        api: Api | None = None
+        keep = self.args.keep
+        try:
+            say(f"==> N={self.n} (replicas {self.replicas}): local cluster, {self.nodes} nodes")
+            cluster.up(progress=lambda m: say(f"    {m}"))
+            client = Client(KubeConfig.from_file(cluster.kubeconfig), field_manager="bench")
+            install_crds(client)
+            ensure_namespace(client, OPERATOR_NAMESPACE)
+            ensure_namespace(client, NAMESPACE)
+            api = Api(cluster, connections=self.args.workers + 4)
+            operator = start_operator(cluster, extra=[f"--resync-interval={self.args.resync}"])
+            say(f"    operator pid {operator.process.pid}, log {operator.log}")
+            wait_leading(operator)
+            wait_webhook(api)
+            self._measure(cluster, operator, api)
+        except BaseException:
+            keep = True
+            raise
+        finally:
+            if api is not None:
+                api.close()
+            if operator is not None:
+                operator.stop()
+            cluster.down(keep=keep)
+            if keep:
+                say(f"    state and logs kept in {state}")
+            else:
+                shutil.rmtree(state, ignore_errors=True)
+            self.result["run_seconds"] = round(time.monotonic() - started, 1)
+            say(f"    run took {self.result['run_seconds']:.0f}s")
+        return self.result
+
+    def _measure(self, cluster: LocalCluster, operator: OperatorProcess, api: Api) -> None:
+        r, n, pid, port = self.result, self.n, operator.process.pid, operator.probe_port
+        names = [f"pg-{i:04d}" for i in range(n)]
+        tracker = Tracker(names, self.replicas)
+        created_at: dict[str, float] = {}
+        lock = threading.Lock()
+
+        def create(name: str) -> None:
+            sent = time.time()
+            api.create(PGC_PATH, pgc_body(name, self.replicas))
+            with lock:
+                created_at[name] = sent
+
+        metrics_before = scrape(port)
+        cpu_before, components_before = cpu_seconds(pid), component_cpu(cluster)
+        t0 = time.time()
+        pool = concurrent.futures.ThreadPoolExecutor(self.args.workers, thread_name_prefix="create")
+        try:
+            futures = [pool.submit(create, name) for name in names]
+            deadline = t0 + self.args.timeout
+            max_depth, last_print = 0.0, 0.0
+            while True:
+                round_started = time.time()
+                for future in [f for f in futures if f.done()]:
+                    future.result()  # a create that failed for good ends the run
+                tracker.poll(api)
+                samples = scrape(port)
+                max_depth = max(max_depth, metric(samples, "stateward_workqueue_depth"))
+                self._check_alive(operator)
+                now = time.time()
+                if len(created_at) == n and "created_seconds" not in r:
+                    r["created_seconds"] = round(max(created_at.values()) - t0, 1)
+                if tracker.all_converged() or now > deadline:
+                    break
+                if now - last_print >= self.args.progress:
+                    last_print = now
+                    self._progress(now - t0, len(created_at), tracker, samples, pid)
+                time.sleep(max(0.0, self.args.poll - (time.time() - round_started)))
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+        t_converged = time.time()
+        converged = tracker.all_converged()
+        r["converged"] = len(tracker.converged_at)
+        if converged:
+            r["converge_seconds"] = round(max(tracker.converged_at.values()) - t0, 1)
+        latencies = [tracker.converged_at[c] - created_at[c] for c in tracker.converged_at]
+        r["cluster_latency_p50"] = round(percentile(latencies, 0.5), 1)
+        r["cluster_latency_p95"] = round(percentile(latencies, 0.95), 1)
+        r["cluster_latency_max"] = round(max(latencies, default=math.nan), 1)
+        r["poll_lists"] = tracker.lists
+        samples = scrape(port)
+        r["rss_peak_converged_mib"] = proc_status_kib(pid, "VmHWM") / 1024
+        r["operator_cpu_converge_s"] = round(cpu_seconds(pid) - cpu_before, 1)
+        components_after = component_cpu(cluster)
+        r["component_cpu_converge_s"] = {
+            name: round(components_after.get(name, 0) - value, 1)
+            for name, value in components_before.items()
+        }
+        r["reconciles_converge"] = int(
+            metric(samples, "stateward_reconcile_total")
+            - metric(metrics_before, "stateward_reconcile_total")
+        )
+        count = metric(samples, "stateward_reconcile_duration_seconds_count") - metric(
+            metrics_before, "stateward_reconcile_duration_seconds_count"
+        )
+        total = metric(samples, "stateward_reconcile_duration_seconds_sum") - metric(
+            metrics_before, "stateward_reconcile_duration_seconds_sum"
+        )
+        r["reconcile_mean_ms"] = round(1000 * total / count, 1) if count else math.nan
+        r["max_queue_depth"] = int(max_depth)
+        r["operator_writes_metric_converge"] = int(
+            metric(samples, "stateward_api_writes_total")
+            - metric(metrics_before, "stateward_api_writes_total")
+        )
+        say(
+            f"    converged {len(tracker.converged_at)}/{n} in {t_converged - t0:.0f}s"
+            + ("" if converged else " (DEADLINE PASSED)")
+        )
+        if not converged:
+            r["note"] = f"not converged within {self.args.timeout:.0f}s"
+            return
+
+        # Every cluster Ready: that is the simulated pods (controller-manager, scheduler, kwok).
+        ready_deadline = t0 + self.args.ready_timeout
+        last_print = 0.0
+        while not tracker.all_ready() and time.time() < ready_deadline:
+            round_started = time.time()
+            tracker.poll(api)
+            self._check_alive(operator)
+            if time.time() - last_print >= self.args.progress:
+                last_print = time.time()
+                self._progress(time.time() - t0, n, tracker, scrape(port), pid)
+            time.sleep(max(0.0, self.args.poll - (time.time() - round_started)))
+        t_ready = time.time()
+        r["ready"] = len(tracker.ready_at)
+        if tracker.all_ready():
+            r["ready_seconds"] = round(max(tracker.ready_at.values()) - t0, 1)
+        say(f"    Ready {len(tracker.ready_at)}/{n} after {t_ready - t0:.0f}s")
+
+        # Steady state: nothing changes, full resyncs keep coming. Let the last status
+        # writes settle first.
+        time.sleep(self.args.settle)
+        w_before = scrape(port)
+        w0 = time.time()
+        say(
+            f"    steady-state window: {self.args.window:.0f}s (resync every {self.args.resync:g}s)"
+        )
+        while time.time() < w0 + self.args.window:
+            time.sleep(min(15.0, w0 + self.args.window - time.time()))
+            self._check_alive(operator)
+        w1 = time.time()
+        w_after = scrape(port)
+        r["steady_reconciles"] = int(
+            metric(w_after, "stateward_reconcile_total")
+            - metric(w_before, "stateward_reconcile_total")
+        )
+        r["rss_steady_mib"] = proc_status_kib(pid, "VmRSS") / 1024
+
+        # Single changes at scale: replicas + 1 on one cluster, until its StatefulSet says so.
+        latencies = []
+        for index in range(self.args.changes):
+            name = names[(index * 7919) % n]
+            wanted = self.replicas + 1
+            sent = time.time()
+            api.merge_patch(f"{PGC_PATH}/{name}", {"spec": {"replicas": wanted}})
+            sts_path = f"{CHILD_PATHS['StatefulSet']}/{name}"
+            while True:
+                body = api.get(sts_path) or {}
+                if (body.get("spec") or {}).get("replicas") == wanted:
+                    latencies.append(time.time() - sent)
+                    break
+                if time.time() - sent > 120:
+                    raise RuntimeError(f"StatefulSet {name} did not scale within 120s")
+                time.sleep(0.02)
+            say(f"    change {index + 1}/{self.args.changes}: {name} in {latencies[-1]:.2f}s")
+            if index + 1 < self.args.changes:
+                time.sleep(self.args.change_gap)
+        r["change_latencies"] = [round(v, 2) for v in latencies]
+        r["rss_peak_mib"] = proc_status_kib(pid, "VmHWM") / 1024
+
+        time.sleep(2)  # the audit log is written asynchronously to the response
+        requests = operator_requests(cluster)
+        r["audit_converge"] = summarize(requests, t0, t_converged)
+        r["audit_ready"] = summarize(requests, t0, t_ready)
+        r["audit_steady"] = summarize(requests, w0, w1)
+        r["steady_window_s"] = round(w1 - w0, 1)
+
+    def _check_alive(self, operator: OperatorProcess) -> None:
+        if operator.process.poll() is not None:
+            raise RuntimeError(
+                f"the operator exited with {operator.process.returncode}; see {operator.log}"
+            )
+
+    def _progress(
+        self,
+        elapsed: float,
+        created: int,
+        tracker: Tracker,
+        samples: dict[str, float],
+        pid: int,
+    ) -> None:
+        say(
+            f"    [{elapsed:5.0f}s] created {created}/{self.n}"
+            f"  converged {len(tracker.converged_at)}"
+            f"  ready {len(tracker.ready_at)}"
+            f"  queue {metric(samples, 'stateward_workqueue_depth'):.0f}"
+            f"  reconciles {metric(samples, 'stateward_reconcile_total'):.0f}"
+            f"  operator RSS {proc_status_kib(pid, 'VmRSS') / 1024:.0f} MiB"
+            f"  cpu {cpu_seconds(pid):.0f}s"
+        )
+
+
+# --- report -----------------------------------------------------------------------------------
+
+
+def environment() -> dict[str, str]:
+    cpu = "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    memory = proc_meminfo_gib()
+    paths = binaries.ensure()
+    commit = "?"
+    with contextlib.suppress(OSError, subprocess.CalledProcessError):
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    versions = {
+        "kubernetes": paths.kube_apiserver.parent.name.removeprefix("kubernetes-"),
+        "etcd": paths.etcd.parent.name.removeprefix("etcd-"),
+        "kwok": paths.kwok.parent.name.removeprefix("kwok-"),
+    }
+    python_packages = []
+    for package in ("kopf", "lightkube"):
+        with contextlib.suppress(Exception):
+            from importlib.metadata import version
+
+            python_packages.append(f"{package} {version(package)}")
+    return {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{os.cpu_count()} CPUs ({cpu}), {memory:.0f} GiB RAM, "
+        f"Linux {platform.release()}",
+        "versions": f"Kubernetes {versions['kubernetes']}, etcd {versions['etcd']}, "
+        f"kwok {versions['kwok']}, Python {platform.python_version()}, "
+        + ", ".join(python_packages),
+        "commit": commit,
+    }
+
+
+def proc_meminfo_gib() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) / 1024 / 1024
+    return math.nan
+
+
+def _fmt(value: Any, unit: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if isinstance(value, float):
+        text = f"{value:.0f}" if abs(value) >= 100 else f"{value:.1f}".rstrip("0").rstrip(".")
+        if abs(value) < 1 and value:
+            text = f"{value:.2f}"
+        return text + unit
+    return f"{value}{unit}"
+
+
+def _per_cluster(result: dict[str, Any], key: str, field: str) -> float | None:
+    section = result.get(key)
+    return float(section[field]) / int(result["clusters"]) if section else None
+
+
+def _per_minute(result: dict[str, Any], field: str) -> float | None:
+    section = result.get("audit_steady")
+    if not section:
+        return None
+    return float(section[field]) * 60 / float(result["steady_window_s"])
+
+
+def _converged(r: dict[str, Any]) -> str:
+    if r.get("converge_seconds"):
+        return f"**{_fmt(r['converge_seconds'], ' s')}**"
+    return f"{r['converged']}/{r['clusters']} ({r.get('note', '')})"
+
+
+def _cluster_latency(r: dict[str, Any]) -> str:
+    p50, p95, top = r["cluster_latency_p50"], r["cluster_latency_p95"], r["cluster_latency_max"]
+    return f"{_fmt(p50)} / {_fmt(p95)} / {_fmt(top)} s"
+
+
+def _ready(r: dict[str, Any]) -> str:
+    if r.get("ready_seconds"):
+        return _fmt(r["ready_seconds"], " s")
+    return f"{r.get('ready', 0)}/{r['clusters']} Ready"
+
+
+def _reads(r: dict[str, Any]) -> str:
+    if not r.get("audit_ready"):
+        return "—"
+    return f"{r['audit_ready']['reads']} ({_fmt(_per_cluster(r, 'audit_ready', 'reads'))})"
+
+
+def _change_latency(r: dict[str, Any]) -> str:
+    values = r.get("change_latencies") or []
+    if not values:
+        return "—"
+    return f"{_fmt(statistics.median(values))} s / {_fmt(max(values))} s"
+
+
+ROWS: list[tuple[str, Any]] = [
+    (
+        "PostgresClusters x replicas (pods)",
+        lambda r: f"{r['clusters']} x {r['replicas']} ({r['pods']})",
+    ),
+    ("kwok nodes", lambda r: str(r["nodes"])),
+    ("all create calls returned after", lambda r: _fmt(r.get("created_seconds"), " s")),
+    ("**first create → every cluster converged**", _converged),
+    ("per cluster, its create → converged: p50 / p95 / max", _cluster_latency),
+    ("first create → every cluster Ready (simulated pods)", _ready),
+    (
+        "**operator peak RSS (VmHWM)**",
+        lambda r: f"**{_fmt(r.get('rss_peak_mib', r['rss_peak_converged_mib']), ' MiB')}**",
+    ),
+    ("operator RSS at steady state", lambda r: _fmt(r.get("rss_steady_mib"), " MiB")),
+    ("operator CPU until converged", lambda r: _fmt(r["operator_cpu_converge_s"], " s")),
+    (
+        "reconciles until converged (mean duration)",
+        lambda r: f"{r['reconciles_converge']} ({_fmt(r['reconcile_mean_ms'], ' ms')})",
+    ),
+    ("max work-queue depth seen", lambda r: str(r["max_queue_depth"])),
+    (
+        "**writes per cluster, until converged**",
+        lambda r: f"**{_fmt(_per_cluster(r, 'audit_converge', 'writes'))}**",
+    ),
+    ("writes per cluster, until Ready", lambda r: _fmt(_per_cluster(r, "audit_ready", "writes"))),
+    ("reads until Ready, total (per cluster)", _reads),
+    ("**steady state: writes per minute**", lambda r: f"**{_fmt(_per_minute(r, 'writes'))}**"),
+    ("steady state: reads per minute", lambda r: _fmt(_per_minute(r, "reads"))),
+    (
+        "steady state: Lease writes per minute (leader election)",
+        lambda r: _fmt(_per_minute(r, "lease_writes")),
+    ),
+    (
+        "steady state: reconciles in the window",
+        lambda r: f"{r.get('steady_reconciles', '—')} in {_fmt(r.get('steady_window_s'), ' s')}",
+    ),
+    ("**one spec change → StatefulSet updated: median / max**", _change_latency),
+    ("whole run (bring-up to teardown)", lambda r: _fmt(r.get("run_seconds"), " s")),
+]
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    header = "| | " + " | ".join(f"N = {r['clusters']}" for r in results) + " |"
+    rule = "|---|" + "---|" * len(results)
+    body = [f"| {label} | " + " | ".join(cell(r) for r in results) + " |" for label, cell in ROWS]
+    return "\n".join([header, rule, *body])
+
+
+def breakdown(result: dict[str, Any]) -> str:
+    lines = [f"**N = {result['clusters']}**, per cluster until converged:"]
+    section = result.get("audit_converge")
+    if section:
+        n = result["clusters"]
+        lines.append(
+            "writes "
+            + ", ".join(f"{k} {v / n:.2f}" for k, v in section["writes_by"].items())
+            + (f" (failed: {section['write_errors']})" if section["write_errors"] else "")
+            + "; reads (whole run until Ready, all clusters): "
+            + ", ".join(f"{k} {v}" for k, v in result["audit_ready"]["reads_by"].items())
+            + "."
+        )
+        steady = result["audit_steady"]
+        if steady["writes"]:
+            lines.append("Steady-state writes: " + json.dumps(steady["writes_by"]) + ".")
+    lines.append(
+        "CPU seconds of each process until converged: "
+        + ", ".join(f"{k} {v:g}" for k, v in sorted(result["component_cpu_converge_s"].items()))
+        + f", operator {result['operator_cpu_converge_s']:g}."
+    )
+    return "\n".join(lines)
+
+
+def markdown(results: list[dict[str, Any]], env: dict[str, str]) -> str:
+    parts = [
+        "## Results",
+        "",
+        f"Run {env['date']} on {env['machine']}; {env['versions']}; commit `{env['commit']}`.",
+        "",
+        table(results),
+        "",
+        *[breakdown(r) + "\n" for r in results],
+    ]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def write_doc(text: str) -> None:
+    block = f"{BEGIN}\n{text}{END}\n"
+    current = DOC.read_text() if DOC.exists() else "# Benchmarks\n\n"
+    if BEGIN in current and END in current:
+        head, _, rest = current.partition(BEGIN)
+        _, _, tail = rest.partition(END)
+        updated = head + block + tail.removeprefix("\n")
+    else:
+        updated = current.rstrip() + "\n\n" + block
+    DOC.parent.mkdir(parents=True, exist_ok=True)
+    DOC.write_text(updated)
+
+
+# --- entry point -------------------------------------------------------------------------------
+
+
+def size(text: str) -> tuple[int, int | None]:
+    clusters, _, replicas = text.partition(":")
+    return int(clusters), int(replicas) if replicas else None
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--clusters",
+        type=size,
+        action="append",
+        help="N or N:REPLICAS; repeat for several runs (default: 100 and 1000)",
+    )
+    parser.add_argument("--replicas", type=int, default=3, help="replicas per cluster (3)")
+    parser.add_argument("--workers", type=int, default=8, help="concurrent creates (8)")
+    parser.add_argument("--resync", type=float, default=30, help="operator resync seconds (30)")
+    parser.add_argument("--timeout", type=float, default=900, help="convergence deadline (900)")
+    parser.add_argument(
+        "--ready-timeout", type=float, default=1200, help="deadline for every cluster Ready (1200)"
+    )
+    parser.add_argument("--window", type=float, default=120, help="steady-state window (120)")
+    parser.add_argument("--settle", type=float, default=10, help="pause before the window (10)")
+    parser.add_argument("--changes", type=int, default=5, help="single-change samples (5)")
+    parser.add_argument("--change-gap", type=float, default=7, help="seconds between them (7)")
+    parser.add_argument("--poll", type=float, default=2, help="poll interval, seconds (2)")
+    parser.add_argument("--progress", type=float, default=5, help="progress every (5) seconds")
+    parser.add_argument("--keep", action="store_true", help="keep each run's state and logs")
+    parser.add_argument("--no-doc", action="store_true", help="do not write docs/benchmarks.md")
+    parser.add_argument("--json", type=Path, help="also write the raw results here")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    sizes = [(n, r or args.replicas) for n, r in (args.clusters or [(100, None), (1000, None)])]
+
+    def interrupted(signum: int, _frame: Any) -> None:
+        raise Interrupted(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupted)
+    env = environment()
+    say(f"==> Stateward benchmark: {env['machine']}; {env['versions']}")
+    results = []
+    try:
+        for clusters, replicas in sizes:
+            results.append(Run(args, clusters, replicas).execute())
+    except (KeyboardInterrupt, Interrupted):
+        say("\n==> interrupted; everything started was stopped")
+        return 130
+    say("")
+    say(table(results))
+    if args.json:
+        args.json.write_text(json.dumps({"environment": env, "results": results}, indent=2))
+    if not args.no_doc:
+        write_doc(markdown(results, env))
+        say(f"\n==> results written to {DOC.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

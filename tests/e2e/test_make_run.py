@@ -1,0 +1,77 @@
+"""The main job as a user runs it: `stateward local run` (what `make run` calls)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from stateward.local import binaries
+from stateward.local.cluster import free_port_base
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+def test_run_brings_a_sample_cluster_to_ready_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "STATEWARD_LOCAL_PORT_BASE": str(free_port_base()),
+        "STATEWARD_LOCAL_DIR": str(tmp_path / "local"),
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "stateward", "local", "run"],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    reader = threading.Thread(
+        target=lambda: [lines.append(line) for line in process.stdout or []], daemon=True
+    )
+    reader.start()
+    try:
+        wait_for(
+            lambda: any("phase=Ready ready=3/3 primary=sample-0" in line for line in lines),
+            what="the sample cluster to be shown Ready",
+            timeout=180,
+        )
+        kubeconfig = tmp_path / "local" / "kubeconfig"
+        shown = subprocess.run(
+            [str(binaries.locate().kubectl), f"--kubeconfig={kubeconfig}", "get", "pgc", "-A"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+        header, row = shown.splitlines()[:2]
+        assert header.split()[:7] == [
+            "NAMESPACE",
+            "NAME",
+            "VERSION",
+            "REPLICAS",
+            "READY",
+            "PHASE",
+            "PRIMARY",
+        ]
+        assert row.split()[1:7] == ["sample", "16", "3", "3", "Ready", "sample-0"]
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+        assert any("cluster keeps running" in line for line in lines)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        subprocess.run(
+            [sys.executable, "-m", "stateward", "local", "down"],
+            env=env,
+            cwd=tmp_path,
+            check=False,
+            timeout=120,
+        )
