@@ -101,8 +101,8 @@ def test_children_exist_owned_and_labelled_and_status_converges(
     assert primary.spec.selector["stateward.io/role"] == "primary"  # type: ignore[index, union-attr]
 
 
-def test_secrets_hold_generated_passwords_that_never_reach_status_or_events(
-    kube: Client, namespace: str, make_cluster: MakeCluster
+def test_secrets_hold_generated_passwords_that_never_reach_status_events_or_logs(
+    kube: Client, namespace: str, make_cluster: MakeCluster, operator: OperatorProcess
 ) -> None:
     name = make_cluster()
     wait_phase(kube, name, namespace, "Ready", timeout=90)
@@ -114,6 +114,7 @@ def test_secrets_hold_generated_passwords_that_never_reach_status_or_events(
         passwords.append(password)
     assert passwords[0] != passwords[1]
     visible = str(get_pgc(kube, name, namespace)) + " ".join(events(kube, namespace, name))
+    visible += operator.log.read_text()
     assert not any(p in visible for p in passwords)
 
 
@@ -462,12 +463,25 @@ def test_delete_runs_final_backup_then_removes_volumes(
 ) -> None:
     name = make_cluster()
     wait_phase(kube, name, namespace, "Ready", timeout=90)
+    # What Patroni leaves in its namespace: ConfigMaps with its labels and no owner.
+    leader_lock = ConfigMap.from_dict(
+        {
+            "metadata": {
+                "name": f"{name}-leader",
+                "namespace": namespace,
+                "labels": {"stateward.io/cluster": name, "app.kubernetes.io/name": "postgresql"},
+                "annotations": {"leader": f"{name}-0"},
+            }
+        }
+    )
+    kube.create(leader_lock)
     kube.delete(PostgresClusterResource, name, namespace=namespace)
     wait_for(
         lambda: gone(kube, PostgresClusterResource, name, namespace),
         what="the cluster to be deleted",
         timeout=90,
     )
+    assert gone(kube, ConfigMap, f"{name}-leader", namespace)
     reasons = [e.split(":")[0] for e in events(kube, namespace, name)]
     assert "FinalBackupStarted" in reasons and "FinalBackupSucceeded" in reasons
     wait_for(

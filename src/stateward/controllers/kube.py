@@ -87,12 +87,16 @@ class Kube:
     async def list_objects(
         self, api_version: str, kind: str, namespace: str, labels: dict[str, Any]
     ) -> list[Body]:
-        return [
-            _to_dict(item)
-            async for item in self.client.list(
-                _resource(api_version, kind), namespace=namespace, labels=labels
-            )
-        ]
+        found = []
+        async for item in self.client.list(
+            _resource(api_version, kind), namespace=namespace, labels=labels
+        ):
+            body = _to_dict(item)
+            # List items come without their type; Ref.of() and the store need it.
+            body.setdefault("apiVersion", api_version)
+            body.setdefault("kind", kind)
+            found.append(body)
+        return found
 
     # --- writes -----------------------------------------------------------------------------
 

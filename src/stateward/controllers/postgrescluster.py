@@ -431,6 +431,7 @@ async def finalize(scope: Scope) -> str | None:
                 removed.append(claim["metadata"]["name"])
         if removed:
             await scope.event("VolumesDeleted", f"Deleted data volumes {', '.join(removed)}")
+    await _delete_patroni_state(scope)
     finalizers = [f for f in scope.body["metadata"]["finalizers"] if f != v1alpha1.FINALIZER]
     await scope.kube.patch(
         Ref.of(scope.body),
@@ -445,6 +446,18 @@ async def finalize(scope: Scope) -> str | None:
         json_patch=True,
     )
     return FINALIZER_REMOVED
+
+
+async def _delete_patroni_state(scope: Scope) -> None:
+    """Patroni's own ConfigMaps (``NAME-leader``, ``NAME-config``, ...) carry no owner
+    reference, so garbage collection would leave them behind; a later cluster of the same
+    name would then find a stale leader lock and timeline history."""
+    found = await scope.kube.list_objects(
+        "v1", "ConfigMap", scope.namespace, {meta.CLUSTER_LABEL: scope.cluster.name}
+    )
+    for config_map in found:
+        if not config_map["metadata"].get("ownerReferences"):
+            await scope.kube.delete(Ref.of(config_map))
 
 
 async def _final_backup(scope: Scope) -> str | None:

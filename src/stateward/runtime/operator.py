@@ -30,6 +30,7 @@ from aiohttp import web
 from lightkube import AsyncClient
 from lightkube.config.kubeconfig import KubeConfig
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pythonjsonlogger.json import JsonFormatter
 
 from stateward.api import v1alpha1, validation
 from stateward.controllers.kube import FIELD_MANAGER, Kube
@@ -222,6 +223,10 @@ class Operator:
             v1alpha1.PLURAL,
             id="validate-postgrescluster",
             operations=["CREATE", "UPDATE"],
+            # A second line of defence behind the CRD's CEL rules: while no leader serves it
+            # (failover, `make run` stopped), admission goes on with CEL alone rather than
+            # refusing every PostgresCluster write.
+            ignore_failures=True,
             registry=registry,
         )
         def validate(*, body: Any, **kwargs: Any) -> None:
@@ -378,10 +383,15 @@ async def _first(*waitables: Any) -> None:
 
 def run(options: Options) -> int:
     """Run until SIGINT/SIGTERM (exit 0) or lost leadership (exit 1)."""
-    logging.basicConfig(
-        level=os.environ.get("STATEWARD_LOG_LEVEL", "INFO"),
-        format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":%(message)r}',
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        JsonFormatter(
+            "{asctime}{levelname}{name}{message}",
+            style="{",
+            rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
+        )
     )
+    logging.basicConfig(level=os.environ.get("STATEWARD_LOG_LEVEL", "INFO"), handlers=[handler])
     # The HTTP client logs every request at INFO; leases alone would drown the log.
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -88,11 +88,11 @@ class _Rules:
 
     def rules(self) -> list[Rule]:
         """One rule per (group, names, verb set), resources of equal rights grouped together."""
-        grouped: defaultdict[tuple[str, tuple[str, ...], tuple[str, ...]], list[str]] = (
-            defaultdict(list)
+        grouped: defaultdict[tuple[str, tuple[str, ...], tuple[str, ...]], list[str]] = defaultdict(
+            list
         )
-        for (group, resource, names), verbs in self._verbs.items():
-            grouped[(group, names, tuple(sorted(verbs)))].append(resource)
+        for (group, resource, names), allowed in self._verbs.items():
+            grouped[(group, names, tuple(sorted(allowed)))].append(resource)
         result: list[Rule] = []
         for (group, names, verbs), resources in sorted(
             grouped.items(), key=lambda item: (item[0][0], sorted(item[1]), item[0][1])
