@@ -1,0 +1,66 @@
+"""Conditions follow API conventions: transition times move only when the status does."""
+
+from __future__ import annotations
+
+import pytest
+
+from stateward.controllers.conditions import get_condition, is_true, set_condition
+
+pytestmark = pytest.mark.unit
+
+
+def _set(
+    conditions: list[dict[str, object]], status: bool | None, now: str, **kw: str
+) -> list[dict[str, object]]:
+    return set_condition(
+        conditions,
+        type="Ready",
+        status=status,
+        reason=kw.get("reason", "R"),
+        message=kw.get("message", "m"),
+        generation=3,
+        now=now,
+    )
+
+
+def test_new_condition_gets_the_current_time_and_generation() -> None:
+    (ready,) = _set([], True, "t1")
+    assert ready == {
+        "type": "Ready",
+        "status": "True",
+        "reason": "R",
+        "message": "m",
+        "lastTransitionTime": "t1",
+        "observedGeneration": 3,
+    }
+
+
+def test_same_status_keeps_the_transition_time_even_if_the_message_changes() -> None:
+    first = _set([], True, "t1")
+    second = _set(first, True, "t2", message="other")
+    assert second[0]["lastTransitionTime"] == "t1"
+    assert second[0]["message"] == "other"
+
+
+def test_status_change_moves_the_transition_time() -> None:
+    first = _set([], True, "t1")
+    assert _set(first, False, "t2")[0]["lastTransitionTime"] == "t2"
+    assert _set(first, None, "t3")[0]["status"] == "Unknown"
+
+
+def test_order_of_other_conditions_is_kept() -> None:
+    others = [
+        {"type": "A", "status": "True"},
+        {"type": "Ready", "status": "False", "lastTransitionTime": "t0"},
+        {"type": "B", "status": "False"},
+    ]
+    updated = _set(others, True, "t1")
+    assert [c["type"] for c in updated] == ["A", "Ready", "B"]
+    assert others[1]["status"] == "False", "the input list is not mutated"
+
+
+def test_lookups() -> None:
+    conditions = _set([], True, "t1")
+    assert is_true(conditions, "Ready")
+    assert not is_true(conditions, "Degraded")
+    assert get_condition(conditions, "Degraded") is None

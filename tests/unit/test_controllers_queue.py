@@ -1,0 +1,118 @@
+"""The work queue: one run per burst of adds, never two at once per key, backoff on failure."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+
+from stateward.controllers.queue import Backoff, Outcome, WorkQueue
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(20)]
+
+
+async def _until(predicate: object, within: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within
+    while not predicate():  # type: ignore[operator]
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached")
+        await asyncio.sleep(0.01)
+
+
+def test_backoff_doubles_up_to_the_cap_and_resets() -> None:
+    backoff = Backoff(base=1, cap=5)
+    assert [backoff.next("k") for _ in range(5)] == [1, 2, 4, 5, 5]
+    assert backoff.failures("k") == 5
+    backoff.reset("k")
+    assert backoff.next("k") == 1
+
+
+async def test_adds_while_waiting_collapse_into_one_run() -> None:
+    runs: list[str] = []
+    gate = asyncio.Event()
+
+    async def handle(key: str) -> Outcome:
+        await gate.wait()
+        runs.append(key)
+        return Outcome()
+
+    queue: WorkQueue[str] = WorkQueue(handle, workers=2)
+    for _ in range(5):
+        queue.add("a")
+    queue.add("b")
+    assert len(queue) == 2
+    queue.start()
+    gate.set()
+    await _until(lambda: len(runs) == 2)
+    await asyncio.sleep(0.05)
+    await queue.stop()
+    assert sorted(runs) == ["a", "b"]
+
+
+async def test_a_key_is_never_processed_twice_at_once_and_reruns_if_dirty() -> None:
+    active = 0
+    peak = 0
+    runs = 0
+    release = asyncio.Event()
+
+    async def handle(_: str) -> Outcome:
+        nonlocal active, peak, runs
+        active += 1
+        peak = max(peak, active)
+        runs += 1
+        if runs == 1:
+            await release.wait()
+        active -= 1
+        return Outcome()
+
+    queue: WorkQueue[str] = WorkQueue(handle, workers=4)
+    queue.start()
+    queue.add("k")
+    await _until(lambda: runs == 1)
+    queue.add("k")  # arrives while the first run is in progress
+    queue.add("k")
+    release.set()
+    await _until(lambda: runs == 2)
+    await asyncio.sleep(0.05)
+    await queue.stop()
+    assert peak == 1
+    assert runs == 2
+
+
+async def test_failures_retry_with_backoff_and_success_resets_it() -> None:
+    attempts: list[float] = []
+
+    async def handle(_: str) -> Outcome:
+        attempts.append(asyncio.get_running_loop().time())
+        if len(attempts) < 3:
+            raise RuntimeError("transient")
+        return Outcome()
+
+    queue: WorkQueue[str] = WorkQueue(handle, workers=1, backoff=Backoff(base=0.05, cap=1))
+    queue.start()
+    queue.add("k")
+    await _until(lambda: len(attempts) == 3)
+    await queue.stop()
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
+    assert gaps[0] >= 0.04 and gaps[1] >= 0.09, gaps
+    assert queue.backoff.failures("k") == 0
+
+
+async def test_requeue_after_runs_again_and_forget_cancels_it() -> None:
+    runs = 0
+
+    async def handle(_: str) -> Outcome:
+        nonlocal runs
+        runs += 1
+        return Outcome(requeue_after=0.05)
+
+    queue: WorkQueue[str] = WorkQueue(handle, workers=1)
+    queue.start()
+    queue.add("k")
+    await _until(lambda: runs >= 2)
+    queue.forget("k")
+    seen = runs
+    await asyncio.sleep(0.2)
+    await queue.stop()
+    assert runs <= seen + 1

@@ -1,0 +1,76 @@
+"""The observation store: newest body wins, children are found by their cluster label."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from stateward.controllers.store import ObjectStore
+
+pytestmark = pytest.mark.unit
+
+
+def body(
+    kind: str, name: str, rv: str, *, cluster: str | None = "pg", uid: str = "u1"
+) -> dict[str, Any]:
+    labels = {"stateward.io/cluster": cluster} if cluster else {}
+    return {
+        "kind": kind,
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "resourceVersion": rv,
+            "uid": uid,
+            "labels": labels,
+        },
+    }
+
+
+def test_children_are_indexed_by_cluster_and_kind() -> None:
+    store = ObjectStore()
+    store.observe(body("Service", "pg-primary", "1"))
+    store.observe(body("Service", "pg-replicas", "2"))
+    store.observe(body("Service", "other", "3", cluster="other"))
+    store.observe(body("StatefulSet", "pg", "4"))
+    assert [b["metadata"]["name"] for b in store.owned_by("ns", "pg", "Service")] == [
+        "pg-primary",
+        "pg-replicas",
+    ]
+    assert store.owned_by("ns", "pg", "Pod") == []
+    assert store.owned_by("other-ns", "pg", "Service") == []
+
+
+def test_an_older_version_never_replaces_a_newer_one() -> None:
+    store = ObjectStore()
+    store.observe(body("Service", "pg-primary", "10"))
+    store.observe(body("Service", "pg-primary", "9"))
+    assert store.get("Service", "ns", "pg-primary")["metadata"]["resourceVersion"] == "10"  # type: ignore[index]
+
+
+def test_a_recreated_object_replaces_the_old_one_whatever_its_version() -> None:
+    store = ObjectStore()
+    store.observe(body("Service", "pg-primary", "10", uid="old"))
+    store.observe(body("Service", "pg-primary", "3", uid="new"))
+    assert store.get("Service", "ns", "pg-primary")["metadata"]["uid"] == "new"  # type: ignore[index]
+
+
+def test_relabelling_moves_an_object_between_clusters_and_forget_removes_it() -> None:
+    store = ObjectStore()
+    store.observe(body("Pod", "p", "1", cluster="a"))
+    store.observe(body("Pod", "p", "2", cluster="b"))
+    assert store.owned_by("ns", "a", "Pod") == []
+    assert len(store.owned_by("ns", "b", "Pod")) == 1
+    store.forget("Pod", "ns", "p")
+    assert store.owned_by("ns", "b", "Pod") == []
+    assert store.get("Pod", "ns", "p") is None
+    assert len(store) == 0
+
+
+def test_stored_bodies_are_copies() -> None:
+    store = ObjectStore()
+    original = body("Service", "s", "1")
+    store.observe(original)
+    original["metadata"]["name"] = "changed"
+    assert store.get("Service", "ns", "s") is not None
+    assert store.names("Service") == [("ns", "s")]
