@@ -136,7 +136,9 @@ def test_taken_port_is_refused_and_nothing_is_left_running(
 
 def test_missing_binary_is_named(workdir: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
     cwd, env = workdir
-    env = {**env, "STATEWARD_CACHE_DIR": str(tmp_path / "empty-cache"), "PATH": "/usr/bin:/bin"}
+    empty = tmp_path / "no-tools"
+    empty.mkdir()
+    env = {**env, "STATEWARD_CACHE_DIR": str(tmp_path / "empty-cache"), "PATH": str(empty)}
     missing = stateward("local", "up", cwd=cwd, env=env)
     assert missing.returncode == 1
     assert "Go toolchain is not on PATH" in missing.stderr

@@ -110,7 +110,8 @@ def test_default_tree_is_valid_to_the_api_server(control_plane: LocalCluster, ku
             name,
             result.stdout,
         )
-    assert result.stderr == ""
+    # Only a warning is acceptable: the Namespace was created without kubectl apply.
+    assert "error" not in result.stderr.lower(), result.stderr
     # Nothing was written.
     assert absent(kube, Deployment, "stateward-operator", OPERATOR_NAMESPACE)
     assert absent(kube, ClusterRole, rbac.CLUSTER_ROLE)

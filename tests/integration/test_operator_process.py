@@ -120,6 +120,17 @@ def test_exactly_one_leader_and_failover_by_lease(
     assert metric(second.probe_port, "stateward_reconcile_total") == 0
     assert metric(second.probe_port, "stateward_api_writes_total") == 0
     assert not _ready(second)
+    exposed = httpx.get(f"http://127.0.0.1:{first.probe_port}/metrics", timeout=5).text
+    for name in (
+        "stateward_reconcile_total",
+        "stateward_reconcile_errors_total",
+        "stateward_reconcile_duration_seconds_bucket",
+        "stateward_api_writes_total",
+        "stateward_leader",
+        "stateward_workqueue_depth",
+    ):
+        assert name in exposed, name
+    assert metric(first.probe_port, "stateward_reconcile_total", 'result="success"') >= 1
 
     killed_at = time.monotonic()
     first.process.kill()
