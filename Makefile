@@ -79,6 +79,7 @@ deploy: binaries ## Deploy the operator (CRDs, RBAC, Deployment, Services) from 
 .PHONY: undeploy
 undeploy: binaries ## Remove everything `make deploy` created (CRDs and their objects too)
 	@$(KUBECTL_RUN) delete --ignore-not-found -k config/default
+	@$(KUBECTL_RUN) delete --ignore-not-found validatingwebhookconfiguration stateward.io
 
 .PHONY: up
 up: binaries ## Start the local cluster only
@@ -87,3 +88,9 @@ up: binaries ## Start the local cluster only
 .PHONY: down
 down: $(STAMP) ## Stop the local cluster and remove its state
 	@$(BIN)/stateward local down
+
+BENCH_FLAGS ?=
+
+.PHONY: bench
+bench: binaries ## Benchmark the operator at 100 and 1000 clusters (kwok nodes); writes docs/benchmarks.md
+	@$(BIN)/python -m bench.run $(BENCH_FLAGS)

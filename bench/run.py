@@ -145,12 +145,12 @@ class Api:
             },
         )
         response.raise_for_status()
-        return {item["metadata"]["name"] for item in response.json()["items"]}
+        return {item["metadata"]["name"] for item in response.json().get("items") or []}
 
     def items(self, path: str) -> list[dict[str, Any]]:
         response = self.http.get(path)
         response.raise_for_status()
-        result: list[dict[str, Any]] = response.json()["items"]
+        result: list[dict[str, Any]] = response.json().get("items") or []
         return result
 
     def get(self, path: str) -> dict[str, Any] | None:
@@ -285,6 +285,13 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
     fields = stat[stat.rindex(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_seconds() -> float:
+    """CPU time spent by everything on this machine (all CPUs, idle and iowait excluded)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -471,6 +478,7 @@ class Run:
 
         metrics_before = scrape(port)
         cpu_before, components_before = cpu_seconds(pid), component_cpu(cluster)
+        busy_before, own_before = machine_busy_seconds(), cpu_seconds(os.getpid())
         t0 = time.time()
         pool = concurrent.futures.ThreadPoolExecutor(self.args.workers, thread_name_prefix="create")
         try:
@@ -514,6 +522,17 @@ class Run:
             name: round(components_after.get(name, 0) - value, 1)
             for name, value in components_before.items()
         }
+        r["bench_cpu_converge_s"] = round(cpu_seconds(os.getpid()) - own_before, 1)
+        # What else ran on the machine meanwhile (other test runs share it): all busy CPU
+        # time minus that of the processes of this run.
+        busy = machine_busy_seconds() - busy_before
+        ours = (
+            r["operator_cpu_converge_s"]
+            + sum(r["component_cpu_converge_s"].values())
+            + r["bench_cpu_converge_s"]
+        )
+        r["other_cpu_converge_s"] = round(max(0.0, busy - ours), 1)
+        r["cpus_busy_converge"] = round(busy / max(t_converged - t0, 1e-9), 2)
         r["reconciles_converge"] = int(
             metric(samples, "stateward_reconcile_total")
             - metric(metrics_before, "stateward_reconcile_total")
@@ -799,7 +818,14 @@ def breakdown(result: dict[str, Any]) -> str:
     lines.append(
         "CPU seconds of each process until converged: "
         + ", ".join(f"{k} {v:g}" for k, v in sorted(result["component_cpu_converge_s"].items()))
-        + f", operator {result['operator_cpu_converge_s']:g}."
+        + f", operator {result['operator_cpu_converge_s']:g}"
+        + (
+            f", this script {result['bench_cpu_converge_s']:g}; the machine's CPUs were busy"
+            f" {result['cpus_busy_converge']:g} of {os.cpu_count()} on average, of which"
+            f" {result['other_cpu_converge_s']:g} CPU-s were processes foreign to this run."
+            if "other_cpu_converge_s" in result
+            else "."
+        )
     )
     return "\n".join(lines)
 
@@ -862,11 +888,34 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--keep", action="store_true", help="keep each run's state and logs")
     parser.add_argument("--no-doc", action="store_true", help="do not write docs/benchmarks.md")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
+    parser.add_argument(
+        "--report",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="run nothing: render the table and docs/benchmarks.md from files of --json",
+    )
     return parser.parse_args(argv)
+
+
+def report(args: argparse.Namespace) -> int:
+    """Render saved results (several files: their runs side by side, by N)."""
+    loaded = [json.loads(path.read_text()) for path in args.report]
+    results = sorted((r for data in loaded for r in data["results"]), key=lambda r: r["clusters"])
+    env = dict(loaded[0]["environment"])
+    env["date"] = " and ".join(sorted({data["environment"]["date"] for data in loaded}))
+    env["commit"] = ", ".join(sorted({data["environment"]["commit"] for data in loaded}))
+    say(table(results))
+    if not args.no_doc:
+        write_doc(markdown(results, env))
+        say(f"\n==> results written to {DOC.relative_to(ROOT)}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.report:
+        return report(args)
     sizes = [(n, r or args.replicas) for n, r in (args.clusters or [(100, None), (1000, None)])]
 
     def interrupted(signum: int, _frame: Any) -> None:
@@ -875,17 +924,17 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, interrupted)
     env = environment()
     say(f"==> Stateward benchmark: {env['machine']}; {env['versions']}")
-    results = []
+    results: list[dict[str, Any]] = []
     try:
         for clusters, replicas in sizes:
             results.append(Run(args, clusters, replicas).execute())
+            if args.json:  # after each run, so a later failure keeps what was measured
+                args.json.write_text(json.dumps({"environment": env, "results": results}, indent=2))
     except (KeyboardInterrupt, Interrupted):
         say("\n==> interrupted; everything started was stopped")
         return 130
     say("")
     say(table(results))
-    if args.json:
-        args.json.write_text(json.dumps({"environment": env, "results": results}, indent=2))
     if not args.no_doc:
         write_doc(markdown(results, env))
         say(f"\n==> results written to {DOC.relative_to(ROOT)}")

@@ -43,7 +43,7 @@ def wait_leading(handle: OperatorProcess, timeout: float = 60) -> None:
         if handle.process.poll() is not None:
             raise AssertionError(f"operator exited; log:\n{handle.log.read_text()[-3000:]}")
         response = httpx.get(f"http://127.0.0.1:{handle.probe_port}/readyz", timeout=2)
-        return response.status_code == 200
+        return response.status_code == 200 and metric(handle.probe_port, "stateward_leader") == 1
 
     wait_for(leading, what="the operator to lead and be ready", timeout=timeout)
 

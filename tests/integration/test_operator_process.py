@@ -119,7 +119,7 @@ def test_exactly_one_leader_and_failover_by_lease(
     assert metric(second.probe_port, "stateward_leader") == 0
     assert metric(second.probe_port, "stateward_reconcile_total") == 0
     assert metric(second.probe_port, "stateward_api_writes_total") == 0
-    assert not _ready(second)
+    assert _ready(second), "a standby serves admission, so it is Ready"
     exposed = httpx.get(f"http://127.0.0.1:{first.probe_port}/metrics", timeout=5).text
     for name in (
         "stateward_reconcile_total",
@@ -167,7 +167,7 @@ def test_a_leader_that_cannot_renew_stops_reconciling(
     _reconciled(bare, namespace, "after")
     assert metric(stalled.probe_port, "stateward_api_writes_total") == stalled_writes
     assert metric(rival.probe_port, "stateward_api_writes_total") > writes_before
-    assert not _ready(stalled)
+    assert metric(stalled.probe_port, "stateward_leader") == 0
     assert stalled.process.poll() is None, "a stepped-down operator keeps campaigning"
     assert _holder(bare) == "rival"
 

@@ -91,6 +91,7 @@ def _operator(args: argparse.Namespace) -> int:
         webhook_address=args.webhook_address,
         webhook_port=args.webhook_port,
         webhook_host=args.webhook_host,
+        webhook_service=args.webhook_service,
         webhooks=not args.no_webhooks,
     )
     return operator.run(options)
@@ -167,7 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument(
         "--webhook-host",
         default=None,
-        help="host name the API server uses to reach the webhook (default: the bind address)",
+        help="out of cluster: host the API server reaches the webhook at (default 127.0.0.1)",
+    )
+    op.add_argument(
+        "--webhook-service",
+        default=None,
+        help="in-cluster: the Service (in --namespace) the API server reaches the webhook by",
     )
     op.add_argument("--no-webhooks", action="store_true", help="serve no admission webhook")
     op.set_defaults(handler=_operator)

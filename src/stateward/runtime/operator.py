@@ -20,9 +20,7 @@ import logging
 import os
 import signal
 import socket
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import kopf
@@ -32,13 +30,12 @@ from lightkube.config.kubeconfig import KubeConfig
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pythonjsonlogger.json import JsonFormatter
 
-from stateward.api import v1alpha1, validation
+from stateward.api import v1alpha1
 from stateward.controllers.kube import FIELD_MANAGER, Kube
 from stateward.controllers.postgrescluster import Reconciler
 from stateward.controllers.queue import Outcome, WorkQueue
 from stateward.controllers.store import CLUSTER_LABEL, ObjectStore
-from stateward.local import pki
-from stateward.runtime import metrics
+from stateward.runtime import metrics, webhook
 from stateward.runtime.leader import LeaderElector
 
 logger = logging.getLogger("stateward")
@@ -77,6 +74,7 @@ class Options:
     webhook_address: str = "0.0.0.0"  # noqa: S104
     webhook_port: int = 9443
     webhook_host: str | None = None
+    webhook_service: str | None = None
     webhooks: bool = True
 
 
@@ -102,6 +100,15 @@ class Operator:
         self.reconciler = Reconciler(self.kube, self.store)
         self.queue: WorkQueue[tuple[str, str]] = WorkQueue(self._reconcile, workers=options.workers)
         self.kopf_ready = asyncio.Event()
+        self.client = client
+        self.endpoint = webhook.Endpoint(
+            namespace=options.namespace,
+            port=options.webhook_port,
+            service=options.webhook_service,
+            host=options.webhook_host,
+        )
+        self.certificate: webhook.Certificate | None = None
+        self.admission: webhook.AdmissionServer | None = None
 
     async def _reconcile(self, key: tuple[str, str]) -> Outcome:
         started = time.monotonic()
@@ -149,15 +156,46 @@ class Operator:
 
     async def resync(self) -> None:
         while True:
+            await self._ensure_webhook_configuration()
             await asyncio.sleep(self.options.resync_interval)
             for key in self.store.names(v1alpha1.KIND):
                 self.queue.add(key)
+
+    async def _ensure_webhook_configuration(self) -> None:
+        if self.certificate is None:
+            return
+        try:
+            if await webhook.ensure_configuration(self.kube, self.endpoint, self.certificate):
+                logger.info("pointed the webhook configuration at %s", self.endpoint)
+        except Exception as error:  # retried at the next resync
+            logger.warning("could not update the webhook configuration: %s", error)
+
+    async def _start_admission(self, stop: asyncio.Event) -> None:
+        """Serve admission in every replica; retry the shared certificate until it exists."""
+        delay = 1.0
+        while not stop.is_set():
+            try:
+                self.certificate = await webhook.ensure_certificate(self.client, self.endpoint)
+                break
+            except Exception as error:
+                logger.warning("webhook certificate not available yet: %s", error)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+                delay = min(delay * 2, 30.0)
+        if self.certificate is None:
+            return
+        self.admission = webhook.AdmissionServer(
+            address=self.options.webhook_address,
+            port=self.options.webhook_port,
+            certificate=self.certificate,
+        )
+        await self.admission.start()
+        logger.info("admission webhook serving on port %d", self.options.webhook_port)
 
     # --- Kopf -----------------------------------------------------------------------------
 
     def registry(self) -> kopf.OperatorRegistry:
         registry = kopf.OperatorRegistry()
-        options = self.options
 
         @kopf.on.startup(registry=registry)
         def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -174,17 +212,6 @@ class Operator:
             settings.networking.connect_timeout = 10
             for _group, _version, plural, _kind in CHILD_RESOURCES:
                 settings.watching.label_selectors[plural] = MANAGED_BY
-            if options.webhooks:
-                certfile, keyfile, cadata = self._webhook_certificate()
-                settings.admission.server = kopf.WebhookServer(
-                    addr=options.webhook_address,
-                    port=options.webhook_port,
-                    host=options.webhook_host,
-                    certfile=certfile,
-                    pkeyfile=keyfile,
-                    cadata=cadata,
-                )
-                settings.admission.managed = "stateward.io"
 
         @kopf.on.login(registry=registry)
         def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -217,46 +244,7 @@ class Operator:
                 registry=registry,
             )(child_event)
 
-        @kopf.on.validate(
-            v1alpha1.GROUP,
-            v1alpha1.VERSION,
-            v1alpha1.PLURAL,
-            id="validate-postgrescluster",
-            operations=["CREATE", "UPDATE"],
-            # A second line of defence behind the CRD's CEL rules: while no leader serves it
-            # (failover, `make run` stopped), admission goes on with CEL alone rather than
-            # refusing every PostgresCluster write.
-            ignore_failures=True,
-            registry=registry,
-        )
-        def validate(*, body: Any, **kwargs: Any) -> None:
-            old = kwargs.get("old")
-            problems = validation.validate_spec(
-                _plain(body).get("spec") or {}, (_plain(old) or {}).get("spec") if old else None
-            )
-            if problems:
-                raise kopf.AdmissionError("; ".join(problems), code=422)
-
         return registry
-
-    def _webhook_certificate(self) -> tuple[str, str, bytes]:
-        """A fresh CA and serving certificate for the webhook, made at every start.
-
-        Kopf patches the CA into the ValidatingWebhookConfiguration it manages, so nothing
-        outlives the process and no certificate manager is needed.
-        """
-        directory = Path(tempfile.mkdtemp(prefix="stateward-webhook-"))
-        authority = pki.Authority(directory)
-        hosts = {"localhost", "127.0.0.1"}
-        if self.options.webhook_host:
-            hosts.add(self.options.webhook_host)
-        pair = authority.issue(
-            "webhook",
-            common_name=self.options.webhook_host or "localhost",
-            hosts=tuple(sorted(hosts)),
-            server=True,
-        )
-        return str(pair.cert), str(pair.key), authority.cert_path.read_bytes()
 
     # --- process ----------------------------------------------------------------------------
 
@@ -264,6 +252,8 @@ class Operator:
         """Campaign; while leading, watch and reconcile; on losing the Lease, stop and campaign
         again. Returns 0 on a requested stop, 1 if Kopf itself failed."""
         probes = await self._start_probes()
+        if self.options.webhooks:
+            await self._start_admission(stop)
         election = asyncio.create_task(self.elector.run(stop))
         try:
             while not stop.is_set():
@@ -279,6 +269,8 @@ class Operator:
             stop.set()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(election, 5)
+            if self.admission is not None:
+                await self.admission.stop()
             await probes.cleanup()
 
     async def _lead(self, stop: asyncio.Event) -> str:
@@ -322,9 +314,13 @@ class Operator:
             return web.Response(text="ok")
 
         async def readyz(_: web.Request) -> web.Response:
-            if self.elector.is_leader() and self.kopf_ready.is_set():
-                return web.Response(text="ok")
-            return web.Response(status=503, text="standby: not the leader")
+            # Every replica serves admission, so a standby is Ready; a leader is Ready once
+            # its watches are up.
+            if self.options.webhooks and self.admission is None:
+                return web.Response(status=503, text="admission webhook not serving yet")
+            if self.elector.is_leader() and not self.kopf_ready.is_set():
+                return web.Response(status=503, text="leader: watches starting")
+            return web.Response(text="ok")
 
         async def serve_metrics(_: web.Request) -> web.Response:
             return web.Response(

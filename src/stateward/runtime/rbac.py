@@ -9,7 +9,7 @@ YAML committed under ``config/rbac/``. The rules come from three sources in the 
   granting more than they hold themselves (no ``escalate``), so every right the operator gives
   the instance pods is a right it needs;
 * the few other calls of the runtime and the controllers (status, finalizers, Events,
-  StorageClass lookups, the leader Lease, Kopf's webhook configurations and discovery).
+  StorageClass lookups, the leader Lease, the webhook configuration).
 
 Verb lists are sorted and rules are in a stable order, so the generated files only change
 when the code does.
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from stateward.api import manifests, v1alpha1
+from stateward.runtime import webhook
 from stateward.runtime.operator import CHILD_RESOURCES
 from stateward.specs import rbac as instance_rbac
 
@@ -45,8 +46,8 @@ NAMESPACE: Final = "stateward-system"
 SERVICE_ACCOUNT: Final = "stateward-operator"
 CLUSTER_ROLE: Final = "stateward-operator"
 LEADER_ELECTION_ROLE: Final = "stateward-leader-election"
-WEBHOOK_CONFIGURATION: Final = "stateward.io"
-"""``settings.admission.managed`` in the operator: the webhook configurations Kopf owns."""
+WEBHOOK_CONFIGURATION: Final = webhook.CONFIGURATION_NAME
+"""The ValidatingWebhookConfiguration the leader keeps current (``runtime.webhook``)."""
 
 CLUSTER_ROLE_PATH: Final = Path("config/rbac/role.yaml")
 LEADER_ELECTION_ROLE_PATH: Final = Path("config/rbac/leader_election_role.yaml")
@@ -122,20 +123,14 @@ def cluster_role() -> dict[str, Any]:
     rules.allow(v1alpha1.GROUP, [f"{v1alpha1.PLURAL}/finalizers"], ("update",))
     rules.allow("", ["events"], ("create", "patch"))
     rules.allow("storage.k8s.io", ["storageclasses"], ("get",))
-    # Kopf: discovery of resources and namespaces (it falls back to a one-time scan
-    # without these), and the admission webhook configurations it creates and keeps
-    # current. Creation cannot be limited by name; changes can.
-    rules.allow("apiextensions.k8s.io", ["customresourcedefinitions"], READ)
-    rules.allow("", ["namespaces"], READ)
-    webhook_configurations = (
-        "mutatingwebhookconfigurations",
-        "validatingwebhookconfigurations",
-    )
-    rules.allow("admissionregistration.k8s.io", webhook_configurations, ("create", *READ))
+    # The validating webhook configuration the leader keeps pointed at the webhook
+    # (runtime/webhook.py). Server-side apply of a missing object is a create, and creation
+    # cannot be limited by name; reads and changes can.
+    rules.allow("admissionregistration.k8s.io", ["validatingwebhookconfigurations"], ("create",))
     rules.allow(
         "admissionregistration.k8s.io",
-        webhook_configurations,
-        ("patch", "update"),
+        ["validatingwebhookconfigurations"],
+        ("get", "patch", "update"),
         names=(WEBHOOK_CONFIGURATION,),
     )
     return {
