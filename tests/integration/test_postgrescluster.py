@@ -91,7 +91,10 @@ def test_children_exist_owned_and_labelled_and_status_converges(
     assert condition(ready, "Ready")["status"] == "True"
     assert condition(ready, "BackupScheduled")["status"] == "True"
     assert ready["metadata"]["finalizers"] == ["stateward.io/finalizer"]
-    assert any(e.startswith("Created: Created StatefulSet") for e in events(kube, namespace, name))
+    assert any(
+        e.startswith("Created: ") and f"StatefulSet {name}," in e
+        for e in events(kube, namespace, name)
+    )
 
     sts = kube.get(StatefulSet, name, namespace=namespace)
     assert sts.spec.updateStrategy.type == "OnDelete"  # type: ignore[union-attr]

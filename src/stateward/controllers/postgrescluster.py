@@ -10,6 +10,7 @@ end, and only if it changed.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime
 import logging
@@ -241,40 +242,49 @@ async def check_storage_class(scope: Scope) -> str | None:
 
 
 async def apply_children(scope: Scope) -> str | None:
+    """Apply every child whose observed state does not contain the desired one.
+
+    The applies are independent of each other, so they go out concurrently; one Event names
+    everything created and one everything repaired, instead of one Event per object.
+    """
     if any(reason == "StorageClassNotFound" for reason, _ in scope.degraded):
         return None
     cluster = scope.cluster
     desired = specs.children(cluster, config_hash=config_spec.config_hash(cluster))
-    changed: list[str] = []
+    created: list[str] = []
+    updated: list[str] = []
+    pending: list[Body] = []
     for child in desired:
         kind, name = child["kind"], child["metadata"]["name"]
         observed = scope.observed(kind, name)
-        if observed is not None:
-            drift = differences(observed, child)
-            if not drift:
-                continue
-            if kind == "StatefulSet" and any(
-                path.startswith(field) for path in drift for field in IMMUTABLE_STATEFULSET_FIELDS
-            ):
-                await scope.kube.delete(Ref.of(observed), orphan=True)
-                scope.store.forget(kind, scope.namespace, name)
-                await scope.event(
-                    "StatefulSetRecreated",
-                    f"Recreating StatefulSet {name} to change immutable fields"
-                    f" ({', '.join(sorted(set(drift))[:5])}); its pods keep running",
-                )
-                observed = None
-        applied = await scope.kube.apply(child)
-        scope.store.observe(applied)
         if observed is None:
-            await scope.event("Created", f"Created {kind} {name}")
-            changed.append(f"created {kind} {name}")
-        else:
+            created.append(f"{kind} {name}")
+            pending.append(child)
+            continue
+        drift = sorted(set(differences(observed, child)))
+        if not drift:
+            continue
+        if kind == "StatefulSet" and any(
+            path.startswith(field) for path in drift for field in IMMUTABLE_STATEFULSET_FIELDS
+        ):
+            await scope.kube.delete(Ref.of(observed), orphan=True)
+            scope.store.forget(kind, scope.namespace, name)
             await scope.event(
-                "Updated", f"Updated {kind} {name} ({', '.join(sorted(set(drift))[:5])})"
+                "StatefulSetRecreated",
+                f"Recreating StatefulSet {name} to change immutable fields"
+                f" ({', '.join(drift[:5])}); its pods keep running",
             )
-            changed.append(f"updated {kind} {name}")
-    return ", ".join(changed) or None
+        updated.append(f"{kind} {name} ({', '.join(drift[:5])})")
+        pending.append(child)
+    for applied in await asyncio.gather(*(scope.kube.apply(child) for child in pending)):
+        scope.store.observe(applied)
+    if created:
+        await scope.event("Created", f"Created {', '.join(created)}")
+    if updated:
+        await scope.event("Updated", f"Repaired or updated {'; '.join(updated)}")
+    notes = [f"created {', '.join(created)}"] if created else []
+    notes += [f"updated {'; '.join(updated)}"] if updated else []
+    return "; ".join(notes) or None
 
 
 async def remove_backup_cronjob(scope: Scope) -> str | None:

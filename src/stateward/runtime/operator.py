@@ -68,7 +68,7 @@ class Options:
     renew_deadline: float = 10.0
     retry_period: float = 2.0
     resync_interval: float = 300.0
-    workers: int = 4
+    workers: int = 8
     probe_address: str = "0.0.0.0"  # noqa: S104 - probes and metrics serve the kubelet/Prometheus
     probe_port: int = 8081
     webhook_address: str = "0.0.0.0"  # noqa: S104
