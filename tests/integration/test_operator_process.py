@@ -29,7 +29,7 @@ from stateward.cli.run import (
 )
 from stateward.local.cluster import LocalCluster
 from tests.conftest import client_for
-from tests.integration.conftest import metric, pgc_body, wait_leading
+from tests.integration.conftest import AuditLog, metric, pgc_body, wait_leading
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -200,3 +200,35 @@ def test_operator_recovers_after_the_api_server_is_down_for_30s(
     reaction = time.monotonic() - changed_at
     assert reaction < 10, f"the operator took {reaction:.1f}s to react after the outage"
     assert handle.process.poll() is None
+
+
+def test_a_restarted_operator_writes_nothing_for_a_converged_cluster(
+    apiserver: LocalCluster, bare: Client, operators: list[OperatorProcess]
+) -> None:
+    first = _launch(apiserver, operators, "before-restart")
+    wait_leading(first)
+    namespace = _new_namespace(bare)
+    bare.create(codecs.from_dict(pgc_body("steady", namespace)))
+    _reconciled(bare, namespace, "steady")
+    audit = AuditLog(apiserver.audit_log)
+    wait_for(
+        lambda: (
+            metric(first.probe_port, "stateward_workqueue_depth") == 0
+            and (count := len(audit.writes(namespace=namespace))) > 0
+            and count
+        ),
+        what="the first operator to finish its work",
+    )
+    assert first.stop() == 0
+    writes = len(audit.writes(namespace=namespace))
+    second = _launch(apiserver, operators, "after-restart")
+    wait_leading(second)
+    # Its first reconciles (at term start) and one full resync must find nothing to do.
+    wait_for(
+        lambda: metric(second.probe_port, "stateward_reconcile_total") >= 2,
+        what="the restarted operator to reconcile",
+    )
+    assert len(audit.writes(namespace=namespace)) == writes, [
+        (e["verb"], e["objectRef"].get("resource"), e["objectRef"].get("name"))
+        for e in audit.writes(namespace=namespace)[writes:]
+    ]

@@ -41,6 +41,7 @@ from stateward.runtime.leader import LeaderElector
 logger = logging.getLogger("stateward")
 
 MANAGED_BY = "app.kubernetes.io/managed-by=stateward"
+ALL_NAMESPACES = "*"  # lightkube's spelling of a cluster-wide list
 
 # (api group, version, plural, kind) of every child kind the operator watches.
 CHILD_RESOURCES = (
@@ -153,6 +154,43 @@ class Operator:
         cluster = (metadata.get("labels") or {}).get(CLUSTER_LABEL)
         if cluster and self.store.get(v1alpha1.KIND, namespace, cluster) is not None:
             self.queue.add((namespace, cluster))
+
+    async def _reclaim_signals(self, stop: asyncio.Event) -> None:
+        """Kopf installs its own SIGINT/SIGTERM handlers when it starts; take them back.
+
+        Kopf treats a signal as an unplanned stop (and arms a last-resort SIGKILL); ours ends
+        the term through the stop flag and then the process, cleanly and with exit code 0.
+        """
+        await self.kopf_ready.wait()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+
+    async def _prime_store(self) -> None:
+        """List every watched kind once before the first reconcile.
+
+        Kopf's watches deliver the existing objects too, but without saying when the initial
+        listing is complete; a reconcile that ran before the Secrets or the StatefulSets had
+        arrived would take them for missing. One LIST per kind makes the first reconcile of a
+        new term as well-informed as every later one (and a restart write nothing).
+        """
+        kinds = [(f"{g}/{v}" if g else v, kind) for g, v, _plural, kind in CHILD_RESOURCES]
+        kinds.append((v1alpha1.API_VERSION, v1alpha1.KIND))
+        listed = await asyncio.gather(
+            *(
+                self.kube.list_objects(api_version, kind, ALL_NAMESPACES, labels)
+                for api_version, kind in kinds
+                for labels in (
+                    [{}]
+                    if kind == v1alpha1.KIND
+                    else [{"app.kubernetes.io/managed-by": "stateward"}]
+                )
+            )
+        )
+        for bodies in listed:
+            for body in bodies:
+                self.store.observe(body)
+        metrics.WATCHED_OBJECTS.set(len(self.store))
 
     async def resync(self) -> None:
         while True:
@@ -279,7 +317,6 @@ class Operator:
         self.store = ObjectStore()
         self.reconciler = Reconciler(self.kube, self.store)
         self.kopf_ready.clear()
-        self.queue.start()
         kopf_stop = asyncio.Event()
         kopf_task = asyncio.create_task(
             kopf.operator(
@@ -290,12 +327,26 @@ class Operator:
                 ready_flag=self.kopf_ready,
             )
         )
-        resync = asyncio.create_task(self.resync())
+        resync: asyncio.Task[None] | None = None
+        reclaim = asyncio.create_task(self._reclaim_signals(stop))
         try:
+            try:
+                await self._prime_store()
+            except Exception as error:
+                logger.warning("could not list the watched objects yet: %s; retrying", error)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.options.retry_period)
+                return "retry"
+            self.queue.start()
+            for key in self.store.names(v1alpha1.KIND):
+                self.queue.add(key)
+            resync = asyncio.create_task(self.resync())
             await _first(stop.wait(), self.elector.lost.wait(), kopf_task)
         finally:
+            reclaim.cancel()
             kopf_stop.set()
-            resync.cancel()
+            if resync is not None:
+                resync.cancel()
             await self.queue.stop()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(kopf_task, 10)
