@@ -74,3 +74,12 @@ def test_stored_bodies_are_copies() -> None:
     original["metadata"]["name"] = "changed"
     assert store.get("Service", "ns", "s") is not None
     assert store.names("Service") == [("ns", "s")]
+
+
+def test_managed_fields_are_not_kept() -> None:
+    store = ObjectStore()
+    observed = body("Service", "s", "1")
+    observed["metadata"]["managedFields"] = [{"manager": "stateward", "fieldsV1": {"f:spec": {}}}]
+    store.observe(observed)
+    assert "managedFields" not in store.get("Service", "ns", "s")["metadata"]  # type: ignore[index]
+    assert "managedFields" in observed["metadata"], "the caller's body is untouched"

@@ -35,7 +35,10 @@ class ObjectStore:
         if previous is not None and _older(body, previous):
             return
         self._unindex(key)
-        self._objects[key] = copy.deepcopy(body)
+        stored = copy.deepcopy(body)
+        # managedFields are often the largest part of a body and no reconcile reads them.
+        stored["metadata"].pop("managedFields", None)
+        self._objects[key] = stored
         owner = (body["metadata"].get("labels") or {}).get(CLUSTER_LABEL)
         if owner:
             self._by_cluster[(key[1], owner)].add(key)
