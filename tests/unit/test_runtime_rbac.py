@@ -13,7 +13,7 @@ from stateward.api import manifests
 from stateward.api.v1alpha1 import PostgresCluster
 from stateward.cli.main import build_parser
 from stateward.cli.main import main as cli
-from stateward.runtime import operator, rbac
+from stateward.runtime import operator, rbac, webhook
 from stateward.specs import backup, config, secrets
 from stateward.specs import rbac as instance_rbac
 
@@ -255,7 +255,8 @@ def test_deployment_args_are_what_stateward_operator_parses() -> None:
     args = build_parser().parse_args(argv)
     assert args.handler.__name__ == "_operator"
     assert args.namespace == rbac.NAMESPACE
-    assert args.webhook_host == f"stateward-webhook.{rbac.NAMESPACE}.svc"
+    assert args.webhook_service == "stateward-webhook"
+    assert args.webhook_host is None
     assert not args.no_webhooks
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"probes": args.probe_port, "webhook": args.webhook_port}
@@ -263,15 +264,22 @@ def test_deployment_args_are_what_stateward_operator_parses() -> None:
         assert container[probe]["httpGet"] == {"path": path, "port": "probes"}
 
 
-def test_webhook_service_listens_on_the_port_kopf_puts_in_the_webhook_url() -> None:
-    # Kopf registers https://<webhook-host>:<webhook-port>/..., so the Service's own port,
-    # not only its target, must be the operator's webhook port.
+def test_webhook_service_is_where_the_webhook_configuration_points() -> None:
+    # The leader registers a service reference to --webhook-service on port 443.
     container = one("Deployment", "stateward-operator")["spec"]["template"]["spec"]["containers"][0]
     args = build_parser().parse_args(container["args"])
     service = one("Service", "stateward-webhook")
-    assert args.webhook_host.split(".")[0] == service["metadata"]["name"]
+    assert args.webhook_service == service["metadata"]["name"]
+    endpoint = webhook.Endpoint(
+        namespace=rbac.NAMESPACE, port=args.webhook_port, service=args.webhook_service
+    )
     assert service["spec"]["ports"] == [
-        {"name": "webhook", "port": args.webhook_port, "targetPort": "webhook", "protocol": "TCP"}
+        {
+            "name": "webhook",
+            "port": endpoint.client_config(b"")["service"]["port"],
+            "targetPort": "webhook",
+            "protocol": "TCP",
+        }
     ]
     labels = one("Deployment", "stateward-operator")["spec"]["template"]["metadata"]["labels"]
     for name in ("stateward-webhook", "stateward-metrics"):
