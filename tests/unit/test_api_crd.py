@@ -510,7 +510,7 @@ def test_check_mode_reports_a_stale_file(
     assert main(["--check", "--root", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "-                maxLength: 99" in err
-    assert "stale generated manifests: config/crd/bases/stateward.io_postgresclusters.yaml" in err
+    assert "stale: config/crd/bases/stateward.io_postgresclusters.yaml" in err
 
 
 def test_sample_is_written_only_when_missing(tmp_path: Path) -> None:

@@ -99,48 +99,11 @@ def _operator(args: argparse.Namespace) -> int:
 
 def _manifests(args: argparse.Namespace) -> int:
     """Write (or with --check, verify) every generated file under config/."""
-    import difflib
-
     from stateward.api import manifests
     from stateward.runtime import rbac
 
-    root: Path = args.root if args.root is not None else manifests._default_root()
-    crds = [build() for build in manifests.CRDS]
-    generated = {manifests.crd_path(crd): manifests.render(crd) for crd in crds}
-    generated.update(rbac.rendered())
-    stale: list[Path] = []
-    for relative, text in generated.items():
-        target = root / relative
-        current = target.read_text(encoding="utf-8") if target.is_file() else None
-        if current == text:
-            continue
-        if not args.check:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text, encoding="utf-8")
-            print(f"wrote {relative}")
-            continue
-        stale.append(relative)
-        if current is None:
-            print(f"{relative}: missing", file=sys.stderr)
-        else:
-            diff = difflib.unified_diff(
-                current.splitlines(keepends=True),
-                text.splitlines(keepends=True),
-                f"{relative} (committed)",
-                f"{relative} (generated)",
-            )
-            sys.stderr.writelines(list(diff)[:60])
-    if stale:
-        for relative in stale:
-            print(f"stale: {relative}", file=sys.stderr)
-        print("run `make manifests` and commit the result", file=sys.stderr)
-        return 1
-    sample = root / manifests.SAMPLE_PATH
-    if not args.check and not sample.exists():
-        sample.parent.mkdir(parents=True, exist_ok=True)
-        sample.write_text(manifests.sample_yaml(), encoding="utf-8")
-        print(f"wrote {manifests.SAMPLE_PATH}")
-    return 0
+    root: Path = args.root if args.root is not None else manifests.default_root()
+    return manifests.sync(root, {**manifests.generated_crds(), **rbac.rendered()}, check=args.check)
 
 
 def build_parser() -> argparse.ArgumentParser:
