@@ -198,7 +198,7 @@ def test_operator_recovers_after_the_api_server_is_down_for_30s(
     client.create(codecs.from_dict(pgc_body("after", namespace)))
     _reconciled(client, namespace, "after", timeout=30)
     reaction = time.monotonic() - changed_at
-    assert reaction < 10, f"the operator took {reaction:.1f}s to react after the outage"
+    assert reaction < 20, f"the operator took {reaction:.1f}s to react after the outage"
     assert handle.process.poll() is None
 
 

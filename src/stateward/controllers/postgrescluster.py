@@ -561,7 +561,11 @@ async def write_status(scope: Scope, *, deleting: bool) -> None:
         )
         scope.requeue(PROGRESS_RECHECK)
 
-    is_ready = ready == spec.replicas and len(primaries) == 1
+    # Ready means every instance is ready *and* has taken its role: one primary, the rest
+    # streaming replicas (Patroni labels a member once it runs as one or the other).
+    is_ready = (
+        ready == spec.replicas and len(primaries) == 1 and len(replicas) == spec.replicas - 1
+    )
     if is_ready:
         scope.set_condition(
             "Ready",
@@ -573,6 +577,15 @@ async def write_status(scope: Scope, *, deleting: bool) -> None:
         scope.set_condition(
             "Ready", False, "NoPrimary", f"{ready}/{spec.replicas} ready, no primary elected yet"
         )
+    elif ready == spec.replicas:
+        scope.set_condition(
+            "Ready",
+            False,
+            "RolesPending",
+            f"{ready}/{spec.replicas} ready, {len(replicas)} of {spec.replicas - 1} replicas"
+            " have joined as replicas",
+        )
+        scope.requeue(PROGRESS_RECHECK)
     else:
         scope.set_condition("Ready", False, "InstancesNotReady", f"{ready}/{spec.replicas} ready")
     if scope.progressing:
