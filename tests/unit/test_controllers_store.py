@@ -83,3 +83,34 @@ def test_managed_fields_are_not_kept() -> None:
     store.observe(observed)
     assert "managedFields" not in store.get("Service", "ns", "s")["metadata"]  # type: ignore[index]
     assert "managedFields" in observed["metadata"], "the caller's body is untouched"
+
+
+def test_pods_keep_only_metadata_phase_and_conditions() -> None:
+    store = ObjectStore()
+    pod = body("Pod", "pg-0", "1")
+    pod["spec"] = {"containers": [{"name": "postgres", "image": "x"}]}
+    pod["status"] = {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True"}],
+        "containerStatuses": [{"name": "postgres"}],
+    }
+    store.observe(pod)
+    kept = store.get("Pod", "ns", "pg-0")
+    assert kept is not None
+    assert "spec" not in kept
+    assert kept["status"] == {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True"}],
+    }
+    assert kept["metadata"]["labels"] == {"stateward.io/cluster": "pg"}
+
+
+def test_secret_values_are_never_kept() -> None:
+    store = ObjectStore()
+    secret = body("Secret", "pg-superuser", "1")
+    secret["data"] = {"password": "c2VjcmV0"}
+    store.observe(secret)
+    kept = store.get("Secret", "ns", "pg-superuser")
+    assert kept is not None
+    assert "data" not in kept
+    assert "c2VjcmV0" not in str(kept)

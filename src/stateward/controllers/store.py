@@ -3,8 +3,8 @@
 Each entry is the newest body seen for one object (by resourceVersion order of arrival, and a
 write's response counts as an observation). Objects are indexed by the cluster that owns them
 through the ``stateward.io/cluster`` label, so a reconcile finds its children without a list
-call. The store holds bodies of every kind the operator watches, Secrets included: secret
-values are never logged from here.
+call. Bodies are slimmed to what reconciles read (see ``_slim``); Secret values are never
+kept.
 """
 
 from __future__ import annotations
@@ -35,10 +35,7 @@ class ObjectStore:
         if previous is not None and _older(body, previous):
             return
         self._unindex(key)
-        stored = copy.deepcopy(body)
-        # managedFields are often the largest part of a body and no reconcile reads them.
-        stored["metadata"].pop("managedFields", None)
-        self._objects[key] = stored
+        self._objects[key] = _slim(body)
         owner = (body["metadata"].get("labels") or {}).get(CLUSTER_LABEL)
         if owner:
             self._by_cluster[(key[1], owner)].add(key)
@@ -68,6 +65,39 @@ class ObjectStore:
 
     def __len__(self) -> int:
         return len(self._objects)
+
+
+def _slim(body: Body) -> Body:
+    """A copy of ``body`` without what no reconcile reads.
+
+    At a thousand clusters the store holds tens of thousands of bodies, so this is most of
+    the operator's memory: managedFields go everywhere; Pods keep metadata and their phase
+    and conditions only; Secrets keep no data at all (the reconciler only asks whether a
+    Secret exists, and secret values then never sit in the operator's memory).
+    """
+    metadata = {k: copy.deepcopy(v) for k, v in body["metadata"].items() if k != "managedFields"}
+    kind = body.get("kind")
+    if kind == "Pod":
+        status = body.get("status") or {}
+        return {
+            "apiVersion": body.get("apiVersion"),
+            "kind": kind,
+            "metadata": metadata,
+            "status": {
+                "phase": status.get("phase"),
+                "conditions": copy.deepcopy(status.get("conditions") or []),
+            },
+        }
+    if kind == "Secret":
+        return {
+            "apiVersion": body.get("apiVersion"),
+            "kind": kind,
+            "metadata": metadata,
+            "type": body.get("type"),
+        }
+    slim = {k: copy.deepcopy(v) for k, v in body.items() if k != "metadata"}
+    slim["metadata"] = metadata
+    return slim
 
 
 def _older(candidate: Body, current: Body) -> bool:
