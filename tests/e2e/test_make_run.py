@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -62,9 +63,33 @@ def test_run_brings_a_sample_cluster_to_ready_and_stops_on_ctrl_c(tmp_path: Path
             "PRIMARY",
         ]
         assert row.split()[1:7] == ["sample", "16", "3", "3", "Ready", "sample-0"]
+        status = subprocess.run(
+            [sys.executable, "-m", "stateward", "local", "status"],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert any(
+            line.startswith("operator") and "running" in line for line in status.stdout.splitlines()
+        ), status.stdout
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=30) == 0
         assert any("cluster keeps running" in line for line in lines)
+        after = subprocess.run(
+            [sys.executable, "-m", "stateward", "local", "status"],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert after.returncode == 0, after.stdout
+        assert not any(line.startswith("operator") for line in after.stdout.splitlines())
+
     finally:
         if process.poll() is None:
             process.kill()
@@ -75,3 +100,52 @@ def test_run_brings_a_sample_cluster_to_ready_and_stops_on_ctrl_c(tmp_path: Path
             check=False,
             timeout=120,
         )
+
+
+def test_down_stops_an_operator_whose_run_was_killed(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "STATEWARD_LOCAL_PORT_BASE": str(free_port_base()),
+        "STATEWARD_LOCAL_DIR": str(tmp_path / "local"),
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "stateward", "local", "run"],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    threading.Thread(
+        target=lambda: [lines.append(line) for line in process.stdout or []], daemon=True
+    ).start()
+    try:
+        wait_for(
+            lambda: any("Applied the sample" in line for line in lines),
+            what="the operator to be started",
+            timeout=180,
+        )
+        state = json.loads((tmp_path / "local" / "state.json").read_text())
+        operator_pid = next(p["pid"] for p in state["processes"] if p["name"] == "operator")
+        process.kill()  # `make run` dies without cleaning up
+        process.wait(timeout=30)
+        assert Path(f"/proc/{operator_pid}").exists()
+    finally:
+        down = subprocess.run(
+            [sys.executable, "-m", "stateward", "local", "down"],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert "operator" in down.stdout
+    wait_for(
+        lambda: (
+            not Path(f"/proc/{operator_pid}").exists()
+            or Path(f"/proc/{operator_pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        ),
+        what="the orphaned operator to be stopped",
+    )

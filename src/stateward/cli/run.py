@@ -66,6 +66,7 @@ class OperatorProcess:
     probe_port: int
     webhook_port: int
     log: Path
+    argv: tuple[str, ...] = ()
 
     def stop(self, timeout: float = 15) -> int:
         if self.process.poll() is None:
@@ -85,27 +86,23 @@ def start_operator(
     log = log_path.open("ab")
     kubeconfig = cluster.state_dir / "operator.kubeconfig"
     base = free_port_base(count=2)
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "stateward",
-            "operator",
-            f"--kubeconfig={kubeconfig}",
-            f"--namespace={OPERATOR_NAMESPACE}",
-            "--probe-address=127.0.0.1",
-            f"--probe-port={base}",
-            "--webhook-address=127.0.0.1",
-            "--webhook-host=127.0.0.1",
-            f"--webhook-port={base + 1}",
-            *(extra or []),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-    )
+    argv = [
+        sys.executable,
+        "-m",
+        "stateward",
+        "operator",
+        f"--kubeconfig={kubeconfig}",
+        f"--namespace={OPERATOR_NAMESPACE}",
+        "--probe-address=127.0.0.1",
+        f"--probe-port={base}",
+        "--webhook-address=127.0.0.1",
+        "--webhook-host=127.0.0.1",
+        f"--webhook-port={base + 1}",
+        *(extra or []),
+    ]
+    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     log.close()
-    return OperatorProcess(process, base, base + 1, log_path)
+    return OperatorProcess(process, base, base + 1, log_path, tuple(argv))
 
 
 def _status_line(obj: Any) -> str:
@@ -134,6 +131,7 @@ def run() -> int:
     ensure_namespace(client, OPERATOR_NAMESPACE)
     say(f"==> Starting the operator (log: {cluster.state_dir / 'logs' / 'operator.log'})")
     operator = start_operator(cluster)
+    cluster.adopt("operator", operator.process.pid, list(operator.argv), operator.log)
     try:
         sample = yaml.safe_load(SAMPLE.read_text())
         sample["metadata"].setdefault("namespace", "default")
@@ -161,3 +159,4 @@ def run() -> int:
         return 0
     finally:
         operator.stop()
+        cluster.release("operator")

@@ -563,9 +563,7 @@ async def write_status(scope: Scope, *, deleting: bool) -> None:
 
     # Ready means every instance is ready *and* has taken its role: one primary, the rest
     # streaming replicas (Patroni labels a member once it runs as one or the other).
-    is_ready = (
-        ready == spec.replicas and len(primaries) == 1 and len(replicas) == spec.replicas - 1
-    )
+    is_ready = ready == spec.replicas and len(primaries) == 1 and len(replicas) == spec.replicas - 1
     if is_ready:
         scope.set_condition(
             "Ready",

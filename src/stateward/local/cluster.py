@@ -206,6 +206,22 @@ class LocalCluster:
             for r in self._load()
         ]
 
+    def adopt(self, name: str, pid: int, argv: list[str], log: Path) -> None:
+        """Record a process started elsewhere (the `local run` operator) so that `down`
+        stops it too, even if whoever started it died."""
+        start = _start_time(pid)
+        if start is None:
+            return
+        records = [r for r in self._load() if r.name != name]
+        records.append(ProcessRecord(name, pid, start, str(log), tuple(argv)))
+        self._save(records)
+
+    def release(self, name: str) -> None:
+        """Forget a process recorded by ``adopt`` once it has stopped."""
+        records = self._load()
+        if any(r.name == name for r in records):
+            self._save([r for r in records if r.name != name])
+
     def stop_component(self, name: str) -> None:
         """Stop one component (for failure drills); ``start_component`` brings it back."""
         records = self._load()
