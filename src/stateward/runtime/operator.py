@@ -264,14 +264,17 @@ class Operator:
             id="observe-postgresclusters",
             registry=registry,
         )
-        def cluster_event(*, event: Any, **_: Any) -> None:
-            self.on_cluster_event(event.get("type"), _plain(event["object"]))
+        async def cluster_event(*, event: Any, **_: Any) -> None:
+            # Async on purpose: Kopf runs sync handlers in a thread pool, and the store and
+            # the queue belong to the event loop.
+            self.on_cluster_event(event.get("type"), event["object"])
 
         for group, version, plural, kind in CHILD_RESOURCES:
 
-            def child_event(*, event: Any, _kind: str = kind, **_: Any) -> None:
-                body = _plain(event["object"])
-                body.setdefault("kind", _kind)
+            async def child_event(*, event: Any, _kind: str = kind, **_: Any) -> None:
+                body = event["object"]  # the raw dict; the store keeps its own slim copy
+                if "kind" not in body:
+                    body = {**body, "kind": _kind}
                 self.on_child_event(event.get("type"), body)
 
             kopf.on.event(
@@ -399,23 +402,6 @@ def _same_intent(previous: dict[str, Any], current: dict[str, Any]) -> bool:
         and before.get("finalizers") == after.get("finalizers")
         and before.get("labels") == after.get("labels")
     )
-
-
-def _plain(obj: Any) -> dict[str, Any]:
-    """A deep plain-dict copy of a Kopf body view."""
-    if obj is None:
-        return {}
-    if isinstance(obj, dict):
-        return {k: _plain_value(v) for k, v in obj.items()}
-    return {k: _plain_value(v) for k, v in dict(obj).items()}
-
-
-def _plain_value(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _plain_value(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain_value(v) for v in value]
-    return value
 
 
 async def _first(*waitables: Any) -> None:
