@@ -116,3 +116,28 @@ async def test_requeue_after_runs_again_and_forget_cancels_it() -> None:
     await asyncio.sleep(0.2)
     await queue.stop()
     assert runs <= seen + 1
+
+
+async def test_a_backlog_of_cpu_only_work_does_not_starve_the_event_loop() -> None:
+    # A converged cluster's reconcile awaits no I/O. A thousand of them queued must still
+    # let other tasks (Lease renewal, watches, probes) run between them.
+    def busy(seconds: float) -> None:
+        end = asyncio.get_running_loop().time() + seconds
+        while asyncio.get_running_loop().time() < end:
+            pass
+
+    async def handle(_: int) -> Outcome:
+        busy(0.002)
+        return Outcome()
+
+    queue: WorkQueue[int] = WorkQueue(handle, workers=4)
+    for key in range(1000):
+        queue.add(key)
+    loop = asyncio.get_running_loop()
+    asked = loop.time()
+    late: list[float] = []
+    loop.call_later(0.05, lambda: late.append(loop.time() - asked - 0.05))
+    queue.start()
+    await _until(lambda: bool(late), within=10)
+    await queue.stop()
+    assert late[0] < 0.5, f"a 50 ms timer fired {late[0]:.2f}s late"

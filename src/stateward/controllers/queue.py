@@ -122,6 +122,10 @@ class WorkQueue(Generic[K]):
                 if key in self._dirty:
                     self._dirty.discard(key)
                     self.add(key)
+            # Queue.get() does not suspend while keys are waiting, and a reconcile that finds
+            # nothing to do awaits no I/O: without this, a backlog of no-op reconciles holds
+            # the event loop for seconds, starving Lease renewal, watches and probes.
+            await asyncio.sleep(0)
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._work()) for _ in range(self._workers)]
