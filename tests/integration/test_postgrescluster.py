@@ -431,8 +431,17 @@ def test_converged_cluster_makes_zero_writes(
     audit: AuditLog,
     operator: OperatorProcess,
 ) -> None:
-    name = make_cluster(backupSchedule="0 3 * * *")
+    # Quantities in a non-canonical spelling: the API server stores "1Gi" and "1", which
+    # must not look like drift to be repaired on every resync.
+    name = make_cluster(
+        backupSchedule="0 3 * * *",
+        storageSize="1024Mi",
+        resources={"requests": {"cpu": "1000m", "memory": "1024Mi"}},
+    )
     wait_phase(kube, name, namespace, "Ready", timeout=90)
+    sts = kube.get(StatefulSet, name, namespace=namespace)
+    template = sts.spec.volumeClaimTemplates[0]  # type: ignore[index, union-attr]
+    assert template.spec.resources.requests["storage"] == "1Gi"  # type: ignore[index, union-attr]
     # Let in-flight follow-ups (the status write after Ready, child events) drain: wait until
     # two full resyncs have passed with no new write for this namespace.
     baseline = len(audit.writes(namespace=namespace))

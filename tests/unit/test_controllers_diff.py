@@ -52,3 +52,21 @@ def test_every_difference_is_named() -> None:
 def test_scalars_compare_by_value_and_type() -> None:
     assert differences(1, 1) == []
     assert differences("1", 1) == ["."]
+
+
+@pytest.mark.parametrize(
+    ("observed", "desired"),
+    [("1Gi", "1024Mi"), ("1", "1000m"), ("500m", "0.5"), ("2G", "2000M")],
+)
+def test_quantities_compare_by_value(observed: str, desired: str) -> None:
+    # The API server canonicalizes quantities; that is not drift.
+    have = {"resources": {"requests": {"memory": observed}}}
+    want = {"resources": {"requests": {"memory": desired}}}
+    assert differences(have, want) == []
+
+
+def test_a_changed_quantity_is_drift_and_other_strings_compare_exactly() -> None:
+    assert differences({"r": {"limits": {"cpu": "1"}}}, {"r": {"limits": {"cpu": "2"}}}) == [
+        ".r.limits.cpu"
+    ]
+    assert differences({"image": "pg:1"}, {"image": "pg:1.0"}) == [".image"]

@@ -10,6 +10,25 @@ from __future__ import annotations
 
 from typing import Any
 
+from stateward.api.validation import parse_quantity
+
+# Paths under these keys hold quantities, which the API server stores in canonical form
+# ("1024Mi" comes back as "1Gi", "1000m" as "1"): compared by value, not spelling.
+QUANTITY_PARENTS = (".requests.", ".limits.", ".capacity.")
+
+
+def _same_scalar(observed: Any, desired: Any, path: str) -> bool:
+    if observed == desired:
+        return True
+    if (
+        isinstance(observed, str)
+        and isinstance(desired, str)
+        and any(parent in path for parent in QUANTITY_PARENTS)
+    ):
+        have, want = parse_quantity(observed), parse_quantity(desired)
+        return have is not None and have == want
+    return False
+
 
 def differences(observed: Any, desired: Any, path: str = "") -> list[str]:
     """Paths where ``observed`` does not contain ``desired`` (empty when it does)."""
@@ -27,4 +46,4 @@ def differences(observed: Any, desired: Any, path: str = "") -> list[str]:
         for index, (have, want) in enumerate(zip(observed, desired, strict=True)):
             found += differences(have, want, f"{path}[{index}]")
         return found
-    return [] if observed == desired else [path or "."]
+    return [] if _same_scalar(observed, desired, path) else [path or "."]
