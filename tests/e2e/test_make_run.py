@@ -19,7 +19,10 @@ from tests.support.waiting import wait_for
 pytestmark = pytest.mark.e2e
 
 
-def test_run_brings_a_sample_cluster_to_ready_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+def start_run(
+    tmp_path: Path,
+) -> tuple[subprocess.Popen[str], list[str], dict[str, str]]:
+    """`stateward local run` in its own state directory and ports; its output lines as read."""
     env = {
         **os.environ,
         "STATEWARD_LOCAL_PORT_BASE": str(free_port_base()),
@@ -34,10 +37,14 @@ def test_run_brings_a_sample_cluster_to_ready_and_stops_on_ctrl_c(tmp_path: Path
         text=True,
     )
     lines: list[str] = []
-    reader = threading.Thread(
+    threading.Thread(
         target=lambda: [lines.append(line) for line in process.stdout or []], daemon=True
-    )
-    reader.start()
+    ).start()
+    return process, lines, env
+
+
+def test_run_brings_a_sample_cluster_to_ready_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    process, lines, env = start_run(tmp_path)
     try:
         wait_for(
             lambda: any("phase=Ready ready=3/3 primary=sample-0" in line for line in lines),
@@ -103,23 +110,7 @@ def test_run_brings_a_sample_cluster_to_ready_and_stops_on_ctrl_c(tmp_path: Path
 
 
 def test_down_stops_an_operator_whose_run_was_killed(tmp_path: Path) -> None:
-    env = {
-        **os.environ,
-        "STATEWARD_LOCAL_PORT_BASE": str(free_port_base()),
-        "STATEWARD_LOCAL_DIR": str(tmp_path / "local"),
-    }
-    process = subprocess.Popen(
-        [sys.executable, "-m", "stateward", "local", "run"],
-        env=env,
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    lines: list[str] = []
-    threading.Thread(
-        target=lambda: [lines.append(line) for line in process.stdout or []], daemon=True
-    ).start()
+    process, lines, env = start_run(tmp_path)
     try:
         wait_for(
             lambda: any("Applied the sample" in line for line in lines),

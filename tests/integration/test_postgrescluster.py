@@ -59,6 +59,13 @@ CHILDREN: list[tuple[Any, str]] = [
 ]
 
 
+def patch_cluster(kube: Client, name: str, namespace: str, patch: dict[str, Any]) -> None:
+    """A merge patch of a PostgresCluster, as `kubectl patch --type=merge` sends it."""
+    kube.patch(
+        PostgresClusterResource, name, patch, namespace=namespace, patch_type=PatchType.MERGE
+    )
+
+
 def events(kube: Client, namespace: str, name: str) -> list[str]:
     """The events of one object, oldest first (creation order is resourceVersion order)."""
     found = kube.list(Event, namespace=namespace, fields={"involvedObject.name": name})
@@ -221,13 +228,7 @@ def test_backup_schedule_set_changed_cleared(
     assert condition(get_pgc(kube, name, namespace), "BackupScheduled")["status"] == "False"
 
     def schedule(value: str | None) -> None:
-        kube.patch(
-            PostgresClusterResource,
-            name,
-            {"spec": {"backupSchedule": value}},
-            namespace=namespace,
-            patch_type=PatchType.MERGE,
-        )
+        patch_cluster(kube, name, namespace, {"spec": {"backupSchedule": value}})
 
     schedule("15 2 * * *")
     wait_for(
@@ -260,13 +261,7 @@ def test_scaling_changes_the_statefulset(
 ) -> None:
     name = make_cluster(replicas=2)
     wait_phase(kube, name, namespace, "Ready", timeout=90)
-    kube.patch(
-        PostgresClusterResource,
-        name,
-        {"spec": {"replicas": 4}},
-        namespace=namespace,
-        patch_type=PatchType.MERGE,
-    )
+    patch_cluster(kube, name, namespace, {"spec": {"replicas": 4}})
     ready = wait_for(
         lambda: (
             (obj := get_pgc(kube, name, namespace))["status"].get("readyReplicas") == 4
@@ -277,13 +272,7 @@ def test_scaling_changes_the_statefulset(
         timeout=90,
     )
     assert ready["status"]["replicaPods"] == [f"{name}-1", f"{name}-2", f"{name}-3"]
-    kube.patch(
-        PostgresClusterResource,
-        name,
-        {"spec": {"replicas": 1}},
-        namespace=namespace,
-        patch_type=PatchType.MERGE,
-    )
+    patch_cluster(kube, name, namespace, {"spec": {"replicas": 1}})
     wait_for(
         lambda: (
             [
@@ -310,13 +299,7 @@ def test_storage_grows_without_restarting_pods(
         p.metadata.name: p.metadata.uid  # type: ignore[union-attr]
         for p in kube.list(Pod, namespace=namespace, labels={"stateward.io/cluster": name})
     }
-    kube.patch(
-        PostgresClusterResource,
-        name,
-        {"spec": {"storageSize": "2Gi"}},
-        namespace=namespace,
-        patch_type=PatchType.MERGE,
-    )
+    patch_cluster(kube, name, namespace, {"spec": {"storageSize": "2Gi"}})
 
     def claims_grown() -> bool:
         claims = [
@@ -348,13 +331,7 @@ def test_storage_grows_without_restarting_pods(
     }
     assert pods_after == pods_before
     with pytest.raises(ApiError) as refused:
-        kube.patch(
-            PostgresClusterResource,
-            name,
-            {"spec": {"storageSize": "1Gi"}},
-            namespace=namespace,
-            patch_type=PatchType.MERGE,
-        )
+        patch_cluster(kube, name, namespace, {"spec": {"storageSize": "1Gi"}})
     assert "storageSize" in str(refused.value.status.message)
 
 
@@ -364,21 +341,9 @@ def test_version_change_rolls_replicas_first_primary_last(
     name = make_cluster(version="16")
     wait_phase(kube, name, namespace, "Ready", timeout=90)
     with pytest.raises(ApiError) as major:
-        kube.patch(
-            PostgresClusterResource,
-            name,
-            {"spec": {"version": "17"}},
-            namespace=namespace,
-            patch_type=PatchType.MERGE,
-        )
+        patch_cluster(kube, name, namespace, {"spec": {"version": "17"}})
     assert "major version" in str(major.value.status.message)
-    kube.patch(
-        PostgresClusterResource,
-        name,
-        {"spec": {"version": "16.4"}},
-        namespace=namespace,
-        patch_type=PatchType.MERGE,
-    )
+    patch_cluster(kube, name, namespace, {"spec": {"version": "16.4"}})
 
     def all_updated() -> bool:
         pods = list(
@@ -410,13 +375,7 @@ def test_unknown_storage_class_is_a_condition_not_a_hot_loop(
     assert gone(kube, StatefulSet, name, namespace)
     writes = len(audit.writes(namespace=namespace))
     # A change elsewhere makes the operator look again; it must not write anything new.
-    kube.patch(
-        PostgresClusterResource,
-        name,
-        {"metadata": {"labels": {"touched": "yes"}}},
-        namespace=namespace,
-        patch_type=PatchType.MERGE,
-    )
+    patch_cluster(kube, name, namespace, {"metadata": {"labels": {"touched": "yes"}}})
     wait_for(
         lambda: "touched" in get_pgc(kube, name, namespace)["metadata"]["labels"],
         what="the label",
@@ -538,13 +497,7 @@ def test_failing_final_backup_keeps_the_cluster_and_retries(
     assert "finalBackup=false" in condition(failed, "FinalBackup")["message"]
     assert any(e.startswith("FinalBackupFailed") for e in events(kube, namespace, name))
     # The next attempt runs with the fixed image and lets the deletion finish.
-    kube.patch(
-        PostgresClusterResource,
-        name,
-        {"spec": {"image": "example.invalid/postgres:16"}},
-        namespace=namespace,
-        patch_type=PatchType.MERGE,
-    )
+    patch_cluster(kube, name, namespace, {"spec": {"image": "example.invalid/postgres:16"}})
     wait_for(
         lambda: gone(kube, PostgresClusterResource, name, namespace),
         what="the cluster to go after a successful retry",
@@ -591,13 +544,7 @@ def test_immutable_storage_class_and_unknown_fields(
 ) -> None:
     name = make_cluster()
     with pytest.raises(ApiError) as refused:
-        kube.patch(
-            PostgresClusterResource,
-            name,
-            {"spec": {"storageClassName": "other"}},
-            namespace=namespace,
-            patch_type=PatchType.MERGE,
-        )
+        patch_cluster(kube, name, namespace, {"spec": {"storageClassName": "other"}})
     assert "storageClassName" in str(refused.value.status.message)
 
 

@@ -74,12 +74,6 @@ def backup_repository_pvc(cluster: v1alpha1.PostgresCluster) -> meta.Object:
 
     Sized like one instance volume: a base backup is at most the size of the data directory.
     """
-    spec: meta.Object = {
-        "accessModes": ["ReadWriteOnce"],
-        "resources": {"requests": {"storage": cluster.spec.storage_size}},
-    }
-    if cluster.spec.storage_class_name is not None:
-        spec["storageClassName"] = cluster.spec.storage_class_name
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
@@ -90,7 +84,7 @@ def backup_repository_pvc(cluster: v1alpha1.PostgresCluster) -> meta.Object:
             extra_labels={meta.BACKUP_REPOSITORY_LABEL: "true"},
             owned=False,
         ),
-        "spec": spec,
+        "spec": pods.volume_claim_spec(cluster),
     }
 
 

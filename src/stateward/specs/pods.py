@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from stateward.api import v1alpha1
 from stateward.specs import meta
 
 POSTGRES_UID: Final = 999
@@ -45,3 +46,15 @@ def field_env(name: str, *, field_path: str) -> meta.Object:
 
 def empty_dir(name: str, *, memory: bool = False) -> meta.Object:
     return {"name": name, "emptyDir": {"medium": "Memory"} if memory else {}}
+
+
+def volume_claim_spec(cluster: v1alpha1.PostgresCluster) -> meta.Object:
+    """A ``storageSize`` ReadWriteOnce claim in the cluster's storage class (or the default):
+    the instances' data volumes and the backup repository alike."""
+    spec: meta.Object = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": cluster.spec.storage_size}},
+    }
+    if cluster.spec.storage_class_name is not None:
+        spec["storageClassName"] = cluster.spec.storage_class_name
+    return spec

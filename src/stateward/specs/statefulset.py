@@ -185,16 +185,10 @@ def _anti_affinity(cluster: v1alpha1.PostgresCluster) -> meta.Object:
 
 
 def _data_volume_claim_template(cluster: v1alpha1.PostgresCluster) -> meta.Object:
-    spec: meta.Object = {
-        "accessModes": ["ReadWriteOnce"],
-        "resources": {"requests": {"storage": cluster.spec.storage_size}},
-    }
-    if cluster.spec.storage_class_name is not None:
-        spec["storageClassName"] = cluster.spec.storage_class_name
     return {
         "metadata": {
             "name": DATA_VOLUME,
             "labels": meta.labels(cluster, component=meta.INSTANCE_COMPONENT),
         },
-        "spec": spec,
+        "spec": pods.volume_claim_spec(cluster),
     }
