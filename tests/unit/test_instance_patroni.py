@@ -9,19 +9,11 @@ import yaml
 
 from stateward.api.v1alpha1 import PostgresCluster
 from stateward.instance import patroni
+from tests.support.clusters import make_cluster
 
 pytestmark = pytest.mark.unit
 
 LABELS = {"app.kubernetes.io/name": "postgresql", "stateward.io/cluster": "demo"}
-
-
-def make_cluster(**spec: Any) -> PostgresCluster:
-    return PostgresCluster.model_validate(
-        {
-            "metadata": {"name": "demo", "namespace": "db", "uid": "uid-1"},
-            "spec": {"version": "16", "replicas": 3, "storageSize": "1Gi", **spec},
-        }
-    )
 
 
 def rendered(cluster: PostgresCluster) -> dict[str, Any]:

@@ -8,23 +8,13 @@ import pytest
 
 from stateward.api.v1alpha1 import PostgresCluster
 from stateward.specs import backup, meta
+from tests.support import clusters
 
 pytestmark = pytest.mark.unit
 
 
 def make_cluster(**spec: Any) -> PostgresCluster:
-    return PostgresCluster.model_validate(
-        {
-            "metadata": {"name": "demo", "namespace": "db", "uid": "uid-1"},
-            "spec": {
-                "version": "16",
-                "replicas": 3,
-                "storageSize": "10Gi",
-                "backupSchedule": "0 3 * * *",
-                **spec,
-            },
-        }
-    )
+    return clusters.make_cluster(**{"storageSize": "10Gi", "backupSchedule": "0 3 * * *", **spec})
 
 
 def test_cronjob() -> None:

@@ -12,6 +12,7 @@ import pytest
 from stateward import specs
 from stateward.api.v1alpha1 import PostgresCluster
 from stateward.specs import backup, config, meta, secrets
+from tests.support import clusters
 
 pytestmark = pytest.mark.unit
 
@@ -20,12 +21,7 @@ REPLICATION_PASSWORD = "replication-pa55-Xk3"
 
 
 def make_cluster(**spec: Any) -> PostgresCluster:
-    return PostgresCluster.model_validate(
-        {
-            "metadata": {"name": "demo", "namespace": "db", "uid": "uid-1", "generation": 4},
-            "spec": {"version": "16", "replicas": 3, "storageSize": "1Gi", **spec},
-        }
-    )
+    return clusters.make_cluster(metadata={"generation": 4}, **spec)
 
 
 FULL_SPEC: dict[str, Any] = {

@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import yaml
 
-from stateward.api.v1alpha1 import PostgresCluster
 from stateward.specs import config, meta
+from tests.support.clusters import make_cluster
 
 pytestmark = pytest.mark.unit
-
-
-def make_cluster(**spec: Any) -> PostgresCluster:
-    return PostgresCluster.model_validate(
-        {
-            "metadata": {"name": "demo", "namespace": "db", "uid": "uid-1"},
-            "spec": {"version": "16", "replicas": 3, "storageSize": "1Gi", **spec},
-        }
-    )
 
 
 def test_config_map() -> None:

@@ -8,17 +8,13 @@ import pytest
 
 from stateward.api.v1alpha1 import PostgresCluster
 from stateward.specs import meta, pods
+from tests.support import clusters
 
 pytestmark = pytest.mark.unit
 
 
 def make_cluster(**metadata: Any) -> PostgresCluster:
-    return PostgresCluster.model_validate(
-        {
-            "metadata": {"name": "demo", "namespace": "db", "uid": "uid-1", **metadata},
-            "spec": {"version": "16", "replicas": 3, "storageSize": "1Gi"},
-        }
-    )
+    return clusters.make_cluster(metadata=metadata)
 
 
 def test_label_keys() -> None:

@@ -6,17 +6,13 @@ import pytest
 
 from stateward.api.v1alpha1 import PostgresCluster
 from stateward.specs import meta, pdb
+from tests.support import clusters
 
 pytestmark = pytest.mark.unit
 
 
 def make_cluster(replicas: int = 3) -> PostgresCluster:
-    return PostgresCluster.model_validate(
-        {
-            "metadata": {"name": "demo", "namespace": "db", "uid": "uid-1"},
-            "spec": {"version": "16", "replicas": replicas, "storageSize": "1Gi"},
-        }
-    )
+    return clusters.make_cluster(replicas=replicas)
 
 
 @pytest.mark.parametrize("replicas", [1, 3])

@@ -4,19 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from stateward.api.v1alpha1 import PostgresCluster
 from stateward.specs import meta, services
+from tests.support.clusters import make_cluster
 
 pytestmark = pytest.mark.unit
-
-
-def make_cluster() -> PostgresCluster:
-    return PostgresCluster.model_validate(
-        {
-            "metadata": {"name": "demo", "namespace": "db", "uid": "uid-1"},
-            "spec": {"version": "16", "replicas": 3, "storageSize": "1Gi"},
-        }
-    )
 
 
 INSTANCE_SELECTOR = {

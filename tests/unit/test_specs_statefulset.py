@@ -8,6 +8,7 @@ import pytest
 
 from stateward.api.v1alpha1 import PostgresCluster
 from stateward.specs import meta, statefulset
+from tests.support import clusters
 
 pytestmark = pytest.mark.unit
 
@@ -15,12 +16,7 @@ HASH = "0123456789abcdef"
 
 
 def make_cluster(**spec: Any) -> PostgresCluster:
-    return PostgresCluster.model_validate(
-        {
-            "metadata": {"name": "demo", "namespace": "db", "uid": "uid-1"},
-            "spec": {"version": "16", "replicas": 3, "storageSize": "10Gi", **spec},
-        }
-    )
+    return clusters.make_cluster(**{"storageSize": "10Gi", **spec})
 
 
 def build(**spec: Any) -> dict[str, Any]:
