@@ -1,0 +1,105 @@
+"""Pure parts of the local cluster: ports, process identity, kwok stages, binary cache."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stateward.local import binaries, cluster
+from stateward.local.errors import LocalClusterError
+
+pytestmark = pytest.mark.unit
+
+STOCK = """\
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-complete
+spec:
+  resourceRef: {apiGroup: v1, kind: Pod}
+  selector:
+    matchExpressions:
+    - {key: .status.phase, operator: In, values: [Running]}
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: node-initialize
+spec:
+  resourceRef: {apiGroup: v1, kind: Node}
+"""
+
+
+def test_ports_are_consecutive_from_the_base() -> None:
+    ports = cluster.Ports.from_base(20000)
+    assert sorted(vars(ports).values()) == list(range(20000, 20006))
+    assert ports.apiserver == 20000
+
+
+def test_free_port_base_gives_ports_that_can_be_bound() -> None:
+    base = cluster.free_port_base()
+    for offset in range(6):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", base + offset))
+
+
+def test_a_process_is_known_by_its_start_time() -> None:
+    mine = cluster._start_time(os.getpid())
+    assert mine is not None
+    record = cluster.ProcessRecord("me", os.getpid(), mine, "log")
+    assert record.alive()
+    assert not cluster.ProcessRecord("me", os.getpid(), "1", "log").alive(), "a recycled pid"
+    assert cluster._start_time(2**22 + 12345) is None
+
+
+def test_stages_keep_kwok_stock_and_add_ours() -> None:
+    documents = list(yaml.safe_load_all(cluster.compose_stages(STOCK)))
+    names = [d["metadata"]["name"] for d in documents]
+    assert names[:2] == ["pod-complete", "node-initialize"]
+    assert set(names[2:]) == {
+        "stateward-pod-fail",
+        "stateward-simulated-patroni-role",
+        "pvc-resize",
+    }
+    complete = documents[0]["spec"]["selector"]["matchExpressions"]
+    assert any(cluster.SIMULATED_FAILURE_SUFFIX in str(e.get("cel", "")) for e in complete), (
+        "Job pods meant to fail must not also complete"
+    )
+    role = next(d for d in documents if d["metadata"]["name"].endswith("patroni-role"))
+    assert cluster.ROLE_LABEL in str(role)
+
+
+def test_binary_names_and_version_flags() -> None:
+    assert binaries.Component.binary_name("go.etcd.io/etcd/server/v3") == "etcd"
+    assert binaries.KUBERNETES.binaries == (
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kubectl",
+        "kubelet",
+    )
+    flags = binaries.KUBERNETES.ldflags
+    assert "k8s.io/component-base/version.gitVersion=v1.37.2" in flags
+    assert "k8s.io/client-go/pkg/version.gitMinor=37" in flags
+
+
+def test_cache_location_and_missing_binaries(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("STATEWARD_CACHE_DIR", str(tmp_path))
+    assert binaries.component_dir(binaries.ETCD) == tmp_path / "bin" / "etcd-v3.6.16"
+    assert binaries.missing() == list(binaries.COMPONENTS)
+    with pytest.raises(LocalClusterError, match="stateward local build"):
+        binaries.locate()
+
+
+def test_no_go_toolchain_is_one_clear_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(LocalClusterError, match="Go toolchain is not on PATH"):
+        binaries.build(binaries.KWOK, progress=lambda _: None)
