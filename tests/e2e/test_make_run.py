@@ -19,6 +19,19 @@ from tests.support.waiting import wait_for
 pytestmark = pytest.mark.e2e
 
 
+def local(tmp_path: Path, env: dict[str, str], verb: str) -> subprocess.CompletedProcess[str]:
+    """`stateward local VERB` against the run's state directory."""
+    return subprocess.run(
+        [sys.executable, "-m", "stateward", "local", verb],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
 def start_run(
     tmp_path: Path,
 ) -> tuple[subprocess.Popen[str], list[str], dict[str, str]]:
@@ -70,43 +83,21 @@ def test_run_brings_a_sample_cluster_to_ready_and_stops_on_ctrl_c(tmp_path: Path
             "PRIMARY",
         ]
         assert row.split()[1:7] == ["sample", "16", "3", "3", "Ready", "sample-0"]
-        status = subprocess.run(
-            [sys.executable, "-m", "stateward", "local", "status"],
-            env=env,
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        status = local(tmp_path, env, "status")
         assert any(
             line.startswith("operator") and "running" in line for line in status.stdout.splitlines()
         ), status.stdout
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=30) == 0
         assert any("cluster keeps running" in line for line in lines)
-        after = subprocess.run(
-            [sys.executable, "-m", "stateward", "local", "status"],
-            env=env,
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        after = local(tmp_path, env, "status")
         assert after.returncode == 0, after.stdout
         assert not any(line.startswith("operator") for line in after.stdout.splitlines())
 
     finally:
         if process.poll() is None:
             process.kill()
-        subprocess.run(
-            [sys.executable, "-m", "stateward", "local", "down"],
-            env=env,
-            cwd=tmp_path,
-            check=False,
-            timeout=120,
-        )
+        local(tmp_path, env, "down")
 
 
 def test_down_stops_an_operator_whose_run_was_killed(tmp_path: Path) -> None:
@@ -123,15 +114,7 @@ def test_down_stops_an_operator_whose_run_was_killed(tmp_path: Path) -> None:
         process.wait(timeout=30)
         assert Path(f"/proc/{operator_pid}").exists()
     finally:
-        down = subprocess.run(
-            [sys.executable, "-m", "stateward", "local", "down"],
-            env=env,
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        down = local(tmp_path, env, "down")
     assert "operator" in down.stdout
     wait_for(
         lambda: (

@@ -366,7 +366,11 @@ def test_version_change_rolls_replicas_first_primary_last(
 
 
 def test_unknown_storage_class_is_a_condition_not_a_hot_loop(
-    kube: Client, namespace: str, make_cluster: MakeCluster, audit: AuditLog
+    kube: Client,
+    namespace: str,
+    make_cluster: MakeCluster,
+    audit: AuditLog,
+    operator: OperatorProcess,
 ) -> None:
     name = make_cluster(storageClassName="does-not-exist")
     failing = wait_phase(kube, name, namespace, "Failing", timeout=30)
@@ -374,11 +378,14 @@ def test_unknown_storage_class_is_a_condition_not_a_hot_loop(
     assert "spec.storageClassName" in condition(failing, "Degraded")["message"]
     assert gone(kube, StatefulSet, name, namespace)
     writes = len(audit.writes(namespace=namespace))
-    # A change elsewhere makes the operator look again; it must not write anything new.
+    # A label change makes the operator look again, and resyncs keep coming; neither may
+    # write anything new. Wait until reconciles have demonstrably happened since.
+    reconciles = metric(operator.probe_port, "stateward_reconcile_total")
     patch_cluster(kube, name, namespace, {"metadata": {"labels": {"touched": "yes"}}})
     wait_for(
-        lambda: "touched" in get_pgc(kube, name, namespace)["metadata"]["labels"],
-        what="the label",
+        lambda: metric(operator.probe_port, "stateward_reconcile_total") >= reconciles + 2,
+        what="the operator to look at the cluster again",
+        timeout=30,
     )
     assert len(audit.writes(namespace=namespace)) == writes
 

@@ -19,19 +19,16 @@ from typing import Any
 import yaml
 from lightkube import ApiError, Client, codecs
 from lightkube.config.kubeconfig import KubeConfig
-from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.core_v1 import Namespace
 
 from stateward.api import crd, v1alpha1
+from stateward.controllers.kube import PostgresClusterResource
 from stateward.local.cluster import Config, LocalCluster, free_port_base
 
 OPERATOR_NAMESPACE = "stateward-system"
 SAMPLE = Path(__file__).resolve().parents[3] / "config" / "samples" / "postgrescluster.yaml"
-PostgresClusterResource = create_namespaced_resource(
-    v1alpha1.GROUP, v1alpha1.VERSION, v1alpha1.KIND, v1alpha1.PLURAL
-)
 
 
 def say(message: str) -> None:

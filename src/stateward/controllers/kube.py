@@ -24,7 +24,10 @@ from stateward.api import v1alpha1
 FIELD_MANAGER = "stateward"
 Body = dict[str, Any]
 
-create_namespaced_resource(v1alpha1.GROUP, v1alpha1.VERSION, v1alpha1.KIND, v1alpha1.PLURAL)
+PostgresClusterResource = create_namespaced_resource(
+    v1alpha1.GROUP, v1alpha1.VERSION, v1alpha1.KIND, v1alpha1.PLURAL
+)
+"""The lightkube resource class of PostgresCluster, registered once, here."""
 
 
 class NotLeader(Exception):

@@ -403,7 +403,7 @@ async def roll_pods(scope: Scope) -> str | None:
     everyone_ready = len(pods) == scope.cluster.spec.replicas and all(_ready(p) for p in pods)
     if not everyone_ready:
         return "rolling update waits for every instance to be ready"
-    outdated.sort(key=lambda p: (_role(p) == "primary", p["metadata"]["name"]))
+    outdated.sort(key=lambda p: (_role(p) == meta.PRIMARY_ROLE, p["metadata"]["name"]))
     victim = outdated[0]
     name = victim["metadata"]["name"]
     await scope.kube.delete(Ref.of(victim))
@@ -470,17 +470,24 @@ async def _delete_patroni_state(scope: Scope) -> None:
             await scope.kube.delete(Ref.of(config_map))
 
 
+def _attempts(condition: dict[str, Any] | None) -> int:
+    """Final-backup attempts so far, kept in the FinalBackup condition's message ("attempt N
+    ...") so that a restarted operator continues the same backoff."""
+    if condition is None:
+        return 0
+    word = condition.get("message", "").partition("attempt ")[2].split(" ")[0]
+    return int(word) if word.isdigit() else 0
+
+
 async def _final_backup(scope: Scope) -> str | None:
     """Run the final backup Job to success; None once it has succeeded."""
     cluster = scope.cluster
     job = scope.observed("Job", cluster.final_backup_job_name)
+    state = _job_state(job) if job is not None else None
     previous = cond.get_condition(scope.conditions, "FinalBackup")
-    attempts = (
-        int((previous or {}).get("message", "").partition("attempt ")[2].split(" ")[0] or 0)
-        if previous
-        else 0
-    )
-    if job is not None and _job_state(job) == "Complete":
+    attempts = _attempts(previous)
+    delay = min(FINAL_BACKUP_MAX_DELAY, 5.0 * 2 ** max(attempts - 1, 0))
+    if state == "Complete":
         if previous is None or previous.get("reason") != "Succeeded":
             scope.set_condition("FinalBackup", True, "Succeeded", f"attempt {attempts} succeeded")
             await scope.event(
@@ -488,8 +495,7 @@ async def _final_backup(scope: Scope) -> str | None:
                 f"Final backup Job {cluster.final_backup_job_name} succeeded",
             )
         return None
-    if job is not None and _job_state(job) == "Failed":
-        delay = min(FINAL_BACKUP_MAX_DELAY, 5.0 * 2 ** max(attempts - 1, 0))
+    if job is not None and state == "Failed":
         message = (
             f"attempt {attempts} failed; retrying in {delay:.0f}s. The cluster stays until a"
             " final backup succeeds; set spec.deletionPolicy.finalBackup=false to skip it."
@@ -505,7 +511,6 @@ async def _final_backup(scope: Scope) -> str | None:
             failed_at = datetime.datetime.fromisoformat(
                 previous["lastTransitionTime"].replace("Z", "+00:00")
             )
-            delay = min(FINAL_BACKUP_MAX_DELAY, 5.0 * 2 ** max(attempts - 1, 0))
             wait = (
                 failed_at + datetime.timedelta(seconds=delay) - datetime.datetime.now(datetime.UTC)
             ).total_seconds()
@@ -548,8 +553,8 @@ async def write_status(scope: Scope, *, deleting: bool) -> None:
     sts_status = (statefulset or {}).get("status") or {}
     ready = int(sts_status.get("readyReplicas") or 0)
     pods = _pods(scope)
-    primaries = sorted(p["metadata"]["name"] for p in pods if _role(p) == "primary")
-    replicas = sorted(p["metadata"]["name"] for p in pods if _role(p) == "replica")
+    primaries = sorted(p["metadata"]["name"] for p in pods if _role(p) == meta.PRIMARY_ROLE)
+    replicas = sorted(p["metadata"]["name"] for p in pods if _role(p) == meta.REPLICA_ROLE)
 
     if statefulset is not None and int(sts_status.get("replicas") or 0) != spec.replicas:
         scope.progressing.append(
