@@ -449,7 +449,7 @@ class Run:
             Config(
                 state_dir=state / "local",
                 ports=Ports.from_base(free_port_base()),
-                nodes=self.nodes,
+                kwok_nodes=self.nodes,
             )
         )
         operator: OperatorProcess | None = None

@@ -36,7 +36,13 @@ def stateward(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.Complete
 
 @pytest.fixture
 def workdir(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
-    env = {**os.environ, "STATEWARD_LOCAL_PORT_BASE": str(free_port_base())}
+    # The control-plane lifecycle on kwok nodes only; real nodes have their own e2e tests
+    # (tests/e2e/test_real_nodes_cli.py), and only one cluster with real nodes fits a host.
+    env = {
+        **os.environ,
+        "STATEWARD_LOCAL_PORT_BASE": str(free_port_base()),
+        "STATEWARD_LOCAL_NODES": "0",
+    }
     env.pop("STATEWARD_LOCAL_DIR", None)
     yield tmp_path, env
     stateward("local", "down", cwd=tmp_path, env=env)

@@ -81,6 +81,7 @@ def test_binary_names_and_version_flags() -> None:
         "kube-scheduler",
         "kubectl",
         "kubelet",
+        "kube-proxy",
     )
     flags = binaries.KUBERNETES.ldflags
     assert "k8s.io/component-base/version.gitVersion=v1.37.2" in flags

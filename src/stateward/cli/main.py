@@ -8,19 +8,23 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from stateward.local import binaries
+from stateward.local import binaries, host, images
 from stateward.local.cluster import Config, LocalCluster
 from stateward.local.errors import LocalClusterError
 
 
 def _local_config(args: argparse.Namespace) -> Config:
-    config = Config.default(state_dir=args.state_dir, port_base=args.port_base)
-    if getattr(args, "nodes", None) is not None:
+    config = Config.default(
+        state_dir=args.state_dir, port_base=args.port_base, real_nodes=getattr(args, "nodes", None)
+    )
+    if getattr(args, "kwok_nodes", None) is not None:
+        apiserver_only = args.apiserver_only
         config = Config(
             state_dir=config.state_dir,
             ports=config.ports,
-            nodes=args.nodes,
-            controllers=not args.apiserver_only,
+            kwok_nodes=args.kwok_nodes,
+            real_nodes=0 if apiserver_only else config.real_nodes,
+            controllers=not apiserver_only,
         )
     return config
 
@@ -50,7 +54,10 @@ def _local_status(args: argparse.Namespace) -> int:
     for process in processes:
         state = "running" if process.running else "DEAD"
         print(f"{process.name:<24} pid {process.pid:<8} {state:<8} log {process.log}")
-    healthy = all(p.running for p in processes)
+    node_states = cluster.node_states()
+    for node, state in node_states:
+        print(f"node {node.name:<19} ip {node.ip:<12} {state}")
+    healthy = all(p.running for p in processes) and all(s == "running" for _, s in node_states)
     print(f"kubeconfig: {cluster.kubeconfig}" if healthy else "some processes died: see logs")
     return 0 if healthy else 1
 
@@ -65,11 +72,44 @@ def _local_run(args: argparse.Namespace) -> int:
     return run.run()
 
 
-def _local_build(_: argparse.Namespace) -> int:
+def _local_node(args: argparse.Namespace) -> int:
+    cluster = LocalCluster(_local_config(args))
+    if not cluster.running():
+        raise LocalClusterError(f"no local cluster is running from {cluster.state_dir}")
+    action = getattr(cluster, f"node_{args.action}")
+    action(args.name)
+    print(f"{args.name}: {NODE_ACTIONS[args.action]}")
+    return 0
+
+
+NODE_ACTIONS = {
+    "stop": "powered off (link down, every process killed)",
+    "start": "powered on",
+    "freeze": "frozen (every process stopped by the cgroup freezer)",
+    "thaw": "thawed",
+    "partition": "partitioned (link cut, processes running)",
+    "heal": "link restored",
+}
+
+
+def _local_images(_: argparse.Namespace) -> int:
+    for archive in images.ensure():
+        size = archive.path.stat().st_size / 2**20
+        print(f"{archive.ref:<48} {size:8.1f} MiB  {archive.path}")
+    return 0
+
+
+def _local_build(args: argparse.Namespace) -> int:
+    """Everything the local cluster needs before it starts: host packages (real nodes),
+    the binaries, the images. Each step is cached; a warm run costs about a second."""
+    if not args.binaries_only:
+        host.ensure_packages()
     for component in binaries.missing():
         binaries.build(component)
     paths = binaries.locate()
     print(f"binaries ready in {paths.kube_apiserver.parent.parent}")
+    if not args.binaries_only:
+        _local_images(args)
     return 0
 
 
@@ -171,7 +211,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="first of six consecutive ports (default 16443, or $STATEWARD_LOCAL_PORT_BASE)",
     )
     up = verbs.add_parser("up", parents=[common], help="start the cluster and wait until ready")
-    up.add_argument("--nodes", type=int, default=3, help="simulated (kwok) nodes (default 3)")
+    up.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        help="real nodes that run containers (default 3, or $STATEWARD_LOCAL_NODES; 0 = none)",
+    )
+    up.add_argument(
+        "--kwok-nodes", type=int, default=3, help="simulated (kwok) nodes for scale (default 3)"
+    )
     up.add_argument(
         "--apiserver-only",
         action="store_true",
@@ -189,9 +237,23 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="cluster + operator + a sample PostgresCluster, status shown until Ctrl-C",
     ).set_defaults(handler=_local_run)
+    build = verbs.add_parser(
+        "build",
+        help="install host packages, build the binaries and the images into the cache (once)",
+    )
+    build.add_argument(
+        "--binaries-only", action="store_true", help="only the binaries (no root needed)"
+    )
+    build.set_defaults(handler=_local_build)
     verbs.add_parser(
-        "build", help="build the control-plane binaries into the cache (once)"
-    ).set_defaults(handler=_local_build)
+        "images", help="build the local container images (pause, base) into the cache"
+    ).set_defaults(handler=_local_images)
+    node = verbs.add_parser(
+        "node", parents=[common], help="failure drills on a real node: stop, freeze, partition"
+    )
+    node.add_argument("action", choices=sorted(NODE_ACTIONS), help="what happens to the node")
+    node.add_argument("name", help="a real node, e.g. node-2 (see `stateward local status`)")
+    node.set_defaults(handler=_local_node)
     return parser
 
 

@@ -1,9 +1,12 @@
-"""Control-plane binaries, built from the Go module proxy once and cached outside the repository.
+"""Cluster binaries, built from the Go module proxy once and cached outside the repository.
 
-Each component is a small wrapper Go module under ``tools/`` that pins one upstream release.
-The build output lands in ``$STATEWARD_CACHE_DIR/bin/<component>-<version>/`` (default
-``~/.cache/stateward``); a directory that exists there is complete, because builds write to a
-``.partial`` sibling and rename it into place only when every binary is linked.
+Each component is a small wrapper Go module under ``tools/`` that pins one upstream release:
+the control plane (Kubernetes, etcd), kwok for simulated nodes, and containerd, the CNI
+plugins and CoreDNS for real nodes. The build output lands in
+``$STATEWARD_CACHE_DIR/bin/<component>-<version>/`` (default ``~/.cache/stateward``). Builds
+write to a ``.partial`` sibling and rename it into place only when every binary is linked; a
+directory that lacks one of its component's files (an older cache, built before a binary was
+added to the component) counts as missing and is rebuilt.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ from stateward.local import errors
 KUBERNETES_VERSION = "v1.37.2"
 ETCD_VERSION = "v3.6.16"
 KWOK_VERSION = "v0.8.0"
+CONTAINERD_VERSION = "v2.4.2"
+CNI_PLUGINS_VERSION = "v1.9.1"
+COREDNS_VERSION = "v1.15.0"
 
 # kwok's stock stage sets, copied next to the kwok binary when it is built (they live in the
 # kwok module, not in its binary). Loading any Stage replaces kwok's built-in defaults, so the
@@ -50,10 +56,19 @@ class Component:
     module_dir: str
     packages: tuple[str, ...]
     ldflags: str = "-s -w"
+    # Go build tags, passed as one ``-tags`` argument.
+    tags: tuple[str, ...] = ()
+    # Files the build writes next to the binaries; a cache directory without them is stale.
+    extra_files: tuple[str, ...] = ()
 
     @property
     def binaries(self) -> tuple[str, ...]:
         return tuple(self.binary_name(package) for package in self.packages)
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """Every file a complete cache directory of this component holds."""
+        return (*self.binaries, *self.extra_files)
 
     @staticmethod
     def binary_name(package: str) -> str:
@@ -89,6 +104,7 @@ KUBERNETES = Component(
             "kube-scheduler",
             "kubectl",
             "kubelet",
+            "kube-proxy",
         )
     ),
     ldflags=_kubernetes_ldflags(KUBERNETES_VERSION),
@@ -106,8 +122,63 @@ KWOK = Component(
     module_dir="kwok",
     packages=("sigs.k8s.io/kwok/cmd/kwok",),
     ldflags=f"-s -w -X sigs.k8s.io/kwok/pkg/consts.Version={KWOK_VERSION}",
+    extra_files=("stages.yaml",),
 )
-COMPONENTS = (ETCD, KWOK, KUBERNETES)
+
+_CONTAINERD_MODULE = "github.com/containerd/containerd/v2"
+CONTAINERD = Component(
+    name="containerd",
+    version=CONTAINERD_VERSION,
+    module_dir="containerd",
+    packages=tuple(
+        f"{_CONTAINERD_MODULE}/cmd/{cmd}"
+        for cmd in ("containerd", "ctr", "containerd-shim-runc-v2")
+    ),
+    # The tag set of upstream's `make STATIC=1 BUILDTAGS="no_btrfs no_devmapper"`. With cgo off
+    # only no_btrfs (the btrfs snapshotter is cgo) and no_devmapper change what is compiled;
+    # upstream's shim-only no_grpc tag cannot be used when one `go build` links all three.
+    tags=(
+        "urfave_cli_no_docs",
+        "no_btrfs",
+        "no_devmapper",
+        "osusergo",
+        "netgo",
+        "static_build",
+    ),
+    ldflags=(
+        f"-s -w -X {_CONTAINERD_MODULE}/version.Version={CONTAINERD_VERSION}"
+        f" -X {_CONTAINERD_MODULE}/version.Package={_CONTAINERD_MODULE}"
+    ),
+)
+CNI = Component(
+    name="cni-plugins",
+    version=CNI_PLUGINS_VERSION,
+    module_dir="cni",
+    packages=tuple(
+        f"github.com/containernetworking/plugins/plugins/{plugin}"
+        for plugin in (
+            "main/ptp",
+            "main/loopback",
+            "main/bridge",
+            "ipam/host-local",
+            "meta/portmap",
+        )
+    ),
+    ldflags=(
+        "-s -w -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion="
+        + CNI_PLUGINS_VERSION
+    ),
+)
+COREDNS = Component(
+    name="coredns",
+    version=COREDNS_VERSION,
+    module_dir="coredns",
+    packages=("github.com/coredns/coredns",),
+    tags=("grpcnotrace",),  # upstream Makefile's default GOTAGS
+    ldflags=f"-s -w -X github.com/coredns/coredns/coremain.GitCommit={COREDNS_VERSION}",
+)
+# Smallest builds first, so a slow network or an interrupted run still leaves most of them.
+COMPONENTS = (CNI, ETCD, KWOK, CONTAINERD, COREDNS, KUBERNETES)
 
 
 def cache_dir() -> Path:
@@ -141,12 +212,34 @@ class Binaries:
     kubelet: Path
     kwok: Path
     kwok_stages: Path
+    kube_proxy: Path
+    containerd: Path
+    ctr: Path
+    containerd_shim: Path
+    # The directory holding the CNI plugins (containerd's `bin_dir`), not a single binary.
+    cni_bin_dir: Path
+    coredns: Path
+
+
+def missing_files(component: Component) -> list[Path]:
+    """The files a cached build of ``component`` should have but lacks (all, if never built)."""
+    directory = component_dir(component)
+    return [directory / name for name in component.outputs if not (directory / name).is_file()]
 
 
 def locate() -> Binaries:
     """Paths where the binaries live once built; raises if any is missing."""
-    kubernetes, etcd, kwok = (component_dir(c) for c in (KUBERNETES, ETCD, KWOK))
-    found = Binaries(
+    for component in COMPONENTS:
+        absent = missing_files(component)
+        if absent:
+            raise errors.LocalClusterError(
+                f"missing binary {absent[0]}: run `stateward local build` (or `make binaries`)"
+                " first"
+            )
+    kubernetes, etcd, kwok, containerd, cni, coredns = (
+        component_dir(c) for c in (KUBERNETES, ETCD, KWOK, CONTAINERD, CNI, COREDNS)
+    )
+    return Binaries(
         etcd=etcd / "etcd",
         kube_apiserver=kubernetes / "kube-apiserver",
         kube_controller_manager=kubernetes / "kube-controller-manager",
@@ -155,17 +248,18 @@ def locate() -> Binaries:
         kubelet=kubernetes / "kubelet",
         kwok=kwok / "kwok",
         kwok_stages=kwok / "stages.yaml",
+        kube_proxy=kubernetes / "kube-proxy",
+        containerd=containerd / "containerd",
+        ctr=containerd / "ctr",
+        containerd_shim=containerd / "containerd-shim-runc-v2",
+        cni_bin_dir=cni,
+        coredns=coredns / "coredns",
     )
-    for path in dataclasses.astuple(found):
-        if not Path(path).is_file():
-            raise errors.LocalClusterError(
-                f"missing binary {path}: run `stateward local build` (or `make binaries`) first"
-            )
-    return found
 
 
 def missing() -> list[Component]:
-    return [c for c in COMPONENTS if not component_dir(c).is_dir()]
+    """Components to build: never built, or cached without one of their files."""
+    return [c for c in COMPONENTS if missing_files(c)]
 
 
 def ensure(*, progress: Progress = _stderr) -> Binaries:
@@ -201,24 +295,8 @@ def build(component: Component, *, progress: Progress = _stderr) -> Path:
     )
     env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": os.environ.get("GOFLAGS", "-mod=mod")}
     started = time.monotonic()
-    # One invocation for all packages lets the compiler share work across them; with several
-    # packages -o names a directory and each binary takes its package's last path element.
-    if len(component.packages) == 1:
-        output = partial / component.binary_name(component.packages[0])
-    else:
-        output = partial
     _run_go_build(
-        [
-            go,
-            "build",
-            "-v",
-            "-trimpath",
-            "-ldflags",
-            component.ldflags,
-            "-o",
-            f"{output}/" if output == partial else str(output),
-            *component.packages,
-        ],
+        go_build_argv(go, component, partial),
         cwd=module,
         env=env,
         label=f"{component.name} {component.version}",
@@ -230,6 +308,29 @@ def build(component: Component, *, progress: Progress = _stderr) -> Path:
     partial.rename(final)
     progress(f"Built {component.name} {component.version} in {time.monotonic() - started:.0f}s.")
     return final
+
+
+def go_build_argv(go: str, component: Component, out_dir: Path) -> list[str]:
+    """The ``go build`` command line that links every binary of ``component`` into ``out_dir``."""
+    # One invocation for all packages lets the compiler share work across them; with several
+    # packages -o names a directory and each binary takes its package's last path element.
+    if len(component.packages) == 1:
+        output = str(out_dir / component.binary_name(component.packages[0]))
+    else:
+        output = f"{out_dir}/"
+    tags = ["-tags", ",".join(component.tags)] if component.tags else []
+    return [
+        go,
+        "build",
+        "-v",
+        "-trimpath",
+        *tags,
+        "-ldflags",
+        component.ldflags,
+        "-o",
+        output,
+        *component.packages,
+    ]
 
 
 def _run_go_build(

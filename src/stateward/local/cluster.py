@@ -18,6 +18,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,16 +27,18 @@ from typing import Any
 import httpx
 import yaml
 
-from stateward.local import binaries, pki
+from stateward.local import binaries, host, images, nodes, pki, provisioner
 from stateward.local.errors import LocalClusterError
 
 DEFAULT_PORT_BASE = 16443
+DEFAULT_REAL_NODES = 3
 ADMIN_USER = "stateward-admin"
 OPERATOR_USER = "stateward-operator"
 NODE_ANNOTATION = "kwok.x-k8s.io/node"
 STORAGE_CLASS = "kwok-volume"
-SERVICE_CIDR = "10.96.0.0/16"
-POD_CIDR = "10.244.0.0/16"
+SERVICE_CIDR = nodes.SERVICE_CIDR
+POD_CIDR = nodes.POD_CIDR
+NODE_COMPONENTS = ("containerd", "kubelet", "kube-proxy")
 
 Progress = Callable[[str], None]
 
@@ -74,13 +77,25 @@ class Config:
     state_dir: Path
     ports: Ports
     controllers: bool = True
-    nodes: int = 3
+    kwok_nodes: int = 3
+    real_nodes: int = 0
+    """Nodes that run containers (kubelet, containerd, kube-proxy); 0 = kwok only."""
 
     @classmethod
-    def default(cls, *, state_dir: Path | None = None, port_base: int | None = None) -> Config:
+    def default(
+        cls,
+        *,
+        state_dir: Path | None = None,
+        port_base: int | None = None,
+        real_nodes: int | None = None,
+    ) -> Config:
         base = port_base or int(os.environ.get("STATEWARD_LOCAL_PORT_BASE", DEFAULT_PORT_BASE))
         directory = state_dir or Path(os.environ.get("STATEWARD_LOCAL_DIR", ".stateward/local"))
-        return cls(state_dir=directory.resolve(), ports=Ports.from_base(base))
+        if real_nodes is None:
+            real_nodes = int(os.environ.get("STATEWARD_LOCAL_NODES", DEFAULT_REAL_NODES))
+        return cls(
+            state_dir=directory.resolve(), ports=Ports.from_base(base), real_nodes=real_nodes
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +158,7 @@ class LocalCluster:
         self.pki_dir = self.state_dir / "pki"
         self.state_file = self.state_dir / "state.json"
         self.audit_log = self.state_dir / "logs" / "audit.log"
+        self.journal = nodes.Journal(self.state_dir / "host.json")
 
     # --- public verbs -------------------------------------------------------------------
 
@@ -161,12 +177,48 @@ class LocalCluster:
                 f"ports already in use: {', '.join(taken)}; free them or pick another range with"
                 " --port-base / STATEWARD_LOCAL_PORT_BASE"
             )
+        real = self.real_nodes()
+        if real:
+            if os.geteuid() != 0:
+                raise LocalClusterError(
+                    "real nodes need root (namespaces, cgroups, a bridge): run as root, or"
+                    " start a kwok-only cluster with --nodes 0"
+                )
+            host.ensure_packages(progress=progress)
+            nodes.refuse_if_taken()
         paths = binaries.ensure(progress=progress)
+        archives = images.ensure(progress=progress) if real else []
         started = time.monotonic()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         records: list[ProcessRecord] = []
+        imports: list[threading.Thread] = []
+        import_errors: list[BaseException] = []
         try:
             self._write_pki()
+            if real:
+                self._save(records)
+                nodes.prepare_host(self.journal, self.state_dir)
+                for node in real:
+                    nodes.create_node(self.journal, node)
+                    if node is real[0]:
+                        # The host reaches Services through the first node's kube-proxy.
+                        nodes.add_route(self.journal, SERVICE_CIDR, node)
+                    self._write_node_files(node, paths)
+                    records.append(
+                        self._start(
+                            f"{node.name}.containerd", self._node_argv(node, "containerd", paths)
+                        )
+                    )
+                    self._save(records)
+                # Images go into every node's containerd while the control plane starts.
+                for node in real:
+                    thread = threading.Thread(
+                        target=self._import_images,
+                        args=(node, paths, archives, import_errors),
+                        daemon=True,
+                    )
+                    thread.start()
+                    imports.append(thread)
             records.append(self._start("etcd", self._etcd_argv(paths)))
             self._save(records)
             self._wait("etcd healthy", self._etcd_healthy, records)
@@ -183,21 +235,51 @@ class LocalCluster:
                 self._create_nodes_and_storage()
                 records.append(self._start("kwok", self._kwok_argv(paths)))
                 self._save(records)
-                self._wait(f"{self.config.nodes} nodes Ready", self._nodes_ready, records)
+                if real:
+                    for name, argv in (
+                        ("coredns", self._coredns_argv(paths)),
+                        ("provisioner", self._provisioner_argv()),
+                    ):
+                        records.append(self._start(name, argv))
+                    nodes.record_sysctls(self.journal, nodes.KERNEL_TUNABLES)
+                    for node in real:
+                        for component in ("kubelet", "kube-proxy"):
+                            records.append(
+                                self._start(
+                                    f"{node.name}.{component}",
+                                    self._node_argv(node, component, paths),
+                                )
+                            )
+                    self._save(records)
+                    self._wait("real nodes registered", self._network_nodes, records)
+                self._wait(
+                    f"{self.config.kwok_nodes + len(real)} nodes Ready", self._nodes_ready, records
+                )
                 self._wait("default service account", self._default_sa_exists, records)
+            for thread in imports:
+                thread.join(timeout=max(1.0, 300 - (time.monotonic() - started)))
+            if import_errors:
+                raise import_errors[0]
+            if any(thread.is_alive() for thread in imports):
+                raise LocalClusterError("importing the images into the nodes took over 300 s")
         except BaseException:
             self._stop(records)
+            self._undo_host()
             self._remove_state(keep_logs=True)
             raise
         progress(f"Local cluster ready in {time.monotonic() - started:.1f}s.")
         progress(f"kubeconfig: {self.kubeconfig}")
 
     def down(self, *, keep: bool = False) -> list[str]:
-        """Stop every recorded process; remove the state unless ``keep``. Returns what stopped."""
+        """Stop every recorded process, undo every host change; remove the state unless
+        ``keep``. Returns what stopped."""
         records = self._load()
         stopped = self._stop(records)
+        problems = self._undo_host()
         if not keep:
             self._remove_state(keep_logs=False)
+        if problems:
+            raise LocalClusterError("could not undo every host change: " + "; ".join(problems))
         return stopped
 
     def status(self) -> list[ProcessStatus]:
@@ -238,6 +320,173 @@ class LocalCluster:
     def running(self) -> bool:
         return any(record.alive() for record in self._load())
 
+    # --- real nodes -----------------------------------------------------------------------
+
+    def real_nodes(self) -> list[nodes.Node]:
+        """The real nodes: as recorded by a running cluster, else as configured."""
+        count = self.config.real_nodes
+        with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
+            count = int(json.loads(self.state_file.read_text())["real_nodes"])
+        return nodes.nodes_in(self.state_dir, count)
+
+    def node(self, name: str) -> nodes.Node:
+        found = {node.name: node for node in self.real_nodes()}
+        if name not in found:
+            known = ", ".join(found) or "none (this cluster has no real nodes)"
+            raise LocalClusterError(f"no real node {name!r}; the real nodes are: {known}")
+        return found[name]
+
+    def node_stop(self, name: str) -> None:
+        """Power loss: the node's link goes down and all its processes die at once."""
+        nodes.power_off(self.node(name))
+
+    def node_start(self, name: str) -> None:
+        """Power on after ``node_stop`` (or bring back components that died)."""
+        node = self.node(name)
+        if nodes.frozen(node):
+            nodes.set_frozen(node, frozen=False)
+        if not nodes.is_mountpoint(node.mount_ns):
+            nodes.create_mount_ns(self.journal, node)
+        nodes.set_link(node, up=True)
+        for component in NODE_COMPONENTS:
+            self.start_component(f"{node.name}.{component}")
+            if component == "containerd":
+                self._wait_containerd(node)
+
+    def node_freeze(self, name: str) -> None:
+        """A hung node: every process of it stopped by the cgroup freezer."""
+        nodes.set_frozen(self.node(name), frozen=True)
+
+    def node_thaw(self, name: str) -> None:
+        nodes.set_frozen(self.node(name), frozen=False)
+
+    def node_partition(self, name: str) -> None:
+        """The node's link is cut; its processes keep running, unable to reach anyone."""
+        nodes.set_link(self.node(name), up=False)
+
+    def node_heal(self, name: str) -> None:
+        nodes.set_link(self.node(name), up=True)
+
+    def node_states(self) -> list[tuple[nodes.Node, str]]:
+        states: list[tuple[nodes.Node, str]] = []
+        alive = {record.name for record in self._load() if record.alive()}
+        for node in self.real_nodes():
+            running = [c for c in NODE_COMPONENTS if f"{node.name}.{c}" in alive]
+            if not running:
+                state = "stopped"
+            elif nodes.frozen(node):
+                state = "frozen"
+            elif not nodes.link_up(node):
+                state = "partitioned"
+            elif len(running) < len(NODE_COMPONENTS):
+                state = "degraded"
+            else:
+                state = "running"
+            states.append((node, state))
+        return states
+
+    def _undo_host(self) -> list[str]:
+        return self.journal.undo() if self.journal.path.exists() else []
+
+    def _write_node_files(self, node: nodes.Node, paths: binaries.Binaries) -> None:
+        ca = self.pki_dir / "ca.crt"
+        resolv = node.directory / "resolv.conf"
+        resolv.write_text(f"nameserver {nodes.HOST_IP}\n")
+        (node.directory / "containerd.toml").write_text(
+            nodes.containerd_config(
+                node, cni_bin_dir=paths.cni_bin_dir, sandbox_image=images.PAUSE_REF
+            )
+        )
+        (node.directory / "kubelet.yaml").write_text(
+            yaml.safe_dump(nodes.kubelet_config(node, ca_file=ca, resolv_conf=resolv))
+        )
+        (node.directory / "kube-proxy.yaml").write_text(
+            yaml.safe_dump(
+                nodes.kube_proxy_config(node, kubeconfig=self.state_dir / "kube-proxy.kubeconfig")
+            )
+        )
+
+    def _node_argv(self, node: nodes.Node, component: str, paths: binaries.Binaries) -> list[str]:
+        if component == "containerd":
+            argv = [str(paths.containerd), f"--config={node.directory / 'containerd.toml'}"]
+        elif component == "kubelet":
+            argv = nodes.kubelet_argv(
+                node,
+                kubelet=paths.kubelet,
+                config=node.directory / "kubelet.yaml",
+                kubeconfig=self.state_dir / f"kubelet-{node.name}.kubeconfig",
+                labels={nodes.NODE_TYPE_LABEL: "real"},
+            )
+        else:
+            argv = [str(paths.kube_proxy), f"--config={node.directory / 'kube-proxy.yaml'}"]
+        return nodes.wrap(node, argv, path_dirs=(paths.containerd.parent,))
+
+    def _wait_containerd(self, node: nodes.Node, timeout: float = 60) -> Path:
+        name = f"{node.name}.containerd"
+        record = next((r for r in self._load() if r.name == name), None)
+        if record is None:
+            raise LocalClusterError(f"{name} is not recorded in {self.state_file}")
+        socket_path = nodes.containerd_socket(record.pid)
+        deadline = time.monotonic() + timeout
+        while not socket_path.exists():
+            if time.monotonic() > deadline:
+                raise LocalClusterError(
+                    f"containerd on {node.name} did not start within {timeout:.0f}s; see"
+                    f" {self.state_dir / 'logs' / (node.name + '.containerd.log')}"
+                )
+            time.sleep(0.1)
+        return socket_path
+
+    def _import_images(
+        self,
+        node: nodes.Node,
+        paths: binaries.Binaries,
+        archives: list[images.Archive],
+        errors: list[BaseException],
+    ) -> None:
+        try:
+            socket_path = self._wait_containerd(node)
+            for archive in archives:
+                images.import_into(archive, ctr=paths.ctr, address=str(socket_path))
+        except BaseException as error:
+            errors.append(error)
+
+    def _network_nodes(self) -> bool:
+        """Once a real node has its pod CIDR, give it a CNI config and the host a route."""
+        done = 0
+        with self.http_client() as client:
+            for node in self.real_nodes():
+                conflist = node.path("cni-config") / "10-stateward.conflist"
+                if conflist.exists():
+                    done += 1
+                    continue
+                response = client.get(f"/api/v1/nodes/{node.name}")
+                cidr = (
+                    response.json().get("spec", {}).get("podCIDR") if response.is_success else None
+                )
+                if not cidr:
+                    continue
+                nodes.add_route(self.journal, cidr, node)
+                temporary = conflist.with_suffix(".tmp")
+                temporary.write_text(json.dumps(nodes.cni_conflist(cidr), indent=2))
+                temporary.replace(conflist)
+                done += 1
+        return done == len(self.real_nodes())
+
+    def _coredns_argv(self, paths: binaries.Binaries) -> list[str]:
+        corefile = self.state_dir / "Corefile"
+        corefile.write_text(nodes.corefile(self.state_dir / "coredns.kubeconfig"))
+        return [str(paths.coredns), "-conf", str(corefile)]
+
+    def _provisioner_argv(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "stateward.local.provisioner",
+            f"--kubeconfig={self.state_dir / 'provisioner.kubeconfig'}",
+            f"--root={self.state_dir / 'volumes'}",
+        ]
+
     # --- state ----------------------------------------------------------------------------
 
     def _load(self) -> list[ProcessRecord]:
@@ -253,6 +502,7 @@ class LocalCluster:
     def _save(self, records: list[ProcessRecord]) -> None:
         payload = {
             "ports": dataclasses.asdict(self.config.ports),
+            "real_nodes": len(self.real_nodes()),
             "processes": [dataclasses.asdict(r) for r in records],
         }
         temporary = self.state_file.with_suffix(".tmp")
@@ -370,6 +620,7 @@ class LocalCluster:
                 "kubernetes.default",
                 "kubernetes.default.svc",
                 "kubernetes.default.svc.cluster.local",
+                nodes.HOST_IP,
             ),
             server=True,
         )
@@ -385,6 +636,8 @@ class LocalCluster:
             pair = authority.issue(stem, common_name=user, groups=groups)
             target = self.kubeconfig if stem == "admin" else self.state_dir / f"{stem}.kubeconfig"
             self._write_kubeconfig(target, pair, user)
+        if self.config.real_nodes:
+            self._write_node_pki(authority)
         (self.state_dir / "audit-policy.yaml").write_text(
             yaml.safe_dump(
                 {
@@ -399,7 +652,37 @@ class LocalCluster:
             )
         )
 
-    def _write_kubeconfig(self, path: Path, pair: pki.CertPair, user: str) -> None:
+    def _write_node_pki(self, authority: pki.Authority) -> None:
+        """Identities of the node components (reaching the API server over the bridge), the
+        API server's client certificate for kubelets, and the host's helpers."""
+        bridge = f"https://{nodes.HOST_IP}:{self.config.ports.apiserver}"
+        for node in nodes.nodes_in(self.state_dir, self.config.real_nodes):
+            user = f"system:node:{node.name}"
+            pair = authority.issue(
+                f"kubelet-{node.name}", common_name=user, groups=("system:nodes",)
+            )
+            self._write_kubeconfig(
+                self.state_dir / f"kubelet-{node.name}.kubeconfig", pair, user, server=bridge
+            )
+        pair = authority.issue("kube-proxy", common_name="system:kube-proxy")
+        self._write_kubeconfig(
+            self.state_dir / "kube-proxy.kubeconfig", pair, "system:kube-proxy", server=bridge
+        )
+        authority.issue(
+            "apiserver-kubelet-client",
+            common_name="kube-apiserver-kubelet-client",
+            groups=("system:masters",),
+        )
+        for stem, user in (
+            ("coredns", "stateward-coredns"),
+            ("provisioner", "stateward-provisioner"),
+        ):
+            pair = authority.issue(stem, common_name=user, groups=("system:masters",))
+            self._write_kubeconfig(self.state_dir / f"{stem}.kubeconfig", pair, user)
+
+    def _write_kubeconfig(
+        self, path: Path, pair: pki.CertPair, user: str, *, server: str | None = None
+    ) -> None:
         config = {
             "apiVersion": "v1",
             "kind": "Config",
@@ -407,7 +690,7 @@ class LocalCluster:
                 {
                     "name": "stateward-local",
                     "cluster": {
-                        "server": f"https://127.0.0.1:{self.config.ports.apiserver}",
+                        "server": server or f"https://127.0.0.1:{self.config.ports.apiserver}",
                         "certificate-authority": str(self.pki_dir / "ca.crt"),
                     },
                 }
@@ -448,15 +731,29 @@ class LocalCluster:
 
     def _apiserver_argv(self, paths: binaries.Binaries) -> list[str]:
         ports, tls = self.config.ports, self.pki_dir
+        if self.config.real_nodes:
+            # Nodes and pods reach the API server on the bridge (pods through the
+            # `kubernetes` Service, whose endpoint is the advertised address).
+            network = [
+                "--bind-address=0.0.0.0",
+                f"--advertise-address={nodes.HOST_IP}",
+                f"--kubelet-client-certificate={tls / 'apiserver-kubelet-client.crt'}",
+                f"--kubelet-client-key={tls / 'apiserver-kubelet-client.key'}",
+                "--kubelet-preferred-address-types=InternalIP",
+            ]
+        else:
+            # The endpoint reconciler refuses loopback addresses; without real nodes nothing
+            # reaches the API server through the `kubernetes` Service, so it is switched off.
+            network = [
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                "--endpoint-reconciler-type=none",
+            ]
         return [
             str(paths.kube_apiserver),
             f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
             f"--secure-port={ports.apiserver}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
-            # The endpoint reconciler refuses loopback addresses; nothing in the local cluster
-            # reaches the API server through the `kubernetes` Service, so it is switched off.
-            "--endpoint-reconciler-type=none",
+            *network,
             f"--cert-dir={tls}",
             f"--tls-cert-file={tls / 'apiserver.crt'}",
             f"--tls-private-key-file={tls / 'apiserver.key'}",
@@ -542,30 +839,37 @@ class LocalCluster:
             return client.get("/readyz").status_code == 200
 
     def _nodes_ready(self) -> bool:
+        """Every node Ready; real nodes also rid of the not-ready taint, so the next pod
+        created can schedule on them."""
         with self.http_client() as client:
-            nodes = client.get("/api/v1/nodes").json().get("items", [])
+            found = client.get("/api/v1/nodes").json().get("items", [])
+        real = {node.name for node in self.real_nodes()}
         ready = [
             n
-            for n in nodes
+            for n in found
             if any(
                 c["type"] == "Ready" and c["status"] == "True"
                 for c in n.get("status", {}).get("conditions", [])
             )
+            and not (n["metadata"]["name"] in real and n.get("spec", {}).get("taints"))
         ]
-        return len(ready) >= self.config.nodes
+        return len(ready) >= self.config.kwok_nodes + len(real)
 
     def _default_sa_exists(self) -> bool:
         with self.http_client() as client:
             return client.get("/api/v1/namespaces/default/serviceaccounts/default").is_success
 
     def _create_nodes_and_storage(self) -> None:
+        real = bool(self.config.real_nodes)
         with self.http_client() as client:
             storage_class: dict[str, Any] = {
                 "apiVersion": "storage.k8s.io/v1",
                 "kind": "StorageClass",
                 "metadata": {
                     "name": STORAGE_CLASS,
-                    "annotations": {"storageclass.kubernetes.io/is-default-class": "true"},
+                    "annotations": {
+                        "storageclass.kubernetes.io/is-default-class": str(not real).lower()
+                    },
                 },
                 "provisioner": "kwok.x-k8s.io/volume",
                 "reclaimPolicy": "Delete",
@@ -573,8 +877,14 @@ class LocalCluster:
                 "allowVolumeExpansion": True,
             }
             _create(client, "/apis/storage.k8s.io/v1/storageclasses", storage_class)
-            for index in range(self.config.nodes):
-                _create(client, "/api/v1/nodes", _node(f"kwok-node-{index}"))
+            if real:
+                _create(
+                    client,
+                    "/apis/storage.k8s.io/v1/storageclasses",
+                    provisioner.storage_class(default=True),
+                )
+            for index in range(self.config.kwok_nodes):
+                _create(client, "/api/v1/nodes", _node(f"kwok-node-{index}", tainted=real))
 
 
 def _create(client: httpx.Client, path: str, body: dict[str, Any]) -> None:
@@ -585,10 +895,11 @@ def _create(client: httpx.Client, path: str, body: dict[str, Any]) -> None:
         )
 
 
-def _node(name: str) -> dict[str, Any]:
-    """A simulated node: kwok answers for it, ordinary pods schedule on it (no taints)."""
+def _node(name: str, *, tainted: bool = False) -> dict[str, Any]:
+    """A simulated node: kwok answers for it. Ordinary pods schedule on it unless real nodes
+    exist; then it is tainted and takes only pods that tolerate ``nodes.KWOK_TAINT``."""
     capacity = {"cpu": "32", "memory": "256Gi", "pods": "110", "ephemeral-storage": "1Ti"}
-    return {
+    node: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {
@@ -599,10 +910,14 @@ def _node(name: str) -> dict[str, Any]:
                 "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": "amd64",
                 "type": "kwok",
+                nodes.NODE_TYPE_LABEL: "kwok",
             },
         },
         "status": {"allocatable": capacity, "capacity": capacity},
     }
+    if tainted:
+        node["spec"] = {"taints": [nodes.KWOK_TAINT]}
+    return node
 
 
 SIMULATED_FAILURE_SUFFIX = ":simulate-failure"

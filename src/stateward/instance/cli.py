@@ -1,0 +1,196 @@
+"""``stateward-instance``: the command an instance pod runs.
+
+``run`` checks what Patroni needs (its YAML, the per-pod environment the StatefulSet sets, a
+passwd entry for the uid), then replaces itself with Patroni: no shell and no wrapper process
+in between, so Patroni is the container's PID 1 and gets the runtime's signals directly
+(as PID 1 it also reaps orphaned children).
+
+Runs inside the instance image: standard library, PyYAML and ``stateward.instance`` only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import pwd
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+import yaml
+
+from stateward.instance import patroni
+
+PROGRAM: Final = "stateward-instance"
+
+REQUIRED_ENVIRONMENT: Final[Mapping[str, str]] = {
+    "PATRONI_NAME": "the pod's name, from metadata.name",
+    "PATRONI_KUBERNETES_NAMESPACE": "the pod's namespace, from metadata.namespace",
+    "PATRONI_KUBERNETES_POD_IP": "the pod's IP, from status.podIP",
+    "PATRONI_RESTAPI_CONNECT_ADDRESS": "POD_IP:8008",
+    "PATRONI_POSTGRESQL_CONNECT_ADDRESS": "POD_IP:5432",
+    "PATRONI_SUPERUSER_USERNAME": "from the cluster's superuser Secret",
+    "PATRONI_SUPERUSER_PASSWORD": "from the cluster's superuser Secret",
+    "PATRONI_REPLICATION_USERNAME": "from the cluster's replication Secret",
+    "PATRONI_REPLICATION_PASSWORD": "from the cluster's replication Secret",
+}
+"""What the StatefulSet's container sets for Patroni; without any of them Patroni would start
+with a wrong identity or no credentials."""
+_ADDRESSES: Final = ("PATRONI_RESTAPI_CONNECT_ADDRESS", "PATRONI_POSTGRESQL_CONNECT_ADDRESS")
+
+NSS_WRAPPER_LIBRARIES: Final = (
+    "/usr/lib/x86_64-linux-gnu/libnss_wrapper.so",
+    "/usr/lib/aarch64-linux-gnu/libnss_wrapper.so",
+    "/usr/lib/libnss_wrapper.so",
+)
+"""libnss-wrapper of the instance image: a passwd entry for a uid /etc/passwd lacks."""
+USER_NAME: Final = "postgres"
+
+
+class InstanceError(Exception):
+    """A one-line reason ``run`` cannot start Patroni, and the exit code to report it with."""
+
+    def __init__(self, message: str, *, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def load_configuration(path: str) -> dict[str, object]:
+    """Patroni's YAML as a mapping, or one line saying what is wrong with it."""
+    try:
+        with open(path) as source:
+            document = yaml.safe_load(source)
+    except OSError as error:
+        raise InstanceError(
+            f"cannot read the Patroni configuration {path}: {error.strerror}"
+            " (the pod mounts it from the cluster's NAME-patroni ConfigMap)"
+        ) from error
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or type(error).__name__
+        raise InstanceError(f"{path} is not valid YAML{where}: {problem}") from error
+    if not isinstance(document, dict):
+        raise InstanceError(f"{path} holds no Patroni configuration (not a mapping)")
+    return document
+
+
+def check_configuration(document: Mapping[str, object], path: str, env: Mapping[str, str]) -> None:
+    """The scope is set, and ``postgresql.bin_dir`` holds a postgres of this image."""
+    if not document.get("scope") and not env.get("PATRONI_SCOPE"):
+        raise InstanceError(f"{path} sets no scope (and PATRONI_SCOPE is not set)")
+    postgresql = document.get("postgresql")
+    bin_dir = postgresql.get("bin_dir") if isinstance(postgresql, dict) else None
+    if isinstance(bin_dir, str) and bin_dir and not os.path.isfile(f"{bin_dir}/postgres"):
+        raise InstanceError(
+            f"{path}: postgresql.bin_dir {bin_dir} has no postgres binary: does this"
+            " image hold that PostgreSQL major version?"
+        )
+
+
+def check_environment(env: Mapping[str, str]) -> None:
+    """Every variable Patroni needs is set and non-empty (values are never printed)."""
+    for name, meaning in REQUIRED_ENVIRONMENT.items():
+        if not env.get(name):
+            state = "is empty" if name in env else "is not set"
+            raise InstanceError(f"{name} {state} ({meaning}); the StatefulSet's container sets it")
+    for name in _ADDRESSES:
+        if "$(" in env[name]:
+            raise InstanceError(
+                f"{name} holds an unresolved $(...) reference: define PATRONI_KUBERNETES_POD_IP"
+                " before it in the container's env"
+            )
+
+
+def passwd_environment(
+    uid: int, gid: int, *, directory: str, libraries: Sequence[str] = NSS_WRAPPER_LIBRARIES
+) -> dict[str, str]:
+    """For a uid without a passwd entry (initdb looks its user up, and refuses otherwise):
+    passwd and group files naming it ``postgres`` in ``directory`` and the environment that
+    makes libnss_wrapper serve them. Empty when the uid has an entry or the library is
+    missing (then initdb says what is wrong)."""
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        pass
+    else:
+        return {}
+    library = next((path for path in libraries if os.path.isfile(path)), None)
+    if library is None:
+        print(
+            f"{PROGRAM}: uid {uid} has no passwd entry and libnss_wrapper is missing:"
+            " initdb will fail",
+            file=sys.stderr,
+        )
+        return {}
+    passwd_file = os.path.join(directory, "stateward-passwd")
+    group_file = os.path.join(directory, "stateward-group")
+    with open(passwd_file, "w") as passwd:
+        passwd.write(f"{USER_NAME}:x:{uid}:{gid}:PostgreSQL administrator:{directory}:/bin/sh\n")
+    with open(group_file, "w") as group:
+        group.write(f"{USER_NAME}:x:{gid}:\n")
+    preload = " ".join(filter(None, [os.environ.get("LD_PRELOAD", ""), library]))
+    return {
+        "LD_PRELOAD": preload,
+        "NSS_WRAPPER_PASSWD": passwd_file,
+        "NSS_WRAPPER_GROUP": group_file,
+    }
+
+
+def run(config: str) -> int:
+    """Check, then exec Patroni; returns only on failure."""
+    check_environment(os.environ)
+    check_configuration(load_configuration(config), config, os.environ)
+    os.environ.update(passwd_environment(os.getuid(), os.getgid(), directory=patroni.TMP_DIR))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvp("patroni", ["patroni", config])  # noqa: S606 - no shell, on purpose
+    except OSError as error:
+        path = os.environ.get("PATH", "")
+        raise InstanceError(
+            f"cannot run patroni: {error.strerror} (PATH={path})", code=127
+        ) from error
+    return 127  # only reached when execvp is replaced (tests)
+
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("stateward")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROGRAM, description="What a Stateward PostgreSQL instance pod runs."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run_parser = commands.add_parser(
+        "run", help="check the pod's configuration, then exec Patroni (PID 1)"
+    )
+    run_parser.add_argument(
+        "--config",
+        default=patroni.CONFIG_FILE,
+        metavar="PATH",
+        help=f"Patroni's YAML (default {patroni.CONFIG_FILE})",
+    )
+    commands.add_parser("version", help="print the stateward version")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = _parser().parse_args(argv)
+    if arguments.command == "version":
+        print(f"{PROGRAM} {version()}")
+        return 0
+    try:
+        return run(arguments.config)
+    except InstanceError as error:
+        print(f"{PROGRAM}: {error}", file=sys.stderr)
+        return error.code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""Real nodes as a user drives them: `local up`, `kubectl run`, node drills, `local down`.
+
+`local down` must leave the host as it found it — links, addresses, routes, the nftables
+ruleset, mounts, cgroups, sysctls and directories — after a clean run and after a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stateward.local import binaries, images, nodes
+from stateward.local.cluster import free_port_base
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+def host_snapshot() -> dict[str, Any]:
+    def out(*argv: str) -> str:
+        return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+
+    cgroups = sorted(
+        str(path)
+        for hierarchy in nodes.cgroup_hierarchies()
+        for path in hierarchy.glob(f"{nodes.CGROUP_PARENT}*")
+    )
+    with open("/proc/self/mountinfo") as mountinfo:
+        mounts = sorted(line.split()[4] for line in mountinfo)
+    return {
+        "links": sorted(
+            line.split(":")[1].strip() for line in out("ip", "-o", "link").splitlines()
+        ),
+        "addresses": out("ip", "-o", "addr"),
+        "routes": out("ip", "route", "show", "table", "all"),
+        "nft": out("nft", "list", "ruleset"),
+        "mounts": mounts,
+        "cgroups": cgroups,
+        "sysctls": {
+            key: nodes.read_sysctl(key) for key in ("net.ipv4.ip_forward", *nodes.KERNEL_TUNABLES)
+        },
+        "dirs": {
+            target: Path(target).exists()
+            for target in (*nodes.BIND_TARGETS.values(), *nodes.TMPFS_TARGETS)
+        },
+    }
+
+
+class Cli:
+    def __init__(self, tmp_path: Path) -> None:
+        self.state_dir = tmp_path / "local"
+        self.env = {
+            **os.environ,
+            "STATEWARD_LOCAL_DIR": str(self.state_dir),
+            "STATEWARD_LOCAL_PORT_BASE": str(free_port_base()),
+            "KUBECONFIG": str(self.state_dir / "kubeconfig"),
+        }
+
+    def stateward(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "stateward", "local", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def kubectl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(binaries.locate().kubectl), *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    def up(self) -> None:
+        result = self.stateward("up", "--nodes", "1", "--kwok-nodes", "0")
+        assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_kubectl_run_on_a_real_node_then_down_restores_the_host(tmp_path: Path) -> None:
+    before = host_snapshot()
+    cli = Cli(tmp_path)
+    cli.up()
+    try:
+        nodes_out = cli.kubectl("get", "nodes", "-o", "wide")
+        assert "node-1" in nodes_out.stdout and " Ready " in nodes_out.stdout
+        run = cli.kubectl(
+            "run", "hello", f"--image={images.BASE_REF}", "--image-pull-policy=Never",
+            "--restart=Never", "--", "bash", "-c", "echo hello from $(hostname)",
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        wait_for(
+            lambda: (
+                cli.kubectl("get", "pod", "hello", "-o", "jsonpath={.status.phase}").stdout
+                == "Succeeded"
+            ),
+            what="the kubectl-run pod to succeed",
+            timeout=90,
+        )
+        assert cli.kubectl("logs", "hello").stdout.strip() == "hello from hello"
+
+        status = cli.stateward("status")
+        assert status.returncode == 0, status.stdout
+        assert "node node-1" in status.stdout and "running" in status.stdout
+        stop = cli.stateward("node", "stop", "node-1")
+        assert stop.returncode == 0, stop.stderr
+        assert "powered off" in stop.stdout
+        assert "stopped" in cli.stateward("status").stdout
+        unknown = cli.stateward("node", "freeze", "node-9")
+        assert unknown.returncode == 1
+        assert "no real node 'node-9'; the real nodes are: node-1" in unknown.stderr
+        start = cli.stateward("node", "start", "node-1")
+        assert start.returncode == 0, start.stderr
+        wait_for(
+            lambda: cli.kubectl(
+                "get", "node", "node-1", "-o",
+                'jsonpath={.status.conditions[?(@.type=="Ready")].status}',
+            ).stdout == "True",
+            what="node-1 Ready after start",
+            timeout=120,
+        )  # fmt: skip
+    finally:
+        down = cli.stateward("down")
+    assert down.returncode == 0, down.stderr
+    assert host_snapshot() == before
+
+
+def test_down_after_a_crash_still_restores_the_host(tmp_path: Path) -> None:
+    before = host_snapshot()
+    cli = Cli(tmp_path)
+    cli.up()
+    # A crash: every process of the cluster, containers included, killed at once.
+    state = json.loads((cli.state_dir / "state.json").read_text())
+    for process in state["processes"]:
+        os.kill(process["pid"], signal.SIGKILL)
+    for node in nodes.nodes_in(cli.state_dir, 1):
+        for path in nodes.cgroup_paths(node):
+            for pid in nodes.cgroup_pids(path):
+                os.kill(pid, signal.SIGKILL)
+    down = cli.stateward("down")
+    assert down.returncode == 0, down.stderr
+    assert host_snapshot() == before
+    assert not cli.state_dir.exists()
+
+
+def test_a_second_cluster_with_real_nodes_is_refused_with_the_way_out(tmp_path: Path) -> None:
+    first = Cli(tmp_path / "first")
+    first.up()
+    try:
+        second = Cli(tmp_path / "second")
+        refused = second.stateward("up", "--nodes", "1", "--kwok-nodes", "0")
+        assert refused.returncode == 1
+        assert f"the bridge {nodes.BRIDGE} already exists" in refused.stderr
+        assert "stateward local down" in refused.stderr
+        assert not second.state_dir.exists() or not any(
+            p.name != "logs" for p in second.state_dir.iterdir()
+        )
+    finally:
+        assert first.stateward("down").returncode == 0

@@ -1,0 +1,231 @@
+"""``stateward-instance``: the checks before Patroni, and the exec that replaces the process."""
+
+from __future__ import annotations
+
+import os
+import pwd
+from pathlib import Path
+
+import pytest
+
+from stateward.api import v1alpha1
+from stateward.instance import cli, patroni
+from stateward.specs import statefulset
+
+pytestmark = pytest.mark.unit
+
+POD_ENV = {
+    "PATRONI_NAME": "orders-0",
+    "PATRONI_KUBERNETES_NAMESPACE": "shop",
+    "PATRONI_KUBERNETES_POD_IP": "10.244.1.7",
+    "PATRONI_RESTAPI_CONNECT_ADDRESS": "10.244.1.7:8008",
+    "PATRONI_POSTGRESQL_CONNECT_ADDRESS": "10.244.1.7:5432",
+    "PATRONI_SUPERUSER_USERNAME": "postgres",
+    "PATRONI_SUPERUSER_PASSWORD": "s3cret-superuser",
+    "PATRONI_REPLICATION_USERNAME": "replicator",
+    "PATRONI_REPLICATION_PASSWORD": "s3cret-replication",
+}
+
+
+def cluster() -> v1alpha1.PostgresCluster:
+    return v1alpha1.PostgresCluster.model_validate(
+        {
+            "apiVersion": v1alpha1.API_VERSION,
+            "kind": v1alpha1.KIND,
+            "metadata": {"name": "orders", "namespace": "shop", "uid": "0f0e0d0c"},
+            "spec": {"version": "15", "replicas": 2, "storageSize": "1Gi"},
+        }
+    )
+
+
+class Exec:
+    """Stands in for os.execvp: records the call and the environment it would pass on."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[str]]] = []
+        self.env: dict[str, str] = {}
+
+    def __call__(self, file: str, args: list[str]) -> None:
+        self.calls.append((file, list(args)))
+        self.env = dict(os.environ)
+
+
+@pytest.fixture
+def pod(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Exec:
+    """The pod's environment, a rendered patroni.yaml whose bin_dir exists, exec recorded."""
+    for name in [*os.environ]:
+        if name.startswith("PATRONI_"):
+            monkeypatch.delenv(name)
+    for name, value in POD_ENV.items():
+        monkeypatch.setenv(name, value)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "postgres").write_text("")
+    document = patroni.render(cluster(), labels={"app": "x"}).replace(
+        patroni.bin_dir(15), str(bin_dir)
+    )
+    (tmp_path / "patroni.yaml").write_text(document)
+    recorder = Exec()
+    monkeypatch.setattr(os, "execvp", recorder)
+    return recorder
+
+
+def run(tmp_path: Path, *extra: str) -> int:
+    return cli.main(["run", "--config", str(tmp_path / "patroni.yaml"), *extra])
+
+
+def test_run_execs_patroni_with_the_config_and_no_shell(pod: Exec, tmp_path: Path) -> None:
+    run(tmp_path)
+    assert pod.calls == [("patroni", ["patroni", str(tmp_path / "patroni.yaml")])]
+
+
+def test_run_defaults_to_the_mounted_config_file() -> None:
+    arguments = cli._parser().parse_args(["run"])
+    assert arguments.config == patroni.CONFIG_FILE == "/etc/patroni/patroni.yaml"
+
+
+@pytest.mark.parametrize("name", sorted(cli.REQUIRED_ENVIRONMENT))
+def test_a_missing_variable_is_named_in_one_line(
+    name: str,
+    pod: Exec,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.delenv(name)
+    assert run(tmp_path) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"stateward-instance: {name} is not set (")
+    assert err.count("\n") == 1
+    assert pod.calls == []
+
+
+def test_an_empty_variable_is_refused_and_no_secret_is_printed(
+    pod: Exec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PATRONI_KUBERNETES_POD_IP", "")
+    assert run(tmp_path) == 1
+    err = capsys.readouterr().err
+    assert "PATRONI_KUBERNETES_POD_IP is empty" in err
+    assert "s3cret" not in err
+    assert pod.calls == []
+
+
+def test_an_unresolved_pod_ip_reference_is_refused(
+    pod: Exec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PATRONI_RESTAPI_CONNECT_ADDRESS", "$(PATRONI_KUBERNETES_POD_IP):8008")
+    assert run(tmp_path) == 1
+    assert "PATRONI_RESTAPI_CONNECT_ADDRESS holds an unresolved" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "cannot read the Patroni configuration"),
+        ("scope: [unclosed\n", "is not valid YAML at line"),
+        ("- a list\n", "not a mapping"),
+        ("postgresql: {}\n", "sets no scope"),
+        ("scope: x\npostgresql: {bin_dir: /nonexistent/16/bin}\n", "has no postgres binary"),
+    ],
+)
+def test_a_bad_config_file_is_one_line(
+    content: str | None,
+    message: str,
+    pod: Exec,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = tmp_path / "patroni.yaml"
+    if content is None:
+        config.unlink()
+    else:
+        config.write_text(content)
+    assert run(tmp_path) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert pod.calls == []
+
+
+def test_patroni_scope_may_come_from_the_environment(
+    pod: Exec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "patroni.yaml").write_text("postgresql: {}\n")
+    monkeypatch.setenv("PATRONI_SCOPE", "orders")
+    run(tmp_path)
+    assert len(pod.calls) == 1
+
+
+def test_patroni_missing_from_path_exits_127(
+    pod: Exec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def missing(file: str, args: list[str]) -> None:
+        raise FileNotFoundError(2, "No such file or directory")
+
+    monkeypatch.setattr(os, "execvp", missing)
+    assert run(tmp_path) == 127
+    assert "cannot run patroni: No such file or directory" in capsys.readouterr().err
+
+
+def test_the_checked_variables_are_what_the_statefulset_sets() -> None:
+    """The contract with specs.statefulset: every PATRONI_* it sets is checked, and no more."""
+    sts = statefulset.statefulset(cluster(), config_hash="x")
+    [container] = sts["spec"]["template"]["spec"]["containers"]
+    names = [entry["name"] for entry in container["env"]]
+    assert sorted(cli.REQUIRED_ENVIRONMENT) == sorted(
+        name for name in names if name.startswith("PATRONI_")
+    )
+
+
+def test_an_unknown_uid_gets_a_passwd_entry_through_nss_wrapper(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    library = tmp_path / "libnss_wrapper.so"
+    library.write_text("")
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    uid = 54321
+    with pytest.raises(KeyError):
+        pwd.getpwuid(uid)
+    env = cli.passwd_environment(uid, 54322, directory=str(tmp_path), libraries=[str(library)])
+    assert env == {
+        "LD_PRELOAD": str(library),
+        "NSS_WRAPPER_PASSWD": str(tmp_path / "stateward-passwd"),
+        "NSS_WRAPPER_GROUP": str(tmp_path / "stateward-group"),
+    }
+    passwd = (tmp_path / "stateward-passwd").read_text()
+    assert passwd == f"postgres:x:54321:54322:PostgreSQL administrator:{tmp_path}:/bin/sh\n"
+    assert (tmp_path / "stateward-group").read_text() == "postgres:x:54322:\n"
+
+
+def test_a_known_uid_or_a_missing_library_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.passwd_environment(os.getuid(), os.getgid(), directory=str(tmp_path)) == {}
+    missing = [str(tmp_path / "absent.so")]
+    assert cli.passwd_environment(54321, 1, directory=str(tmp_path), libraries=missing) == {}
+    assert "libnss_wrapper is missing" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_run_passes_the_nss_wrapper_environment_to_patroni(
+    pod: Exec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NSS_WRAPPER_PASSWD", "")  # so that monkeypatch removes it afterwards
+    monkeypatch.setattr(
+        cli, "passwd_environment", lambda uid, gid, *, directory: {"NSS_WRAPPER_PASSWD": "/tmp/p"}
+    )
+    run(tmp_path)
+    assert pod.env["NSS_WRAPPER_PASSWD"] == "/tmp/p"
+    assert pod.env["PATRONI_NAME"] == "orders-0"
+
+
+def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["version"]) == 0
+    assert capsys.readouterr().out == f"stateward-instance {cli.version()}\n"
+    assert cli.version() != "unknown"
+
+
+def test_a_subcommand_is_required() -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main([])
+    assert exited.value.code == 2

@@ -1,0 +1,126 @@
+"""Pure parts of the binary cache and of the host package check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stateward.local import binaries, host
+from stateward.local.errors import LocalClusterError
+
+pytestmark = pytest.mark.unit
+
+
+def _fill(component: binaries.Component, *, skip: str | None = None) -> Path:
+    directory = binaries.component_dir(component)
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in component.outputs:
+        if name != skip:
+            (directory / name).write_text("")
+    return directory
+
+
+@pytest.fixture
+def cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    monkeypatch.setenv("STATEWARD_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_a_cache_dir_lacking_a_binary_is_missing(cache: Path) -> None:
+    for component in binaries.COMPONENTS:
+        _fill(component)
+    assert binaries.missing() == []
+    # A cache built before kube-proxy joined the Kubernetes component.
+    stale = binaries.component_dir(binaries.KUBERNETES) / "kube-proxy"
+    stale.unlink()
+    assert binaries.missing() == [binaries.KUBERNETES]
+    assert binaries.missing_files(binaries.KUBERNETES) == [stale]
+    with pytest.raises(LocalClusterError, match="kube-proxy"):
+        binaries.locate()
+
+
+def test_kwok_without_its_stages_is_missing(cache: Path) -> None:
+    _fill(binaries.KWOK, skip="stages.yaml")
+    assert binaries.KWOK in binaries.missing()
+
+
+def test_locate_fills_every_field_once_all_are_built(cache: Path) -> None:
+    for component in binaries.COMPONENTS:
+        _fill(component)
+    found = binaries.locate()
+    assert found.kube_proxy.name == "kube-proxy"
+    assert found.containerd_shim.name == "containerd-shim-runc-v2"
+    assert found.ctr.parent == found.containerd.parent == cache / "bin" / "containerd-v2.4.2"
+    assert found.cni_bin_dir == cache / "bin" / "cni-plugins-v1.9.1"
+    assert (found.cni_bin_dir / "host-local").is_file()
+    assert found.coredns == cache / "bin" / "coredns-v1.15.0" / "coredns"
+    for path in (p for name, p in vars(found).items() if name != "cni_bin_dir"):
+        assert path.is_file(), path
+
+
+def test_new_components_and_their_binary_names() -> None:
+    assert binaries.CONTAINERD.binaries == ("containerd", "ctr", "containerd-shim-runc-v2")
+    assert binaries.CNI.binaries == ("ptp", "loopback", "bridge", "host-local", "portmap")
+    assert binaries.COREDNS.binaries == ("coredns",)
+    assert binaries.KUBERNETES.binaries[-1] == "kube-proxy"
+    assert binaries.COMPONENTS[-1] is binaries.KUBERNETES, "the slowest build goes last"
+    assert len({c.name for c in binaries.COMPONENTS}) == len(binaries.COMPONENTS)
+
+
+def test_tags_and_ldflags_reach_the_go_argv(tmp_path: Path) -> None:
+    argv = binaries.go_build_argv("go", binaries.CONTAINERD, tmp_path)
+    tags = argv[argv.index("-tags") + 1].split(",")
+    assert {"no_btrfs", "no_devmapper"} <= set(tags)
+    ldflags = argv[argv.index("-ldflags") + 1]
+    assert "-X github.com/containerd/containerd/v2/version.Version=v2.4.2" in ldflags
+    assert argv[argv.index("-o") + 1] == f"{tmp_path}/", "several packages: -o is a directory"
+    assert argv[-3:] == list(binaries.CONTAINERD.packages)
+
+
+def test_untagged_single_binary_argv(tmp_path: Path) -> None:
+    argv = binaries.go_build_argv("/usr/bin/go", binaries.ETCD, tmp_path)
+    assert "-tags" not in argv
+    assert argv[:2] == ["/usr/bin/go", "build"]
+    assert argv[argv.index("-o") + 1] == str(tmp_path / "etcd")
+    coredns = binaries.go_build_argv("go", binaries.COREDNS, tmp_path)
+    assert coredns[coredns.index("-o") + 1] == str(tmp_path / "coredns")
+    assert coredns[-1] == "github.com/coredns/coredns"
+
+
+def test_missing_tools_map_to_debian_packages() -> None:
+    assert host.packages_for([]) == []
+    assert host.packages_for(["nft", "runc"]) == ["runc", "nftables"]
+    assert host.packages_for(["nsenter", "unshare", "ip"]) == ["iproute2", "util-linux"]
+    assert host.packages_for([host.LIBC_ARCHIVE]) == ["libc6-dev"]
+    with pytest.raises(ValueError, match="docker"):
+        host.packages_for(["docker"])
+
+
+def test_missing_tools_checks_executables_and_files() -> None:
+    present = {"runc", "iptables", "conntrack", "debootstrap", "ip", "nsenter"}
+    absent = host.missing_tools(
+        find=lambda name: f"/usr/sbin/{name}" if name in present else None,
+        exists=lambda path: False,
+    )
+    assert absent == ["nft", host.LIBC_ARCHIVE, "unshare"]
+    assert host.packages_for(absent) == ["nftables", "libc6-dev", "util-linux"]
+
+
+def test_install_command_names_every_package() -> None:
+    command = host.install_command(["runc", "nftables"], root=False)
+    assert command.startswith("sudo apt-get update && ")
+    assert command.endswith("apt-get install -y --no-install-recommends runc nftables")
+    assert not host.install_command(["runc"], root=True).startswith("sudo")
+
+
+def test_without_root_ensure_packages_says_what_to_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(host, "missing_tools", lambda: ["runc", "nft"])
+    monkeypatch.setattr(host.os, "geteuid", lambda: 1000)
+    with pytest.raises(LocalClusterError, match=r"runc, nftables.*sudo apt-get update"):
+        host.ensure_packages(lambda _: None)
+
+
+def test_ensure_packages_does_nothing_when_all_present(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(host, "missing_tools", lambda: [])
+    assert host.ensure_packages(lambda _: None) == []

@@ -1,0 +1,568 @@
+"""The local image builder: deterministic OCI packing, the input-hash cache, ctr import argv."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gzip
+import hashlib
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from stateward.api import v1alpha1
+from stateward.local import images
+from stateward.local.errors import LocalClusterError
+from stateward.specs import pods, statefulset
+
+pytestmark = pytest.mark.unit
+
+REF = "localhost/stateward/test:1"
+CONFIG: dict[str, object] = {"Entrypoint": ["/bin/true"], "Env": ["A=1"], "User": "10:20"}
+IS_ROOT = os.geteuid() == 0
+REPO_IMAGES = Path(__file__).resolve().parents[2] / "images"
+
+
+def build_tree(root: Path, *, reverse: bool = False) -> Path:
+    """Same content either way; creation order (and so inode numbers, mtimes) differs."""
+    root.mkdir(parents=True)
+    dirs = ["bin", "etc"]
+    files = [
+        ("etc/os-release", b"NAME=test\n", 0o644),
+        ("bin/tool", b"#!/bin/sh\n", 0o4755),
+        ("etc-z", b"sorts between etc and etc/fifo", 0o600),
+    ]
+    for name in reversed(dirs) if reverse else dirs:
+        (root / name).mkdir()
+        os.chmod(root / name, 0o755)  # noqa: S103 - a directory in a test tree
+    for name, content, mode in reversed(files) if reverse else files:
+        (root / name).write_bytes(content)
+        os.chmod(root / name, mode)
+        if reverse:
+            os.utime(root / name, (12345, 12345))
+    (root / "bin" / "tool-alias").symlink_to("tool")
+    os.link(root / "bin" / "tool", root / "bin" / "b-hardlink")
+    os.mkfifo(root / "etc" / "fifo")
+    return root
+
+
+def read_archive(path: Path) -> dict[str, bytes]:
+    with tarfile.open(path) as archive:
+        out: dict[str, bytes] = {}
+        for member in archive.getmembers():
+            if member.isfile():
+                extracted = archive.extractfile(member)
+                assert extracted is not None
+                out[member.name] = extracted.read()
+        return out
+
+
+def layer_members(path: Path) -> list[tarfile.TarInfo]:
+    files = read_archive(path)
+    index = json.loads(files["index.json"])
+    manifest = json.loads(files["blobs/sha256/" + index["manifests"][0]["digest"][7:]])
+    blob = files["blobs/sha256/" + manifest["layers"][0]["digest"][7:]]
+    data = gzip.decompress(blob) if manifest["layers"][0]["mediaType"].endswith("gzip") else blob
+    with tarfile.open(fileobj=io.BytesIO(data)) as layer:
+        return layer.getmembers()
+
+
+def test_same_tree_gives_byte_identical_archives(tmp_path: Path) -> None:
+    one = build_tree(tmp_path / "one")
+    two = build_tree(tmp_path / "two", reverse=True)
+    first = images.pack(one, tmp_path / "1.tar", ref=REF, config=CONFIG)
+    again = images.pack(one, tmp_path / "1b.tar", ref=REF, config=CONFIG)
+    other = images.pack(two, tmp_path / "2.tar", ref=REF, config=CONFIG)
+    blob = (tmp_path / "1.tar").read_bytes()
+    assert blob == (tmp_path / "1b.tar").read_bytes() == (tmp_path / "2.tar").read_bytes()
+    assert first == again == other
+    assert not list(tmp_path.glob("*.layer")), "the temporary layer file is removed"
+    (one / "etc" / "os-release").write_text("NAME=changed\n")
+    changed = images.pack(one, tmp_path / "3.tar", ref=REF, config=CONFIG)
+    assert changed.diff_id != first.diff_id
+
+
+def test_layer_is_sorted_with_mtime_zero_and_numeric_owners(tmp_path: Path) -> None:
+    root = build_tree(tmp_path / "root")
+    if IS_ROOT:
+        os.chown(root / "etc" / "os-release", 1234, 5678)
+        os.mknod(root / "etc" / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    listener = socket.socket(socket.AF_UNIX)
+    cwd = Path.cwd()
+    os.chdir(root)
+    try:
+        listener.bind("sock")  # relative: tmp paths can exceed the 108-byte socket limit
+    finally:
+        os.chdir(cwd)
+    images.pack(root, tmp_path / "out.tar", ref=REF, config=CONFIG)
+    listener.close()
+    members = layer_members(tmp_path / "out.tar")
+    names = [m.name for m in members]
+    assert names == sorted(names, key=os.fsencode)
+    assert "sock" not in names, "sockets are skipped"
+    assert names.index("etc") < names.index("etc-z") < names.index("etc/fifo"), "bytewise"
+    by_name = {m.name: m for m in members}
+    assert all(m.mtime == 0 and m.uname == "" and m.gname == "" for m in members)
+    assert by_name["bin/tool"].mode == 0o4755 and by_name["etc-z"].mode == 0o600
+    assert by_name["bin/tool-alias"].issym() and by_name["bin/tool-alias"].linkname == "tool"
+    assert by_name["bin/b-hardlink"].isfile(), "the first name (bytewise) carries the content"
+    assert by_name["bin/tool"].islnk() and by_name["bin/tool"].linkname == "bin/b-hardlink"
+    assert by_name["etc/fifo"].isfifo() and by_name["etc"].isdir()
+    expected_owner = (1234, 5678) if IS_ROOT else (os.geteuid(), os.getegid())
+    assert (by_name["etc/os-release"].uid, by_name["etc/os-release"].gid) == expected_owner
+    if IS_ROOT:
+        assert (by_name["bin"].uid, by_name["bin"].gid) == (0, 0), "root-owned stays 0"
+        device = by_name["etc/null"]
+        assert device.ischr() and (device.devmajor, device.devminor) == (1, 3)
+
+
+@pytest.mark.parametrize("compression", ["gzip", "none"])
+def test_layout_structure_and_digests_verify(
+    tmp_path: Path, compression: images.Compression
+) -> None:
+    root = build_tree(tmp_path / "root")
+    packed = images.pack(
+        root,
+        tmp_path / "out.tar",
+        ref=REF,
+        config=CONFIG,
+        compression=compression,
+    )
+    with tarfile.open(tmp_path / "out.tar") as archive:
+        assert [m.name for m in archive.getmembers()][:4] == [
+            "oci-layout",
+            "index.json",
+            "blobs",
+            "blobs/sha256",
+        ]
+        assert all(m.mtime == 0 and m.uid == 0 and m.uname == "" for m in archive.getmembers())
+    files = read_archive(tmp_path / "out.tar")
+    assert json.loads(files["oci-layout"]) == {"imageLayoutVersion": "1.0.0"}
+    blobs = {
+        "sha256:" + name.rsplit("/", 1)[1]: data
+        for name, data in files.items()
+        if name.startswith("blobs/sha256/")
+    }
+    for digest, data in blobs.items():
+        assert digest == "sha256:" + hashlib.sha256(data).hexdigest()
+    index = json.loads(files["index.json"])
+    assert index["schemaVersion"] == 2 and index["mediaType"] == images.MEDIA_INDEX
+    [entry] = index["manifests"]
+    assert entry["annotations"] == {
+        "io.containerd.image.name": REF,
+        "org.opencontainers.image.ref.name": REF,
+    }
+    assert entry["mediaType"] == images.MEDIA_MANIFEST
+    assert entry["platform"] == {"architecture": "amd64", "os": "linux"}
+    assert entry["digest"] == packed.manifest_digest and entry["size"] == len(
+        blobs[entry["digest"]]
+    )
+    manifest = json.loads(blobs[entry["digest"]])
+    assert manifest["schemaVersion"] == 2 and manifest["mediaType"] == images.MEDIA_MANIFEST
+    assert manifest["config"]["mediaType"] == images.MEDIA_CONFIG
+    [layer] = manifest["layers"]
+    assert layer["mediaType"] == images.MEDIA_LAYER[compression]
+    for descriptor in (manifest["config"], layer):
+        assert descriptor["size"] == len(blobs[descriptor["digest"]])
+    assert set(blobs) == {entry["digest"], manifest["config"]["digest"], layer["digest"]}
+    config = json.loads(blobs[manifest["config"]["digest"]])
+    raw = blobs[layer["digest"]]
+    uncompressed = gzip.decompress(raw) if compression == "gzip" else raw
+    if compression == "gzip":
+        assert raw[4:8] == b"\0\0\0\0", "gzip header mtime 0"
+    assert config["rootfs"] == {
+        "type": "layers",
+        "diff_ids": ["sha256:" + hashlib.sha256(uncompressed).hexdigest()],
+    }
+    assert config["rootfs"]["diff_ids"] == [packed.diff_id]
+    assert (config["architecture"], config["os"]) == ("amd64", "linux")
+    assert config["config"] == CONFIG
+
+
+def test_specs_refs_and_oci_config() -> None:
+    assert images.PAUSE_REF == "localhost/stateward/pause:3.10-stateward1"
+    assert images.BASE.ref == "localhost/stateward/base:bookworm-1"
+    assert images.PAUSE.oci_config() == {"Entrypoint": ["/pause"], "User": "65535:65535"}
+    assert images.BASE.oci_config()["Cmd"] == ["/bin/bash"]
+    assert [spec.name for spec in images.IMAGES] == ["pause", "base", "postgres-instance"]
+    with pytest.raises(ValueError, match="fixed tag"):
+        images.ImageSpec(name="x", tag="latest")
+    with pytest.raises(ValueError, match="not both"):
+        images.ImageSpec(name="x", tag="1", debootstrap="bookworm", from_image="base")
+
+
+def test_input_hash_follows_spec_and_sources_only(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    source_dir = tmp_path / "images"
+    shutil.copytree(REPO_IMAGES / "pause", source_dir / "pause")
+    monkeypatch.setenv("STATEWARD_IMAGES_DIR", str(source_dir))
+    pause = images.PAUSE
+    original = images.input_hash(pause)
+    assert len(original) == 16 and images.input_hash(pause) == original
+    monkeypatch.setenv("STATEWARD_CACHE_DIR", str(tmp_path / "elsewhere"))
+    monkeypatch.setenv("STATEWARD_DEBIAN_MIRROR", "http://mirror.invalid/debian")
+    os.utime(source_dir / "pause" / "pause.c", (1, 1))
+    assert images.input_hash(pause) == original, "location, mirror and mtimes are not inputs"
+    for changed in (
+        dataclasses.replace(pause, tag="3.10-stateward2"),
+        dataclasses.replace(pause, packages=("curl",)),
+        dataclasses.replace(pause, env=("A=1",)),
+        dataclasses.replace(pause, user="0"),
+        dataclasses.replace(pause, hook=None),
+    ):
+        assert images.input_hash(changed) != original, changed
+    with (source_dir / "pause" / "pause.c").open("a") as source:
+        source.write("/* changed */\n")
+    assert images.input_hash(pause) != original
+    assert images.archive_path(pause).name == f"pause-{images.input_hash(pause)}.tar"
+
+
+def test_the_instance_image_is_the_operators_default_image() -> None:
+    spec = images.POSTGRES_15
+    assert spec.ref == "ghcr.io/stateward/postgres-instance:15"
+    assert {15: spec.ref} == images.INSTANCE_REFS
+    document = {
+        "apiVersion": v1alpha1.API_VERSION,
+        "kind": v1alpha1.KIND,
+        "metadata": {"name": "orders", "namespace": "shop", "uid": "u"},
+        "spec": {"version": "15", "replicas": 1, "storageSize": "1Gi"},
+    }
+    cluster = v1alpha1.PostgresCluster.model_validate(document)
+    [container] = statefulset.statefulset(cluster, config_hash="x")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert container["image"] == spec.ref
+    assert "imagePullPolicy" not in container, "defaulted to IfNotPresent for a fixed tag"
+    config = spec.oci_config()
+    assert config["User"] == f"{pods.POSTGRES_UID}:{pods.POSTGRES_UID}"
+    [path] = [entry for entry in spec.env if entry.startswith("PATH=")]
+    assert path.startswith("PATH=/opt/stateward/bin:/usr/lib/postgresql/15/bin:")
+    assert spec.from_image == "base" and spec.prepare is not None
+    assert {"postgresql-15", "pgbackrest", "python3-venv"} <= set(spec.packages)
+
+
+def test_existing_images_keep_their_hashes_and_the_instance_follows_stateward_sources(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    assert "repository" not in images.BASE.identity() and "prepare" not in images.BASE.identity()
+    source = tmp_path / "checkout"
+    (source / "src" / "stateward" / "instance").mkdir(parents=True)
+    (source / "pyproject.toml").write_text("[project]\n")
+    module = source / "src" / "stateward" / "instance" / "cli.py"
+    module.write_text("print(1)\n")
+    (source / "src" / "stateward" / "instance" / "__pycache__").mkdir()
+    monkeypatch.setenv("STATEWARD_SOURCE_DIR", str(source))
+    assert images._package_files(source) == ["pyproject.toml", "src/stateward/instance/cli.py"]
+    before = images.input_hash(images.POSTGRES_15)
+    base_before = images.input_hash(images.BASE)
+    (source / "src" / "stateward" / "instance" / "__pycache__" / "cli.pyc").write_bytes(b"x")
+    (source / "src" / "stateward" / "notes.txt").write_text("not packaged")
+    assert images.input_hash(images.POSTGRES_15) == before, "only what the wheel holds counts"
+    module.write_text("print(2)\n")
+    assert images.input_hash(images.POSTGRES_15) != before
+    assert images.input_hash(images.BASE) == base_before
+    monkeypatch.setenv("STATEWARD_SOURCE_DIR", str(tmp_path / "nowhere"))
+    with pytest.raises(LocalClusterError, match="source checkout"):
+        images.input_hash(images.POSTGRES_15)
+
+
+def test_a_build_prunes_archives_of_the_same_image_unused_for_an_hour(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("STATEWARD_CACHE_DIR", str(tmp_path / "cache"))
+    spec = images.ImageSpec(name="fake", tag="1", hook=Recorder())
+    folder = tmp_path / "cache" / "images"
+    folder.mkdir(parents=True)
+    stale, recent = folder / "fake-0123456789abcdef.tar", folder / "fake-fedcba9876543210.tar"
+    other_image, other_file = folder / "fake-x-0123456789abcdef.tar", folder / "fake-notes.tar"
+    for path in (stale, recent, other_image, other_file, stale.with_suffix(".log")):
+        path.write_text("")
+        os.utime(path, (1, 1))
+    os.utime(recent, (time.time() - 60, time.time() - 60))
+    [archive] = images.ensure(["fake"], progress=lambda _: None, catalog=[spec])
+    assert not stale.exists() and not stale.with_suffix(".log").exists()
+    assert recent.exists() and other_image.exists() and other_file.exists()
+    assert archive.path.is_file()
+    os.utime(archive.path, (1, 1))
+    images.ensure(["fake"], progress=lambda _: None, catalog=[spec])
+    assert archive.path.stat().st_mtime > time.time() - 60, "a cache hit marks the archive used"
+
+
+def test_no_main_cluster_rewrites_only_that_setting(tmp_path: Path) -> None:
+    conf = tmp_path / "etc" / "postgresql-common" / "createcluster.conf"
+    images._no_main_cluster(conf)
+    assert conf.read_text() == "create_main_cluster = false\n"
+    conf.write_text("# comment\n#create_main_cluster = true\nssl = on\ncreate_main_cluster=true\n")
+    images._no_main_cluster(conf)
+    assert conf.read_text() == "# comment\nssl = on\ncreate_main_cluster = false\n"
+
+
+def test_input_hash_covers_the_packer_version_and_the_base_image(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    base = images.ImageSpec(name="b", tag="1", debootstrap="bookworm")
+    child = images.ImageSpec(name="c", tag="1", from_image="b", packages=("postgresql-15",))
+    before = images.input_hash(child, [base, child])
+    base_changed = dataclasses.replace(base, packages=("curl",))
+    assert images.input_hash(child, [base_changed, child]) != before
+    monkeypatch.setattr(images, "PACKER_VERSION", "next")
+    assert images.input_hash(child, [base, child]) != before
+    with pytest.raises(LocalClusterError, match="unknown image 'b'"):
+        images.input_hash(child, [child])
+
+
+class Recorder:
+    """A hook that writes one file and counts its calls."""
+
+    def __init__(self, content: bytes = b"hello\n") -> None:
+        self.calls = 0
+        self.content = content
+
+    def __call__(self, build: images.Build) -> None:
+        self.calls += 1
+        (build.rootfs / "hello").write_bytes(self.content)
+        (build.rootfs / "var" / "log").mkdir(parents=True)
+        (build.rootfs / "var" / "log" / "build.log").write_text("tidied away")
+
+
+def test_ensure_builds_once_then_hits_the_cache(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("STATEWARD_CACHE_DIR", str(tmp_path / "cache"))
+    hook = Recorder()
+    spec = images.ImageSpec(name="fake", tag="1", hook=hook, cmd=("/hello",))
+    messages: list[str] = []
+    [archive] = images.ensure(["fake"], progress=messages.append, catalog=[spec])
+    assert hook.calls == 1 and archive.ref == "localhost/stateward/fake:1"
+    assert archive.path == tmp_path / "cache" / "images" / f"fake-{images.input_hash(spec)}.tar"
+    assert any("Building image localhost/stateward/fake:1" in m for m in messages)
+    assert any(m.startswith("Built localhost/stateward/fake:1 in ") for m in messages)
+    leftovers = [p.name for p in archive.path.parent.iterdir()]
+    assert not [name for name in leftovers if name.endswith((".partial", ".work", ".layer"))]
+    names = [m.name for m in layer_members(archive.path)]
+    assert names == ["hello", "var", "var/log"], "the hook's log file was tidied away"
+
+    messages.clear()
+    started = time.monotonic()
+    [again] = images.ensure(None, progress=messages.append, catalog=[spec])
+    assert time.monotonic() - started < 0.5
+    assert again == archive and hook.calls == 1 and messages == []
+
+
+def test_a_failed_build_leaves_no_archive(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("STATEWARD_CACHE_DIR", str(tmp_path / "cache"))
+
+    def broken(build: images.Build) -> None:
+        (build.rootfs / "half").write_text("x")
+        build.run(["sh", "-c", "echo first; echo the reason >&2; exit 3"], what="a step")
+
+    spec = images.ImageSpec(name="broken", tag="1", hook=broken)
+    with pytest.raises(LocalClusterError) as raised:
+        images.ensure(progress=lambda _: None, catalog=[spec])
+    message = str(raised.value)
+    assert "\n" not in message
+    assert "broken: a step failed (exit 3): the reason (log: " in message
+    assert [p.name for p in (tmp_path / "cache" / "images").iterdir()] != []
+    assert not list((tmp_path / "cache" / "images").glob("*.tar*"))
+    log = next((tmp_path / "cache" / "images").glob("broken-*.log")).read_text()
+    assert "first" in log and "the reason" in log
+
+
+def test_an_image_can_start_from_another(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("STATEWARD_CACHE_DIR", str(tmp_path / "cache"))
+    parent = images.ImageSpec(name="parent", tag="1", hook=Recorder())
+
+    def add(build: images.Build) -> None:
+        assert (build.rootfs / "hello").read_bytes() == b"hello\n"
+        (build.rootfs / "child").write_text("mine")
+
+    child = images.ImageSpec(name="child", tag="1", from_image="parent", hook=add)
+    [archive] = images.ensure(["child"], progress=lambda _: None, catalog=[parent, child])
+    assert [m.name for m in layer_members(archive.path)] == ["child", "hello", "var", "var/log"]
+    assert images.archive_path(parent, [parent, child]).is_file(), "the parent was built first"
+
+
+def test_package_step_writes_policy_rc_d_and_restores(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "usr" / "sbin").mkdir(parents=True)
+    (rootfs / "etc").mkdir()
+    (rootfs / "etc" / "resolv.conf").write_text("")
+    seen: list[tuple[list[str], bool]] = []
+
+    def chroot(self: images.Build, argv: list[str], *, what: str) -> None:
+        policy = rootfs / "usr" / "sbin" / "policy-rc.d"
+        exits_101 = policy.read_text().strip().endswith("exit 101")
+        seen.append((argv, exits_101 and os.access(policy, os.X_OK)))
+        assert (rootfs / "etc" / "resolv.conf").read_bytes() == Path(
+            "/etc/resolv.conf"
+        ).read_bytes()
+
+    monkeypatch.setattr(images.Build, "chroot", chroot)
+    monkeypatch.setattr(images, "chroot_mounts", lambda _root: contextlib.nullcontext())
+    spec = images.ImageSpec(name="pg", tag="1", packages=("postgresql-15", "patroni"))
+    build = images.Build(
+        spec=spec, rootfs=rootfs, sources=tmp_path, log=tmp_path / "log", progress=lambda _: None
+    )
+    images._install_packages(build, spec.packages)
+    assert [argv for argv, _ in seen] == [
+        ["apt-get", "update"],
+        ["apt-get", "install", "--yes", "--no-install-recommends", "postgresql-15", "patroni"],
+        ["apt-get", "clean"],
+    ]
+    assert all(ok for _, ok in seen)
+    assert not (rootfs / "usr" / "sbin" / "policy-rc.d").exists()
+    assert (rootfs / "etc" / "resolv.conf").read_text() == ""
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="mounting needs root")
+def test_chroot_mounts_are_always_unmounted(tmp_path: Path) -> None:
+    rootfs = tmp_path / "rootfs"
+    rootfs.mkdir()
+    seen: list[bool] = []
+
+    def failing_step() -> None:
+        with images.chroot_mounts(rootfs):
+            seen.append((rootfs / "proc" / "self").exists() and (rootfs / "dev" / "null").exists())
+            seen.append(len(images._mounts_below(rootfs)) == 2)
+            raise RuntimeError("a failing step")
+
+    with pytest.raises(RuntimeError):
+        failing_step()
+    assert seen == [True, True]
+    assert images._mounts_below(rootfs) == []
+    assert list((rootfs / "dev").iterdir()) == [] and list((rootfs / "proc").iterdir()) == []
+
+
+def test_tidy_keeps_directories_and_drops_caches(tmp_path: Path) -> None:
+    root = tmp_path / "rootfs"
+    for folder in (
+        "var/log/apt",
+        "var/lib/apt/lists/partial",
+        "var/cache/apt/archives",
+        "dev/pts",
+        "tmp",
+        "etc",
+    ):
+        (root / folder).mkdir(parents=True)
+    for name in (
+        "var/log/apt/history.log",
+        "var/log/dpkg.log",
+        "var/lib/apt/lists/x_Packages",
+        "var/cache/apt/pkgcache.bin",
+        "var/cache/apt/archives/a.deb",
+        "tmp/junk",
+    ):
+        (root / name).write_text("x")
+    (root / "dev" / "fd").symlink_to("/proc/self/fd")
+    (root / "etc" / "resolv.conf").write_text("nameserver 10.0.0.1\n")
+    (root / "etc" / "resolv.conf").chmod(0o755)  # as copied from this host
+    images._tidy(root)
+    remaining = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+    assert remaining == [
+        "dev",
+        "etc",
+        "etc/resolv.conf",
+        "tmp",
+        "var",
+        "var/cache",
+        "var/cache/apt",
+        "var/cache/apt/archives",
+        "var/lib",
+        "var/lib/apt",
+        "var/lib/apt/lists",
+        "var/lib/apt/lists/partial",
+        "var/log",
+        "var/log/apt",
+    ]
+    assert (root / "etc" / "resolv.conf").read_text() == ""
+    assert stat.S_IMODE((root / "etc" / "resolv.conf").stat().st_mode) == 0o644
+    assert stat.S_IMODE((root / "tmp").stat().st_mode) == 0o1777
+
+
+def write_ctr(path: Path, *, import_code: int = 0, listed: str = REF, stderr: str = "") -> Path:
+    path.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" >> "{path}.calls"\n'
+        'case "$*" in\n'
+        f'  *"images import"*) echo "{stderr}" >&2; exit {import_code};;\n'
+        f'  *"images list"*) echo "{listed}";;\n'
+        "esac\n"
+    )
+    path.chmod(0o755)
+    return path
+
+
+def test_import_into_runs_ctr_with_unpack_and_checks_the_name(tmp_path: Path) -> None:
+    spec = images.ImageSpec(name="test", tag="1")
+    archive = images.Archive(spec=spec, path=tmp_path / "test.tar", ref=REF)
+    ctr = write_ctr(tmp_path / "ctr")
+    images.import_into(archive, ctr=ctr, address="/run/node-1/containerd.sock")
+    calls = Path(f"{ctr}.calls").read_text().splitlines()
+    assert calls[0] == (
+        "--address /run/node-1/containerd.sock --namespace k8s.io images import"
+        " --platform linux/amd64 --snapshotter overlayfs"
+        f" --label io.cri-containerd.pinned=pinned {tmp_path / 'test.tar'}"
+    )
+    assert "--no-unpack" not in calls[0] and "--base-name" not in calls[0]
+
+    unnamed = write_ctr(tmp_path / "ctr2", listed="other:1")
+    with pytest.raises(LocalClusterError, match="containerd has no image named"):
+        images.import_into(archive, ctr=unnamed, address="a.sock")
+    refused = write_ctr(
+        tmp_path / "ctr3", import_code=1, stderr="ctr: failed to dial: connection refused"
+    )
+    with pytest.raises(LocalClusterError, match=r"cannot reach containerd at a\.sock") as raised:
+        images.import_into(archive, ctr=refused, address="a.sock")
+    assert "\n" not in str(raised.value)
+    broken = write_ctr(tmp_path / "ctr4", import_code=1, stderr="ctr: unexpected media type")
+    with pytest.raises(LocalClusterError, match=r"import of .* failed: ctr: unexpected media"):
+        images.import_into(archive, ctr=broken, address="a.sock")
+    with pytest.raises(LocalClusterError, match="ctr not found"):
+        images.import_into(archive, ctr=tmp_path / "missing", address="a.sock")
+
+
+def has_static_gcc() -> bool:
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        return False
+    found = subprocess.run([gcc, "-print-file-name=libc.a"], capture_output=True, text=True)
+    return Path(found.stdout.strip()).is_absolute()
+
+
+@pytest.mark.skipif(not has_static_gcc(), reason="needs gcc and libc6-dev")
+def test_the_pause_image_holds_a_static_pause_that_exits_0_on_sigterm(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("STATEWARD_CACHE_DIR", str(tmp_path / "cache"))
+    [archive] = images.ensure(["pause"], progress=lambda _: None)
+    [member] = layer_members(archive.path)
+    assert member.name == "pause" and member.mode == 0o755 and member.size > 100_000
+    files = read_archive(archive.path)
+    index = json.loads(files["index.json"])
+    assert index["manifests"][0]["annotations"]["io.containerd.image.name"] == images.PAUSE_REF
+    extracted = tmp_path / "extracted"
+    extracted.mkdir()
+    subprocess.run(["tar", "-xf", str(archive.path), "-C", str(extracted)], check=True)
+    manifest = json.loads(files["blobs/sha256/" + index["manifests"][0]["digest"][7:]])
+    layer = extracted / "blobs" / "sha256" / manifest["layers"][0]["digest"][7:]
+    subprocess.run(["tar", "-xzf", str(layer), "-C", str(extracted)], check=True)
+    pause = extracted / "pause"
+    version = subprocess.run([str(pause), "-v"], capture_output=True, text=True, check=True)
+    assert version.stdout.strip() == "pause 3.10-stateward1"
+    process = subprocess.Popen([str(pause)], stderr=subprocess.DEVNULL)
+    time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=5) == 0
