@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,13 +34,14 @@ def local(tmp_path: Path, env: dict[str, str], verb: str) -> subprocess.Complete
 
 
 def start_run(
-    tmp_path: Path,
+    tmp_path: Path, *, real_nodes: int = 3
 ) -> tuple[subprocess.Popen[str], list[str], dict[str, str]]:
     """`stateward local run` in its own state directory and ports; its output lines as read."""
     env = {
         **os.environ,
         "STATEWARD_LOCAL_PORT_BASE": str(free_port_base()),
         "STATEWARD_LOCAL_DIR": str(tmp_path / "local"),
+        "STATEWARD_LOCAL_NODES": str(real_nodes),
     }
     process = subprocess.Popen(
         [sys.executable, "-m", "stateward", "local", "run"],
@@ -59,12 +61,31 @@ def start_run(
 def test_run_brings_a_sample_cluster_to_ready_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     process, lines, env = start_run(tmp_path)
     try:
-        wait_for(
-            lambda: any("phase=Ready ready=3/3 primary=sample-0" in line for line in lines),
+        ready = wait_for(
+            lambda: next(
+                (
+                    m
+                    for line in lines
+                    if (m := re.search(r"phase=Ready ready=3/3 primary=(\S+)", line))
+                ),
+                None,
+            ),
             what="the sample cluster to be shown Ready",
-            timeout=180,
+            timeout=240,
         )
+        primary = ready.group(1)
         kubeconfig = tmp_path / "local" / "kubeconfig"
+        # A real database: Patroni elected the primary the status names, the others replay.
+        for pod in ("sample-0", "sample-1", "sample-2"):
+            recovery = subprocess.run(
+                [
+                    str(binaries.locate().kubectl), f"--kubeconfig={kubeconfig}", "exec", pod,
+                    "--", "psql", "-h", "/var/run/postgresql", "-U", "postgres", "-tAc",
+                    "select pg_is_in_recovery()",
+                ],
+                capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+            assert recovery.stdout.strip() == ("f" if pod == primary else "t"), recovery.stderr
         shown = subprocess.run(
             [str(binaries.locate().kubectl), f"--kubeconfig={kubeconfig}", "get", "pgc", "-A"],
             capture_output=True,
@@ -82,7 +103,7 @@ def test_run_brings_a_sample_cluster_to_ready_and_stops_on_ctrl_c(tmp_path: Path
             "PHASE",
             "PRIMARY",
         ]
-        assert row.split()[1:7] == ["sample", "16", "3", "3", "Ready", "sample-0"]
+        assert row.split()[1:7] == ["sample", "15", "3", "3", "Ready", primary]
         status = local(tmp_path, env, "status")
         assert any(
             line.startswith("operator") and "running" in line for line in status.stdout.splitlines()
@@ -101,7 +122,8 @@ def test_run_brings_a_sample_cluster_to_ready_and_stops_on_ctrl_c(tmp_path: Path
 
 
 def test_down_stops_an_operator_whose_run_was_killed(tmp_path: Path) -> None:
-    process, lines, env = start_run(tmp_path)
+    # Only the operator matters here: no real nodes, so it runs beside other tests' clusters.
+    process, lines, env = start_run(tmp_path, real_nodes=0)
     try:
         wait_for(
             lambda: any("Applied the sample" in line for line in lines),
