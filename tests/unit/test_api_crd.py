@@ -531,7 +531,7 @@ def test_committed_sample_is_valid() -> None:
     sample = yaml.safe_load((REPO / SAMPLE_PATH).read_text())
     assert sample["metadata"]["name"] == "sample"
     assert sample["spec"] == {
-        "version": "16",
+        "version": "15",
         "replicas": 3,
         "storageSize": "1Gi",
         "backupSchedule": "0 3 * * *",

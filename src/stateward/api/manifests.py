@@ -58,7 +58,8 @@ def sample_yaml() -> str:
         "kind": "PostgresCluster",
         "metadata": {"name": "sample"},
         "spec": {
-            "version": "16",
+            # The major whose instance image `stateward local images` builds (Debian bookworm).
+            "version": "15",
             "replicas": 3,
             "storageSize": "1Gi",
             "backupSchedule": "0 3 * * *",
