@@ -51,6 +51,7 @@ import httpx
 import yaml
 from lightkube import Client
 from lightkube.config.kubeconfig import KubeConfig
+from tests.support.kwok import simulate
 
 from stateward.api import v1alpha1
 from stateward.cli.run import (
@@ -450,6 +451,7 @@ class Run:
                 state_dir=state / "local",
                 ports=Ports.from_base(free_port_base()),
                 kwok_nodes=self.nodes,
+                kwok_stages=simulate,
             )
         )
         operator: OperatorProcess | None = None

@@ -19,6 +19,7 @@ from lightkube.resources.core_v1 import Namespace
 
 from stateward.local import binaries
 from stateward.local.cluster import Config, LocalCluster, Ports, free_port_base
+from tests.support.kwok import simulate
 
 os.environ.pop("KUBECONFIG", None)
 
@@ -28,6 +29,7 @@ def _start(tmp: Path, *, controllers: bool) -> Iterator[LocalCluster]:
         state_dir=tmp / "local",
         ports=Ports.from_base(free_port_base()),
         controllers=controllers,
+        kwok_stages=simulate,
     )
     cluster = LocalCluster(config)
     binaries.ensure()

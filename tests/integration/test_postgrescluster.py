@@ -27,7 +27,7 @@ from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
 from lightkube.types import PatchType
 
 from stateward.cli.run import OperatorProcess, PostgresClusterResource
-from stateward.local.cluster import SIMULATED_FAILURE_SUFFIX, LocalCluster
+from stateward.local.cluster import LocalCluster
 from tests.integration.conftest import (
     AuditLog,
     condition,
@@ -37,6 +37,7 @@ from tests.integration.conftest import (
     pgc_body,
     wait_phase,
 )
+from tests.support.kwok import SIMULATED_FAILURE_SUFFIX
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration

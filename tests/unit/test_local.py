@@ -11,6 +11,7 @@ import yaml
 
 from stateward.local import binaries, cluster
 from stateward.local.errors import LocalClusterError
+from tests.support import kwok
 
 pytestmark = pytest.mark.unit
 
@@ -56,21 +57,24 @@ def test_a_process_is_known_by_its_start_time() -> None:
     assert cluster._start_time(2**22 + 12345) is None
 
 
-def test_stages_keep_kwok_stock_and_add_ours() -> None:
+def test_product_stages_are_kwok_stock_plus_pvc_expansion_and_no_simulated_roles() -> None:
     documents = list(yaml.safe_load_all(cluster.compose_stages(STOCK)))
     names = [d["metadata"]["name"] for d in documents]
-    assert names[:2] == ["pod-complete", "node-initialize"]
-    assert set(names[2:]) == {
-        "stateward-pod-fail",
-        "stateward-simulated-patroni-role",
-        "pvc-resize",
-    }
+    assert names == ["pod-complete", "node-initialize", "pvc-resize"]
+    assert "stateward.io/role" not in cluster.compose_stages(STOCK)
+
+
+def test_test_stages_add_roles_and_failing_jobs_on_top() -> None:
+    documents = list(yaml.safe_load_all(kwok.simulate(cluster.compose_stages(STOCK))))
+    names = [d["metadata"]["name"] for d in documents]
+    assert names[:3] == ["pod-complete", "node-initialize", "pvc-resize"]
+    assert set(names[3:]) == {"stateward-pod-fail", "stateward-simulated-patroni-role"}
     complete = documents[0]["spec"]["selector"]["matchExpressions"]
-    assert any(cluster.SIMULATED_FAILURE_SUFFIX in str(e.get("cel", "")) for e in complete), (
+    assert any(kwok.SIMULATED_FAILURE_SUFFIX in str(e.get("cel", "")) for e in complete), (
         "Job pods meant to fail must not also complete"
     )
     role = next(d for d in documents if d["metadata"]["name"].endswith("patroni-role"))
-    assert cluster.ROLE_LABEL in str(role)
+    assert kwok.ROLE_LABEL in str(role)
 
 
 def test_binary_names_and_version_flags() -> None:

@@ -80,6 +80,9 @@ class Config:
     kwok_nodes: int = 3
     real_nodes: int = 0
     """Nodes that run containers (kubelet, containerd, kube-proxy); 0 = kwok only."""
+    kwok_stages: Callable[[str], str] | None = None
+    """Rewrites kwok's stage set (YAML) before kwok loads it: how tests and benchmarks add
+    simulations the product must never contain (Patroni's role labels on kwok pods)."""
 
     @classmethod
     def default(
@@ -803,7 +806,10 @@ class LocalCluster:
 
     def _kwok_argv(self, paths: binaries.Binaries) -> list[str]:
         stages = self.state_dir / "kwok-stages.yaml"
-        stages.write_text(compose_stages(paths.kwok_stages.read_text()))
+        composed = compose_stages(paths.kwok_stages.read_text())
+        if self.config.kwok_stages is not None:
+            composed = self.config.kwok_stages(composed)
+        stages.write_text(composed)
         port = self.config.ports.kwok
         return [
             str(paths.kwok),
@@ -920,108 +926,12 @@ def _node(name: str, *, tainted: bool = False) -> dict[str, Any]:
     return node
 
 
-SIMULATED_FAILURE_SUFFIX = ":simulate-failure"
-ROLE_LABEL = "stateward.io/role"
-
-
 def compose_stages(stock: str) -> str:
-    """kwok's stock stages plus what the local cluster simulates on top of them.
-
-    * Job pods whose image ends in ``:simulate-failure`` fail instead of completing: the
-      local stand-in for a backup that breaks, so failure handling can be exercised.
-    * A database pod with no role yet gets one, as Patroni would label it after bootstrap:
-      ordinal 0 ``primary``, the others ``replica``. Pods that already carry a role keep it.
-    * PVC expansions complete (see ``PVC_RESIZE_STAGE``).
-    """
+    """kwok's stock stages plus PVC expansion (see ``PVC_RESIZE_STAGE``): the stages of kwok
+    nodes as a product feature, for scale. Simulations only tests need (roles, failing Jobs)
+    are added by the tests themselves through ``Config.kwok_stages``."""
     documents = [d for d in yaml.safe_load_all(stock) if d]
-    not_simulated_failure = {
-        "cel": {
-            "expression": "!self.spec.containers.exists(c, c.image.endsWith("
-            f"'{SIMULATED_FAILURE_SUFFIX}'))"
-        }
-    }
-    for document in documents:
-        if document["metadata"]["name"] == "pod-complete":
-            document["spec"]["selector"]["matchExpressions"].append(not_simulated_failure)
-    extra = [yaml.safe_load(text) for text in (POD_FAIL_STAGE, POD_ROLE_STAGE, PVC_RESIZE_STAGE)]
-    return yaml.safe_dump_all([*documents, *extra], sort_keys=False)
-
-
-POD_FAIL_STAGE = f"""\
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: stateward-pod-fail
-spec:
-  resourceRef:
-    apiGroup: v1
-    kind: Pod
-  selector:
-    matchExpressions:
-    - key: '.metadata.deletionTimestamp'
-      operator: 'DoesNotExist'
-    - key: '.status.phase'
-      operator: 'In'
-      values:
-      - 'Running'
-    - key: '.metadata.ownerReferences.[].kind'
-      operator: 'In'
-      values:
-      - 'Job'
-    - cel:
-        expression: >-
-          self.spec.containers.exists(c, c.image.endsWith('{SIMULATED_FAILURE_SUFFIX}'))
-  next:
-    statusTemplate: |
-      {{{{ $now := Now }}}}
-      containerStatuses:
-      {{{{ range $index, $item := .spec.containers }}}}
-      - image: {{{{ $item.image | Quote }}}}
-        name: {{{{ $item.name | Quote }}}}
-        ready: false
-        restartCount: 0
-        started: false
-        state:
-          terminated:
-            exitCode: 1
-            finishedAt: {{{{ $now | Quote }}}}
-            reason: Error
-            startedAt: {{{{ $now | Quote }}}}
-      {{{{ end }}}}
-      phase: Failed
-"""
-
-POD_ROLE_STAGE = f"""\
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: stateward-simulated-patroni-role
-spec:
-  resourceRef:
-    apiGroup: v1
-    kind: Pod
-  selector:
-    matchExpressions:
-    - key: '.metadata.deletionTimestamp'
-      operator: 'DoesNotExist'
-    - key: '.status.phase'
-      operator: 'In'
-      values:
-      - 'Running'
-    - cel:
-        expression: >-
-          has(self.metadata.labels) &&
-          'stateward.io/cluster' in self.metadata.labels &&
-          'statefulset.kubernetes.io/pod-name' in self.metadata.labels &&
-          !('{ROLE_LABEL}' in self.metadata.labels)
-  next:
-    patches:
-    - root: metadata
-      template: |
-        labels:
-          {ROLE_LABEL}: {{{{ if hasSuffix "-0" .metadata.name }}}}primary{{{{ else -}}}}
-            replica{{{{- end }}}}
-"""
+    return yaml.safe_dump_all([*documents, yaml.safe_load(PVC_RESIZE_STAGE)], sort_keys=False)
 
 
 # Real clusters finish a PVC expansion through the CSI resizer; kwok has no stage for it, so
