@@ -92,5 +92,14 @@ down: $(STAMP) ## Stop the local cluster and remove its state
 BENCH_FLAGS ?=
 
 .PHONY: bench
-bench: binaries ## Benchmark the operator at 100 and 1000 clusters (kwok nodes); writes docs/benchmarks.md
+bench: bench-nodes ## Benchmarks: real nodes, then the operator at 100 and 1000 clusters (kwok); docs/benchmarks.md
 	@$(BIN)/python -m bench.run $(BENCH_FLAGS)
+
+.PHONY: bench-nodes
+bench-nodes: binaries ## Benchmark real nodes: bring-up, idle cost per node, cost per pod, down
+	@$(BIN)/python -m bench.nodes $(BENCH_NODES_FLAGS)
+
+.PHONY: images
+images: $(STAMP) ## Build the local images (pause, base, instance, operator) without a registry
+	@$(BIN)/stateward local images
+	@echo "Registry users: docker/buildah build -f images/NAME/Containerfile . (see each file's header)"

@@ -126,7 +126,12 @@ def test_container_runs_patroni_from_the_cluster_image() -> None:
     result = container()
     assert result["name"] == "postgres"
     assert result["image"] == "ghcr.io/stateward/postgres-instance:16"
-    assert result["command"] == ["patroni", "/etc/patroni/patroni.yaml"]
+    assert result["command"] == [
+        "stateward-instance",
+        "run",
+        "--config",
+        "/etc/patroni/patroni.yaml",
+    ]
     assert result["ports"] == [
         {"name": "postgresql", "containerPort": 5432},
         {"name": "patroni", "containerPort": 8008},

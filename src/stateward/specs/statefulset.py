@@ -76,7 +76,7 @@ def _postgres_container(cluster: v1alpha1.PostgresCluster) -> meta.Object:
     container: meta.Object = {
         "name": CONTAINER_NAME,
         "image": cluster.image,
-        "command": ["patroni", patroni.CONFIG_FILE],
+        "command": ["stateward-instance", "run", "--config", patroni.CONFIG_FILE],
         "ports": [
             {"name": services.POSTGRES_PORT_NAME, "containerPort": patroni.POSTGRES_PORT},
             {"name": services.PATRONI_PORT_NAME, "containerPort": patroni.RESTAPI_PORT},
