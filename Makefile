@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP) ## Create the virtualenv and install the project (once)
 
 .PHONY: binaries
-binaries: $(STAMP) ## Build the Kubernetes, etcd and kwok binaries into the cache (once)
+binaries: $(STAMP) ## Host packages, the Kubernetes/node binaries and the images, built once into the cache
 	@$(BIN)/stateward local build
 
 .PHONY: run

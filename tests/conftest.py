@@ -52,6 +52,26 @@ def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster
     yield from _start(tmp_path_factory.mktemp("apiserver"), controllers=False)
 
 
+@pytest.fixture(scope="session")
+def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Three real nodes (and one tainted kwok node), shared by every test that needs
+    processes to run: the node tests, the data-plane tests. Only one cluster with real nodes
+    fits a host (they share its bridge), so the e2e stories that start their own run before
+    this is first used (pytest runs tests/e2e first) and refuse to start beside it."""
+    config = Config(
+        state_dir=tmp_path_factory.mktemp("real") / "local",
+        ports=Ports.from_base(free_port_base()),
+        kwok_nodes=1,
+        real_nodes=3,
+    )
+    cluster = LocalCluster(config)
+    cluster.up(progress=lambda message: print(message))
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+
+
 def client_for(cluster: LocalCluster, *, kubeconfig: Path | None = None) -> Client:
     config = KubeConfig.from_file(kubeconfig or cluster.kubeconfig)
     return Client(config=config, field_manager="stateward-tests")

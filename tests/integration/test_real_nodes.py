@@ -1,8 +1,7 @@
 """Real nodes: containers from locally built images, networking, storage and failure drills.
 
-One local cluster with two real nodes (and one kwok node) serves the whole module; it is
-brought up before the first test and down after the last, so it never overlaps another
-cluster with real nodes (they share the host bridge).
+They run on the session's cluster with real nodes (`real_cluster`): node-1 and node-2 take
+the pods, node-2 the failure drills; every drill puts the node back as it found it.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from lightkube.resources.core_v1 import (
 )
 
 from stateward.local import binaries, images, nodes
-from stateward.local.cluster import Config, LocalCluster, Ports, free_port_base
+from stateward.local.cluster import LocalCluster
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -41,19 +40,8 @@ SERVER = (
 
 
 @pytest.fixture(scope="module")
-def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    config = Config(
-        state_dir=tmp_path_factory.mktemp("real") / "local",
-        ports=Ports.from_base(free_port_base()),
-        kwok_nodes=1,
-        real_nodes=2,
-    )
-    cluster = LocalCluster(config)
-    cluster.up(progress=print)
-    try:
-        yield cluster
-    finally:
-        cluster.down()
+def real(real_cluster: LocalCluster) -> LocalCluster:
+    return real_cluster
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +154,7 @@ def test_real_nodes_are_ready_beside_tainted_kwok_nodes(real: LocalCluster, clie
     assert [(t.key, t.effect) for t in kwok.spec.taints] == [
         (nodes.KWOK_TAINT["key"], nodes.KWOK_TAINT["effect"])
     ]
-    assert [s for _, s in real.node_states()] == ["running", "running"]
+    assert [s for _, s in real.node_states()] == ["running"] * len(real.real_nodes())
 
 
 def test_a_pod_of_the_local_base_image_runs_with_logs_and_exec(

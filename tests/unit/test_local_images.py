@@ -16,11 +16,16 @@ import stat
 import subprocess
 import tarfile
 import time
+import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
+import stateward
 from stateward.api import v1alpha1
+from stateward.instance import patroni
 from stateward.local import images
 from stateward.local.errors import LocalClusterError
 from stateward.specs import pods, statefulset
@@ -30,7 +35,8 @@ pytestmark = pytest.mark.unit
 REF = "localhost/stateward/test:1"
 CONFIG: dict[str, object] = {"Entrypoint": ["/bin/true"], "Env": ["A=1"], "User": "10:20"}
 IS_ROOT = os.geteuid() == 0
-REPO_IMAGES = Path(__file__).resolve().parents[2] / "images"
+REPO = Path(__file__).resolve().parents[2]
+REPO_IMAGES = REPO / "images"
 
 
 def build_tree(root: Path, *, reverse: bool = False) -> Path:
@@ -194,7 +200,14 @@ def test_specs_refs_and_oci_config() -> None:
     assert images.BASE.ref == "localhost/stateward/base:bookworm-1"
     assert images.PAUSE.oci_config() == {"Entrypoint": ["/pause"], "User": "65535:65535"}
     assert images.BASE.oci_config()["Cmd"] == ["/bin/bash"]
-    assert [spec.name for spec in images.IMAGES] == ["pause", "base", "postgres-instance"]
+    assert [spec.name for spec in images.IMAGES] == [
+        "pause",
+        "base",
+        "postgres-instance",
+        "base",
+        "postgres-instance",
+        "stateward",
+    ]
     with pytest.raises(ValueError, match="fixed tag"):
         images.ImageSpec(name="x", tag="latest")
     with pytest.raises(ValueError, match="not both"):
@@ -228,15 +241,21 @@ def test_input_hash_follows_spec_and_sources_only(
     assert images.archive_path(pause).name == f"pause-{images.input_hash(pause)}.tar"
 
 
-def test_the_instance_image_is_the_operators_default_image() -> None:
-    spec = images.POSTGRES_15
-    assert spec.ref == "ghcr.io/stateward/postgres-instance:15"
-    assert {15: spec.ref} == images.INSTANCE_REFS
+@pytest.mark.parametrize(
+    ("major", "spec", "base"),
+    [(15, images.POSTGRES_15, images.BASE), (17, images.POSTGRES_17, images.BASE_TRIXIE)],
+    ids=["15-bookworm", "17-trixie"],
+)
+def test_the_instance_image_is_the_operators_default_image(
+    major: int, spec: images.ImageSpec, base: images.ImageSpec
+) -> None:
+    assert spec.ref == f"ghcr.io/stateward/postgres-instance:{major}"
+    assert {15: images.POSTGRES_15.ref, 17: images.POSTGRES_17.ref} == images.INSTANCE_REFS
     document = {
         "apiVersion": v1alpha1.API_VERSION,
         "kind": v1alpha1.KIND,
         "metadata": {"name": "orders", "namespace": "shop", "uid": "u"},
-        "spec": {"version": "15", "replicas": 1, "storageSize": "1Gi"},
+        "spec": {"version": str(major), "replicas": 1, "storageSize": "1Gi"},
     }
     cluster = v1alpha1.PostgresCluster.model_validate(document)
     [container] = statefulset.statefulset(cluster, config_hash="x")["spec"]["template"]["spec"][
@@ -247,9 +266,79 @@ def test_the_instance_image_is_the_operators_default_image() -> None:
     config = spec.oci_config()
     assert config["User"] == f"{pods.POSTGRES_UID}:{pods.POSTGRES_UID}"
     [path] = [entry for entry in spec.env if entry.startswith("PATH=")]
-    assert path.startswith("PATH=/opt/stateward/bin:/usr/lib/postgresql/15/bin:")
-    assert spec.from_image == "base" and spec.prepare is not None
-    assert {"postgresql-15", "pgbackrest", "python3-venv"} <= set(spec.packages)
+    assert path.startswith(f"PATH=/opt/stateward/bin:/usr/lib/postgresql/{major}/bin:")
+    assert f"/usr/lib/postgresql/{major}/bin" == patroni.bin_dir(major)
+    assert spec.from_image == f"base:{base.tag}" and spec.prepare is not None
+    assert images._lookup(spec.from_image, images.IMAGES) is base
+    assert set(spec.packages) == {
+        f"postgresql-{major}",
+        "pgbackrest",
+        "python3",
+        "python3-venv",
+        "ca-certificates",
+        "libnss-wrapper",
+    }
+    assert spec in images.IMAGES and base in images.IMAGES
+    assert images.IMAGES.index(base) < images.IMAGES.index(spec)
+
+
+def test_postgres_17_comes_from_a_trixie_base_like_bookworms() -> None:
+    bookworm, trixie = images.BASE, images.BASE_TRIXIE
+    assert trixie.ref == "localhost/stateward/base:trixie-1" and trixie.debootstrap == "trixie"
+    assert bookworm.identity() == {
+        "name": "base",
+        "tag": "bookworm-1",
+        "debootstrap": "bookworm",
+        "from_image": None,
+        "packages": [],
+        "sources": [],
+        "hook": "stateward.local.images._configure_debian",
+        "config": {"Cmd": ["/bin/bash"], "Env": [images.DEFAULT_PATH, "LANG=C.UTF-8"]},
+    }, "unchanged: the cached bookworm base archive stays valid"
+    same = dataclasses.replace(trixie, tag=bookworm.tag, debootstrap="bookworm", on_nodes=True)
+    assert same == bookworm
+    assert not trixie.on_nodes and bookworm.on_nodes, (
+        "a build stage only: never imported into nodes"
+    )
+    hashes = {
+        images.input_hash(spec)
+        for spec in (bookworm, trixie, images.POSTGRES_15, images.POSTGRES_17)
+    }
+    assert len(hashes) == 4
+    assert images.POSTGRES_17.oci_config()["User"] == images.POSTGRES_15.oci_config()["User"]
+    assert images.POSTGRES_17.hook is images.POSTGRES_15.hook
+
+
+@pytest.mark.parametrize(
+    ("spec", "keyring"),
+    [
+        (images.BASE, "debian-archive-keyring.gpg"),
+        (images.BASE_TRIXIE, "debian-archive-keyring.pgp"),
+    ],
+    ids=["bookworm", "trixie"],
+)
+def test_debian_apt_sources_name_the_suite(
+    tmp_path: Path, spec: images.ImageSpec, keyring: str
+) -> None:
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "etc" / "apt").mkdir(parents=True)
+    (rootfs / "etc" / "apt" / "sources.list").write_text("deb http://x/ trixie main\n")
+    (rootfs / "usr" / "share" / "keyrings").mkdir(parents=True)
+    (rootfs / "usr" / "share" / "keyrings" / keyring).write_bytes(b"keys")  # as the suite has
+    build = images.Build(
+        spec=spec, rootfs=rootfs, sources=tmp_path, log=tmp_path / "log", progress=lambda _: None
+    )
+    assert spec.hook is not None
+    spec.hook(build)
+    assert not (rootfs / "etc" / "apt" / "sources.list").exists()
+    suite = spec.debootstrap
+    signed = f"Signed-By: /usr/share/keyrings/{keyring}"
+    assert (rootfs / "etc" / "apt" / "sources.list.d" / "debian.sources").read_text() == (
+        f"Types: deb\nURIs: http://deb.debian.org/debian\nSuites: {suite} {suite}-updates\n"
+        f"Components: main\n{signed}\n\n"
+        f"Types: deb\nURIs: http://deb.debian.org/debian-security\nSuites: {suite}-security\n"
+        f"Components: main\n{signed}\n"
+    )
 
 
 def test_existing_images_keep_their_hashes_and_the_instance_follows_stateward_sources(
@@ -275,6 +364,159 @@ def test_existing_images_keep_their_hashes_and_the_instance_follows_stateward_so
     monkeypatch.setenv("STATEWARD_SOURCE_DIR", str(tmp_path / "nowhere"))
     with pytest.raises(LocalClusterError, match="source checkout"):
         images.input_hash(images.POSTGRES_15)
+
+
+def operator_pod() -> dict[str, Any]:
+    """The pod template of config/manager's Deployment."""
+    documents = yaml.safe_load_all((REPO / "config" / "manager" / "manager.yaml").read_text())
+    [deployment] = [d for d in documents if d and d["kind"] == "Deployment"]
+    pod: dict[str, Any] = deployment["spec"]["template"]["spec"]
+    return pod
+
+
+def test_the_operator_image_is_what_config_manager_deploys() -> None:
+    spec = images.OPERATOR
+    with (REPO / "pyproject.toml").open("rb") as pyproject:
+        version = tomllib.load(pyproject)["project"]["version"]
+    assert images.stateward_version() == version == stateward.__version__
+    assert spec.ref == images.OPERATOR_REF == f"ghcr.io/stateward/stateward:{version}"
+    pod = operator_pod()
+    [container] = pod["containers"]
+    assert container["image"] == spec.ref
+    assert container.get("imagePullPolicy") == "IfNotPresent", "no registry has it"
+    security = pod["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert spec.user == f"{security['runAsUser']}:{security['runAsGroup']}" == "65532:65532"
+    assert images.OPERATOR_UID == 65532
+    # The Deployment replaces the entrypoint with `stateward`, found through the image's PATH,
+    # and the cmd with its args (`operator ...`).
+    [path] = [entry for entry in spec.env if entry.startswith("PATH=")]
+    assert path.split("=", 1)[1].split(":")[0] == "/opt/stateward/bin"
+    assert path.endswith(images.DEFAULT_PATH.removeprefix("PATH="))
+    assert container["command"] == ["stateward"]
+    assert spec.entrypoint == ("/opt/stateward/bin/stateward",)
+    assert spec.cmd == ("operator",) and container["args"][0] == "operator"
+    ports = {f"{port['containerPort']}/{port['protocol'].lower()}" for port in container["ports"]}
+    config = spec.oci_config()
+    assert config == {
+        "Entrypoint": ["/opt/stateward/bin/stateward"],
+        "Cmd": ["operator"],
+        "Env": [path, "LANG=C.UTF-8"],
+        "User": "65532:65532",
+        "ExposedPorts": {port: {} for port in sorted(ports)},
+    }
+    assert spec.from_image == "base" and spec.prepare is not None and spec.hook is not None
+    assert set(spec.packages) == {"python3", "python3-venv", "ca-certificates"}
+    assert spec in images.IMAGES
+    assert images.IMAGES.index(spec) > images.IMAGES.index(images.POSTGRES_15)
+    assert "ExposedPorts" not in images.POSTGRES_15.oci_config()
+
+
+def test_the_operator_image_follows_stateward_sources(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    source = tmp_path / "checkout"
+    (source / "src" / "stateward" / "runtime").mkdir(parents=True)
+    (source / "pyproject.toml").write_text('[project]\nversion = "9.8.7"\n')
+    module = source / "src" / "stateward" / "runtime" / "operator.py"
+    module.write_text("print(1)\n")
+    monkeypatch.setenv("STATEWARD_SOURCE_DIR", str(source))
+    assert images.stateward_version() == "9.8.7", "the version of the checkout being packed"
+    before = images.input_hash(images.OPERATOR)
+    base_before = images.input_hash(images.BASE)
+    assert images.input_hash(images.OPERATOR) == before
+    module.write_text("print(2)\n")
+    assert images.input_hash(images.OPERATOR) != before
+    assert images.input_hash(images.BASE) == base_before
+    (source / "pyproject.toml").unlink()
+    assert images.stateward_version() == stateward.__version__, "no checkout: the installed one"
+
+
+def chroot_calls(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, spec: images.ImageSpec
+) -> tuple[list[list[str]], list[list[str]]]:
+    """What ``spec``'s prepare step and hook run in the chroot (wheel and network faked)."""
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "tmp").mkdir(parents=True)
+    seen: list[list[str]] = []
+
+    def wheel(build: images.Build, dest: Path) -> Path:
+        dest.mkdir(parents=True)
+        (dest / "stateward-1-py3-none-any.whl").write_bytes(b"")
+        return dest / "stateward-1-py3-none-any.whl"
+
+    def chroot(
+        self: images.Build, argv: list[str], *, what: str, env: dict[str, str] | None = None
+    ) -> None:
+        seen.append(list(argv))
+
+    monkeypatch.setattr(images, "_stateward_wheel", wheel)
+    monkeypatch.setattr(images, "_pip_network", lambda _root: (["--cert", "/ca"], {}))
+    monkeypatch.setattr(images, "chroot_session", lambda _build: contextlib.nullcontext())
+    monkeypatch.setattr(images.Build, "chroot", chroot)
+    build = images.Build(
+        spec=spec, rootfs=rootfs, sources=tmp_path, log=tmp_path / "log", progress=lambda _: None
+    )
+    assert spec.prepare is not None and spec.hook is not None
+    spec.prepare(build)
+    prepared = list(seen)
+    seen.clear()
+    spec.hook(build)
+    assert not (rootfs / "tmp" / "stateward-wheels").exists(), "the wheel is removed"
+    return prepared, seen
+
+
+PIP = ["/opt/stateward/bin/pip", "install", "--no-cache-dir", "--disable-pip-version-check"]
+WHEEL = "/tmp/stateward-wheels/stateward-1-py3-none-any.whl"
+COMPILE = [
+    "sh",
+    "-c",
+    "python3 -m compileall -q -j 0 --invalidation-mode unchecked-hash /opt/stateward"
+    " /usr/lib/python3*/ /usr/lib/python3/dist-packages >/dev/null || true",
+]
+"""Hash-based .pyc files: the packer zeroes mtimes, which would void timestamp-checked ones."""
+
+
+def test_the_operator_image_has_its_user_and_a_smoke_tested_venv(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    prepared, installed = chroot_calls(monkeypatch, tmp_path, images.OPERATOR)
+    assert prepared == [
+        ["groupadd", "--system", "--gid", "65532", "nonroot"],
+        [
+            "useradd", "--system", "--uid", "65532", "--gid", "65532", "--no-create-home",
+            "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin",
+            "--comment", "stateward operator", "nonroot",
+        ],
+    ]  # fmt: skip
+    assert installed == [
+        ["python3", "-m", "venv", "/opt/stateward"],
+        [*PIP, "--cert", "/ca", WHEEL],
+        COMPILE,
+        ["/opt/stateward/bin/stateward", "--help"],
+        ["/opt/stateward/bin/python", "-c", "import stateward.runtime.operator"],
+    ]
+
+
+def test_the_instance_image_installs_as_before(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    prepared, installed = chroot_calls(monkeypatch, tmp_path, images.POSTGRES_15)
+    assert prepared == [
+        ["groupadd", "--system", "--gid", "999", "postgres"],
+        [
+            "useradd", "--system", "--uid", "999", "--gid", "999", "--no-create-home",
+            "--home-dir", "/var/lib/postgresql", "--shell", "/bin/bash",
+            "--comment", "PostgreSQL administrator", "postgres",
+        ],
+    ]  # fmt: skip
+    assert installed == [
+        ["python3", "-m", "venv", "/opt/stateward"],
+        [*PIP, "--cert", "/ca", *images.PATRONI_REQUIREMENTS, WHEEL],
+        COMPILE,
+        ["/opt/stateward/bin/patroni", "--version"],
+        ["/opt/stateward/bin/stateward-instance", "version"],
+    ]
 
 
 def test_a_build_prunes_archives_of_the_same_image_unused_for_an_hour(
@@ -391,6 +633,66 @@ def test_an_image_can_start_from_another(monkeypatch: pytest.MonkeyPatch, tmp_pa
     [archive] = images.ensure(["child"], progress=lambda _: None, catalog=[parent, child])
     assert [m.name for m in layer_members(archive.path)] == ["child", "hello", "var", "var/log"]
     assert images.archive_path(parent, [parent, child]).is_file(), "the parent was built first"
+
+
+def test_images_sharing_a_name_are_told_apart_by_tag_or_ref(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("STATEWARD_CACHE_DIR", str(tmp_path / "cache"))
+    old, new = (images.ImageSpec(name="os", tag=t, hook=Recorder(t.encode())) for t in "12")
+
+    def add(build: images.Build) -> None:
+        (build.rootfs / "child").write_bytes((build.rootfs / "hello").read_bytes())
+
+    on_old, on_new = (
+        images.ImageSpec(name="app", tag=f"a{t}", from_image=f"os:{t}", hook=add) for t in "12"
+    )
+    catalog = [old, on_old, new, on_new]
+    assert images._lookup("os", catalog) is old, "a bare name: the first of that name"
+    assert images._lookup("os:2", catalog) is new
+    assert images._lookup("localhost/stateward/os:2", catalog) is new
+    assert images._select("app", catalog) == [on_old, on_new]
+    with pytest.raises(LocalClusterError, match=r"unknown image 'os:3' \(known: os:1, app:a1"):
+        images._lookup("os:3", catalog)
+    assert images.input_hash(on_old, catalog) != images.input_hash(on_new, catalog)
+
+    built = images.ensure(
+        ["app:a2", "localhost/stateward/app:a2"], progress=lambda _: None, catalog=catalog
+    )
+    assert [archive.ref for archive in built] == ["localhost/stateward/app:a2"]
+    assert [m.name for m in layer_members(built[0].path)] == ["child", "hello", "var", "var/log"]
+    folder = tmp_path / "cache" / "images"
+    assert sorted(p.name for p in folder.glob("*.tar")) == sorted(
+        [images.archive_path(new, catalog).name, built[0].path.name]
+    ), "only os:2 was needed"
+    refs = [
+        archive.ref for archive in images.ensure(["app"], progress=lambda _: None, catalog=catalog)
+    ]
+    assert refs == ["localhost/stateward/app:a1", "localhost/stateward/app:a2"]
+    assert [a.ref for a in images.ensure(None, progress=lambda _: None, catalog=catalog)] == [
+        spec.ref for spec in catalog
+    ]
+
+
+def test_pruning_keeps_the_archives_of_other_tags_of_the_name(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("STATEWARD_CACHE_DIR", str(tmp_path / "cache"))
+    one, two = (images.ImageSpec(name="os", tag=t, hook=Recorder(t.encode())) for t in "12")
+    [first] = images.ensure(["os:1"], progress=lambda _: None, catalog=[one, two])
+    gone = images.ImageSpec(name="os", tag="0", hook=Recorder(b"0"))
+    [dropped] = images.ensure(["os"], progress=lambda _: None, catalog=[gone])
+    superseded = first.path.with_name("os-0123456789abcdef.tar")
+    shutil.copyfile(first.path, superseded)  # os:1 of other inputs
+    for path in (first.path, dropped.path, superseded):
+        os.utime(path, (1, 1))
+    assert images._archive_ref(first.path) == one.ref
+    assert images._archive_ref(tmp_path) is None
+    [second] = images.ensure(["os:2"], progress=lambda _: None, catalog=[one, two])
+    assert second.path.is_file() and first.path.is_file(), "os:1 is another image"
+    assert first.path.with_suffix(".log").is_file()
+    assert not dropped.path.exists(), "os:0 is in the catalog no more"
+    assert superseded.exists(), "os:1's to prune when os:1 is built, not os:2"
 
 
 def test_package_step_writes_policy_rc_d_and_restores(

@@ -190,7 +190,7 @@ class LocalCluster:
             host.ensure_packages(progress=progress)
             nodes.refuse_if_taken()
         paths = binaries.ensure(progress=progress)
-        archives = images.ensure(progress=progress) if real else []
+        archives = [a for a in images.ensure(progress=progress) if a.spec.on_nodes] if real else []
         started = time.monotonic()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         records: list[ProcessRecord] = []

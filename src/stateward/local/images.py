@@ -32,10 +32,12 @@ import tarfile
 import tempfile
 import threading
 import time
+import tomllib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, BinaryIO, Literal
 
+import stateward
 from stateward.api import v1alpha1
 from stateward.instance import patroni
 from stateward.local import binaries, errors
@@ -115,13 +117,15 @@ class ImageSpec:
     """One image: how its rootfs is made, in order, and its OCI runtime config.
 
     Rootfs steps: ``debootstrap`` a Debian suite (minbase) *or* start from ``from_image``'s
-    layer (or from nothing); run ``prepare`` (what must exist before the packages install,
-    such as users with fixed ids); install ``packages`` with apt in a chroot; run ``hook``;
-    tidy (apt caches and lists, /var/log files, /dev entries). ``sources`` are files under
-    ``images/<name>/`` the hook reads; their content is part of the input hash, and so are
-    the digests ``inputs`` returns (files elsewhere the hook reads, path -> sha256). A hook
-    is identified by its qualified name: change the tag when its behaviour changes, or let
-    ``inputs`` cover the hook's own source. The ref is ``repository/name:tag``.
+    layer (``name:tag`` when several images share the name, as ``base`` does; a bare name
+    means the first of them) or from nothing; run ``prepare`` (what must exist before the
+    packages install, such as users with fixed ids); install ``packages`` with apt in a
+    chroot; run ``hook``; tidy (apt caches and lists, /var/log files, /dev entries).
+    ``sources`` are files under ``images/<name>/`` the hook reads; their content is part of
+    the input hash, and so are the digests ``inputs`` returns (files elsewhere the hook
+    reads, path -> sha256). A hook is identified by its qualified name: change the tag when
+    its behaviour changes, or let ``inputs`` cover the hook's own source. The ref is
+    ``repository/name:tag``.
     """
 
     name: str
@@ -139,6 +143,11 @@ class ImageSpec:
     env: tuple[str, ...] = (DEFAULT_PATH,)
     user: str = ""
     workdir: str = ""
+    ports: tuple[str, ...] = ()
+    """Exposed ports, ``PORT/PROTO``: documentation in the OCI config, as EXPOSE is."""
+    on_nodes: bool = True
+    """Imported into every real node; False for build stages only other images start from.
+    (Not part of the identity: where an image goes does not change what it contains.)"""
 
     def __post_init__(self) -> None:
         if self.tag == "latest" or not self.tag:
@@ -158,6 +167,7 @@ class ImageSpec:
             "Env": list(self.env),
             "User": self.user,
             "WorkingDir": self.workdir,
+            "ExposedPorts": {port: {} for port in self.ports},
         }
         return {key: value for key, value in fields.items() if value}
 
@@ -208,16 +218,22 @@ def _compile_pause(build: Build) -> None:
 
 
 def _configure_debian(build: Build) -> None:
-    """Apt sources as in Debian's own images (updates and security too), deb822 style."""
+    """Apt sources as in Debian's own images (updates and security too), deb822 style, for
+    the debootstrapped suite. The keyring is ``.pgp`` where the suite's keyring package has
+    it (trixie on, ``.gpg`` a compatibility link there), else ``.gpg`` (bookworm)."""
     suite = build.spec.debootstrap or "bookworm"
+    keyrings = "/usr/share/keyrings"
+    keyring = f"{keyrings}/debian-archive-keyring.pgp"
+    if not (build.rootfs / keyring.lstrip("/")).is_file():
+        keyring = f"{keyrings}/debian-archive-keyring.gpg"
     apt = build.rootfs / "etc/apt"
     (apt / "sources.list").unlink(missing_ok=True)
     (apt / "sources.list.d").mkdir(parents=True, exist_ok=True)
     (apt / "sources.list.d/debian.sources").write_text(
         f"Types: deb\nURIs: {DEBIAN_MIRROR}\nSuites: {suite} {suite}-updates\n"
-        "Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n\n"
+        f"Components: main\nSigned-By: {keyring}\n\n"
         f"Types: deb\nURIs: {DEBIAN_SECURITY_MIRROR}\nSuites: {suite}-security\n"
-        "Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
+        f"Components: main\nSigned-By: {keyring}\n"
     )
 
 
@@ -230,23 +246,35 @@ PAUSE = ImageSpec(
     env=(),
     user="65535:65535",
 )
-BASE = ImageSpec(
-    name="base",
-    tag="bookworm-1",
-    debootstrap="bookworm",
-    hook=_configure_debian,
-    cmd=("/bin/bash",),
-    env=(DEFAULT_PATH, "LANG=C.UTF-8"),
-)
+
+
+def _base_spec(suite: str, revision: int = 1) -> ImageSpec:
+    """``base:SUITE-REVISION``: Debian ``suite`` minbase, apt sources for the suite, its
+    updates and its security archive (:func:`_configure_debian`, which reads the suite)."""
+    return ImageSpec(
+        name="base",
+        tag=f"{suite}-{revision}",
+        debootstrap=suite,
+        hook=_configure_debian,
+        cmd=("/bin/bash",),
+        env=(DEFAULT_PATH, "LANG=C.UTF-8"),
+    )
+
+
+BASE = _base_spec("bookworm")  # Debian 12: PostgreSQL 15, Python 3.11
+# Debian 13: PostgreSQL 17, Python 3.13. Only a build stage: no pod runs it.
+BASE_TRIXIE = dataclasses.replace(_base_spec("trixie"), on_nodes=False)
 
 # --------------------------------------------------------------------------------------------
-# The PostgreSQL instance image: PostgreSQL, pgBackRest, Patroni and stateward-instance
+# Images with the stateward package: the PostgreSQL instance image (PostgreSQL, pgBackRest,
+# Patroni and stateward-instance) and the operator's own image
 
 INSTANCE_UID = 999
 """uid and gid of ``postgres`` in the instance image: ``specs.pods.POSTGRES_UID``, which the
 pods run as (as in the official postgres image). Created before the packages install, which
 would otherwise allocate the next free system id (about 100)."""
-INSTANCE_VENV = "/opt/stateward"
+STATEWARD_VENV = "/opt/stateward"
+"""The venv with the stateward wheel (and, in the instance image, Patroni) in both images."""
 BUILD_CA_BUNDLE = "/tmp/stateward-build-ca.crt"  # noqa: S108 - inside the rootfs, build only
 PATRONI_REQUIREMENTS = ("patroni[kubernetes,psycopg3]==4.1.5", "psycopg[binary]==3.3.9")
 """From PyPI into the instance image's venv, with the stateward wheel (Debian's Patroni is 3.0)."""
@@ -255,7 +283,7 @@ _PACKAGE_SUFFIXES = (".py", ".pyi", ".typed", ".yaml")
 
 
 def source_dir() -> Path:
-    """The checkout the instance image's stateward wheel is built from (``pyproject.toml``,
+    """The checkout the images' stateward wheel is built from (``pyproject.toml``,
     ``src/stateward``); ``$STATEWARD_SOURCE_DIR`` overrides."""
     configured = os.environ.get("STATEWARD_SOURCE_DIR")
     if configured:
@@ -268,7 +296,7 @@ def _package_files(root: Path) -> list[str]:
     package = root / "src" / "stateward"
     if not (root / "pyproject.toml").is_file() or not package.is_dir():
         raise errors.LocalClusterError(
-            f"the instance image packs stateward from a source checkout, and {root} is none"
+            f"the stateward images pack stateward from a source checkout, and {root} is none"
             " (no pyproject.toml or src/stateward): set STATEWARD_SOURCE_DIR"
         )
     found = ["pyproject.toml"]
@@ -284,7 +312,8 @@ def _package_files(root: Path) -> list[str]:
 
 def stateward_digest() -> Mapping[str, str]:
     """One sha256 over the stateward sources (names and content): a code change, including
-    to this builder, rebuilds the instance image. About 100 small files, milliseconds."""
+    to this builder, rebuilds the images that hold stateward. About 100 small files,
+    milliseconds."""
     root = source_dir()
     digest = hashlib.sha256()
     for relative in _package_files(root):
@@ -311,19 +340,32 @@ def _no_main_cluster(conf: Path) -> None:
     conf.chmod(0o644)
 
 
+def _system_user(
+    build: Build, name: str, uid: int, *, home: str, login_shell: str, comment: str
+) -> None:
+    """A system user and its group, both with id ``uid``, no home directory made."""
+    ids = str(uid)
+    build.chroot(["groupadd", "--system", "--gid", ids, name], what=f"groupadd {name}")
+    build.chroot(
+        [
+            "useradd", "--system", "--uid", ids, "--gid", ids, "--no-create-home",
+            "--home-dir", home, "--shell", login_shell, "--comment", comment, name,
+        ],
+        what=f"useradd {name}",
+    )  # fmt: skip
+
+
 def _prepare_instance(build: Build) -> None:
     """Before apt: the postgres user with the pods' uid, and no Debian cluster at install
     (Patroni runs initdb itself). ucf keeps this createcluster.conf (its default)."""
-    uid = str(INSTANCE_UID)
-    build.chroot(["groupadd", "--system", "--gid", uid, "postgres"], what="groupadd postgres")
-    build.chroot(
-        [
-            "useradd", "--system", "--uid", uid, "--gid", uid, "--no-create-home",
-            "--home-dir", "/var/lib/postgresql", "--shell", "/bin/bash",
-            "--comment", "PostgreSQL administrator", "postgres",
-        ],
-        what="useradd postgres",
-    )  # fmt: skip
+    _system_user(
+        build,
+        "postgres",
+        INSTANCE_UID,
+        home="/var/lib/postgresql",
+        login_shell="/bin/bash",
+        comment="PostgreSQL administrator",
+    )
     _no_main_cluster(build.rootfs / "etc/postgresql-common/createcluster.conf")
 
 
@@ -339,7 +381,7 @@ def _stateward_wheel(build: Build, dest: Path) -> Path:
             (project / relative).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(root / relative, project / relative)
         (project / "README.md").write_text(
-            "# Stateward\n\nBuilt into the PostgreSQL instance image.\n"
+            "# Stateward\n\nBuilt from a source checkout into a local image.\n"
         )
         build.run(
             [
@@ -378,10 +420,54 @@ def _pip_network(rootfs: Path) -> tuple[list[str], dict[str, str]]:
     return options, proxies
 
 
+def _install_stateward(
+    build: Build, *, requirements: Sequence[str], checks: Sequence[Sequence[str]]
+) -> None:
+    """The venv at :data:`STATEWARD_VENV` (Debian's python3) with the stateward wheel built
+    from this checkout, its dependencies and ``requirements`` from PyPI (reached the way the
+    host reaches it), then each of ``checks`` run in the chroot as smoke tests. The wheel
+    and the build's CA bundle are gone afterwards."""
+    started = time.monotonic()
+    rootfs, venv = build.rootfs, STATEWARD_VENV
+    wheels = rootfs / "tmp/stateward-wheels"
+    wheel = _stateward_wheel(build, wheels)
+    pip = [f"{venv}/bin/pip", "install", "--no-cache-dir", "--disable-pip-version-check"]
+    names = [re.split(r"[\[=<>!~;@ ]", requirement)[0] for requirement in requirements]
+    installed = " ".join([*names, "stateward"])
+    try:
+        options, network = _pip_network(rootfs)
+        with chroot_session(build):
+            build.chroot(["python3", "-m", "venv", venv], what=f"python3 -m venv {venv}")
+            build.chroot(
+                [*pip, *options, *requirements, f"/{wheel.relative_to(rootfs)}"],
+                what=f"pip install {installed}",
+                env=network,
+            )
+            # The packer stores every mtime as 0, so timestamp-checked .pyc files would never
+            # match their sources and, on a read-only root, every start would compile in
+            # memory (the operator's imports took 2.0 s instead of 0.7 s). Hash-based .pyc
+            # files do not depend on mtimes.
+            build.chroot(
+                [
+                    "sh", "-c",
+                    f"python3 -m compileall -q -j 0 --invalidation-mode unchecked-hash"
+                    f" {venv} /usr/lib/python3*/ /usr/lib/python3/dist-packages >/dev/null"
+                    " || true",
+                ],
+                what="compile .pyc files by hash",
+            )  # fmt: skip
+            for check in checks:
+                build.chroot(check, what=" ".join([Path(check[0]).name, *check[1:]]))
+    finally:
+        shutil.rmtree(wheels)
+        (rootfs / BUILD_CA_BUNDLE.lstrip("/")).unlink(missing_ok=True)
+    elapsed = time.monotonic() - started
+    build.progress(f"  {build.spec.name}: {installed} installed in {elapsed:.0f}s")
+
+
 def _install_instance(build: Build) -> None:
     """After apt: drop any Debian cluster and the snakeoil key, then the venv with Patroni
     and stateward, smoke-tested."""
-    started = time.monotonic()
     rootfs, major = build.rootfs, _instance_major(build.spec)
     _no_main_cluster(rootfs / "etc/postgresql-common/createcluster.conf")
     for cluster in (f"etc/postgresql/{major}/main", f"var/lib/postgresql/{major}/main"):
@@ -390,37 +476,27 @@ def _install_instance(build: Build) -> None:
     # ssl-cert made a key pair at install; an image must not ship one private key to all.
     for name in ("etc/ssl/private/ssl-cert-snakeoil.key", "etc/ssl/certs/ssl-cert-snakeoil.pem"):
         (rootfs / name).unlink(missing_ok=True)
-    wheels = rootfs / "tmp/stateward-wheels"
-    wheel = _stateward_wheel(build, wheels)
-    venv = INSTANCE_VENV
-    pip = [f"{venv}/bin/pip", "install", "--no-cache-dir", "--disable-pip-version-check"]
-    try:
-        options, network = _pip_network(rootfs)
-        with chroot_session(build):
-            build.chroot(["python3", "-m", "venv", venv], what=f"python3 -m venv {venv}")
-            build.chroot(
-                [*pip, *options, *PATRONI_REQUIREMENTS, f"/{wheel.relative_to(rootfs)}"],
-                what="pip install patroni stateward",
-                env=network,
-            )
-            build.chroot([f"{venv}/bin/patroni", "--version"], what="patroni --version")
-            build.chroot([f"{venv}/bin/stateward-instance", "version"], what="stateward-instance")
-    finally:
-        shutil.rmtree(wheels)
-        (rootfs / BUILD_CA_BUNDLE.lstrip("/")).unlink(missing_ok=True)
-    elapsed = time.monotonic() - started
-    build.progress(f"  {build.spec.name}: Patroni and stateward installed in {elapsed:.0f}s")
+    venv = STATEWARD_VENV
+    _install_stateward(
+        build,
+        requirements=PATRONI_REQUIREMENTS,
+        checks=[
+            [f"{venv}/bin/patroni", "--version"],
+            [f"{venv}/bin/stateward-instance", "version"],
+        ],
+    )
 
 
-def _instance_spec(major: int) -> ImageSpec:
+def _instance_spec(major: int, base: ImageSpec) -> ImageSpec:
     """``ghcr.io/stateward/postgres-instance:MAJOR``, the operator's default image for
-    ``spec.version: "MAJOR"``: imported under that ref, pods use it with no registry."""
+    ``spec.version: "MAJOR"``: imported under that ref, pods use it with no registry. From
+    ``base``, the Debian suite whose ``postgresql-MAJOR`` package this is."""
     repository, name = v1alpha1.DEFAULT_IMAGE_REPOSITORY.rsplit("/", 1)
     return ImageSpec(
         name=name,
         tag=str(major),
         repository=repository,
-        from_image="base",
+        from_image=f"{base.name}:{base.tag}",
         prepare=_prepare_instance,
         packages=(
             f"postgresql-{major}",
@@ -435,7 +511,7 @@ def _instance_spec(major: int) -> ImageSpec:
         hook=_install_instance,
         cmd=("stateward-instance", "run"),
         env=(
-            f"PATH={INSTANCE_VENV}/bin:{patroni.bin_dir(major)}:"
+            f"PATH={STATEWARD_VENV}/bin:{patroni.bin_dir(major)}:"
             + DEFAULT_PATH.removeprefix("PATH="),
             "LANG=C.UTF-8",
         ),
@@ -443,12 +519,79 @@ def _instance_spec(major: int) -> ImageSpec:
     )
 
 
-POSTGRES_15 = _instance_spec(15)  # Debian bookworm's PostgreSQL 15
-IMAGES: tuple[ImageSpec, ...] = (PAUSE, BASE, POSTGRES_15)
+POSTGRES_15 = _instance_spec(15, BASE)  # Debian bookworm's PostgreSQL 15
+POSTGRES_17 = _instance_spec(17, BASE_TRIXIE)  # Debian trixie's PostgreSQL 17
+
+OPERATOR_UID = 65532
+"""uid and gid of the operator image's user (``nonroot``, as in distroless images): what
+config/manager's Deployment sets as runAsUser and runAsGroup."""
+OPERATOR_REPOSITORY = "ghcr.io/stateward"
+"""config/manager deploys ``ghcr.io/stateward/stateward:VERSION``."""
+OPERATOR_PORTS = ("8081/tcp", "9443/tcp")
+"""``stateward operator``'s defaults: probes and metrics, the admission webhook."""
+
+
+def stateward_version() -> str:
+    """The version in :func:`source_dir`'s pyproject.toml, which the wheel in the operator
+    image gets; the installed package's when there is no checkout (nothing to build then)."""
+    try:
+        with open(source_dir() / "pyproject.toml", "rb") as pyproject:
+            return str(tomllib.load(pyproject)["project"]["version"])
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return stateward.__version__
+
+
+def _prepare_operator(build: Build) -> None:
+    """The ``nonroot`` user with the Deployment's uid: a process of a uid with no passwd
+    entry cannot tell its user name (``getpass.getuser()``, which Kopf's identity calls)."""
+    _system_user(
+        build,
+        "nonroot",
+        OPERATOR_UID,
+        home="/nonexistent",
+        login_shell="/usr/sbin/nologin",
+        comment="stateward operator",
+    )
+
+
+def _install_operator(build: Build) -> None:
+    """The venv with stateward and its dependencies; smoke-tested by the CLI and by loading
+    the operator's runtime (Kopf, lightkube and the rest)."""
+    venv = STATEWARD_VENV
+    _install_stateward(
+        build,
+        requirements=(),
+        checks=[
+            [f"{venv}/bin/stateward", "--help"],
+            [f"{venv}/bin/python", "-c", "import stateward.runtime.operator"],
+        ],
+    )
+
+
+OPERATOR = ImageSpec(
+    name="stateward",
+    tag=stateward_version(),
+    repository=OPERATOR_REPOSITORY,
+    from_image="base",
+    prepare=_prepare_operator,
+    packages=("python3", "python3-venv", "ca-certificates"),
+    inputs=stateward_digest,
+    hook=_install_operator,
+    entrypoint=(f"{STATEWARD_VENV}/bin/stateward",),
+    cmd=("operator",),
+    env=(f"PATH={STATEWARD_VENV}/bin:" + DEFAULT_PATH.removeprefix("PATH="), "LANG=C.UTF-8"),
+    user=f"{OPERATOR_UID}:{OPERATOR_UID}",
+    ports=OPERATOR_PORTS,
+)
+"""The operator's own image, under the ref config/manager deploys: built and imported here,
+the Deployment runs with no registry (its imagePullPolicy is IfNotPresent)."""
+
+IMAGES: tuple[ImageSpec, ...] = (PAUSE, BASE, POSTGRES_15, BASE_TRIXIE, POSTGRES_17, OPERATOR)
 PAUSE_REF = PAUSE.ref
 BASE_REF = BASE.ref
-INSTANCE_REFS: Mapping[int, str] = {15: POSTGRES_15.ref}
+INSTANCE_REFS: Mapping[int, str] = {15: POSTGRES_15.ref, 17: POSTGRES_17.ref}
 """PostgreSQL major version -> the instance image built here for it."""
+OPERATOR_REF = OPERATOR.ref
 
 
 @dataclasses.dataclass(frozen=True)
@@ -476,12 +619,24 @@ def archive_dir() -> Path:
     return binaries.cache_dir() / "images"
 
 
-def _lookup(name: str, catalog: Sequence[ImageSpec]) -> ImageSpec:
-    for spec in catalog:
-        if spec.name == name:
-            return spec
-    known = ", ".join(spec.name for spec in catalog)
-    raise errors.LocalClusterError(f"unknown image {name!r} (known: {known})")
+def _matches(key: str, spec: ImageSpec) -> bool:
+    return key in (spec.ref, f"{spec.name}:{spec.tag}", spec.name)
+
+
+def _select(key: str, catalog: Sequence[ImageSpec]) -> list[ImageSpec]:
+    """The images ``key`` names: a ref, ``name:tag``, or a name (every image of that name,
+    such as each ``postgres-instance`` major), in catalog order."""
+    found = [spec for spec in catalog if _matches(key, spec)]
+    if not found:
+        known = ", ".join(f"{spec.name}:{spec.tag}" for spec in catalog)
+        raise errors.LocalClusterError(f"unknown image {key!r} (known: {known})")
+    return found
+
+
+def _lookup(key: str, catalog: Sequence[ImageSpec]) -> ImageSpec:
+    """The one image ``key`` names (a ``from_image``): a bare name shared by several images
+    means the first of them in the catalog (``base`` is bookworm's)."""
+    return _select(key, catalog)[0]
 
 
 def input_hash(spec: ImageSpec, catalog: Sequence[ImageSpec] = IMAGES) -> str:
@@ -519,8 +674,13 @@ def ensure(
     progress: Progress = _stderr,
     catalog: Sequence[ImageSpec] = IMAGES,
 ) -> list[Archive]:
-    """The archives of the named images (all by default), building those not cached yet."""
-    wanted = [_lookup(name, catalog) for name in names] if names is not None else list(catalog)
+    """The archives of the named images (all by default), building those not cached yet.
+    A name is a ref, ``name:tag`` or a bare name, which means every image of that name."""
+    wanted = (
+        list(dict.fromkeys(spec for name in names for spec in _select(name, catalog)))
+        if names is not None
+        else list(catalog)
+    )
     return [_ensure_one(spec, catalog, progress) for spec in wanted]
 
 
@@ -537,24 +697,27 @@ def _ensure_one(spec: ImageSpec, catalog: Sequence[ImageSpec], progress: Progres
             fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it right now
             if not path.is_file():
                 _build(spec, path, base, progress)
-                _prune(spec, path)
+                _prune(spec, path, catalog)
     else:
         with contextlib.suppress(OSError):
             os.utime(path)  # the time of last use, for _prune
     return Archive(spec=spec, path=path, ref=spec.ref)
 
 
-def _prune(spec: ImageSpec, keep: Path) -> None:
+def _prune(spec: ImageSpec, keep: Path, catalog: Sequence[ImageSpec] = IMAGES) -> None:
     """Remove this image's other archives (and logs) unused for :data:`PRUNE_AFTER_SECONDS`:
     superseded inputs, each about the image's size. A recently used one may still be on its
-    way into containerd in another process, so it stays."""
+    way into containerd in another process, so it stays. Archives share a file name prefix
+    with the other tags of the name (``base`` bookworm and trixie): those, told by the ref
+    inside, stay; an unreadable one or one of a tag no longer in the catalog goes."""
     pattern = re.compile(rf"{re.escape(spec.name)}-[0-9a-f]{{16}}\.tar")
+    others = {other.ref for other in catalog if other.name == spec.name} - {spec.ref}
     cutoff = time.time() - PRUNE_AFTER_SECONDS
     for old in keep.parent.glob(f"{spec.name}-*.tar"):
         if old == keep or not pattern.fullmatch(old.name):
             continue
         with contextlib.suppress(OSError):
-            if old.stat().st_mtime < cutoff:
+            if old.stat().st_mtime < cutoff and _archive_ref(old) not in others:
                 old.unlink()
                 old.with_suffix(".log").unlink(missing_ok=True)
 
@@ -683,6 +846,22 @@ def _index_manifest_digest(outer: tarfile.TarFile) -> str:
     assert member is not None
     digest: str = json.load(member)["manifests"][0]["digest"]
     return digest
+
+
+def _archive_ref(archive: Path) -> str | None:
+    """The ref one of our archives is named by (index.json, its second member); None when
+    it is no such archive."""
+    try:
+        with tarfile.open(archive, "r|") as outer:
+            for member in outer:
+                if member.name == "index.json":
+                    index = outer.extractfile(member)
+                    assert index is not None
+                    ref = json.load(index)["manifests"][0]["annotations"][ANNOTATION_REF_NAME]
+                    return ref if isinstance(ref, str) else None
+    except (OSError, tarfile.TarError, ValueError, LookupError, TypeError):
+        return None
+    return None
 
 
 @contextlib.contextmanager
