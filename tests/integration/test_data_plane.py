@@ -125,11 +125,10 @@ def test_three_instances_replicate_and_a_replica_takes_over_when_the_primary_pod
     assert sql(real_cluster, ns, primary, "select pg_is_in_recovery()") == "f"
 
     # Data written on the primary reaches every replica.
-    sql(
-        real_cluster,
-        ns,
-        primary,
-        "create table t (n int); insert into t select generate_series(1, 100)",
+    assert sql(real_cluster, ns, primary, "create table t (n int)") == "CREATE TABLE"
+    assert (
+        sql(real_cluster, ns, primary, "insert into t select generate_series(1, 100)")
+        == "INSERT 0 100"
     )
     for replica in replicas:
         assert sql(real_cluster, ns, replica, "select pg_is_in_recovery()") == "t"
@@ -160,10 +159,9 @@ def test_three_instances_replicate_and_a_replica_takes_over_when_the_primary_pod
         what=f"status.primaryPod to follow the promotion to {promoted}",
         timeout=60,
     )
-    assert (
-        sql(real_cluster, ns, promoted, "insert into t values (101); select count(*) from t")
-        == "101"
-    )
+    # psql prints every statement's result, so write and count in separate calls.
+    assert sql(real_cluster, ns, promoted, "insert into t values (101)") == "INSERT 0 1"
+    assert sql(real_cluster, ns, promoted, "select count(*) from t") == "101"
 
     # The old primary's pod comes back as a replica of the new primary, with every row.
     wait_for(
