@@ -48,6 +48,29 @@ def test_an_older_version_never_replaces_a_newer_one() -> None:
     assert store.get("Service", "ns", "pg-primary")["metadata"]["resourceVersion"] == "10"  # type: ignore[index]
 
 
+@pytest.mark.parametrize(
+    ("first", "second", "kept"),
+    [
+        ("10", "9", "10"),  # longer is newer: not a string comparison
+        ("9", "10", "10"),
+        ("123", "124", "124"),
+        ("99999999999999999999", "100000000000000000000", "100000000000000000000"),
+        ("abc", "7", "7"),  # not comparable (KEP-5504): the later arrival wins
+        ("7", "abc", "abc"),
+        ("007", "8", "8"),  # a leading zero is not a well-formed version
+        ("8", "007", "007"),
+        ("\u0661\u0662", "5", "5"),  # non-ASCII digits are not digits here
+    ],
+)
+def test_resource_versions_compare_by_the_kubernetes_rules(
+    first: str, second: str, kept: str
+) -> None:
+    store = ObjectStore()
+    store.observe(body("Service", "pg-primary", first))
+    store.observe(body("Service", "pg-primary", second))
+    assert store.get("Service", "ns", "pg-primary")["metadata"]["resourceVersion"] == kept  # type: ignore[index]
+
+
 def test_a_recreated_object_replaces_the_old_one_whatever_its_version() -> None:
     store = ObjectStore()
     store.observe(body("Service", "pg-primary", "10", uid="old"))

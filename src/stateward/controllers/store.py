@@ -101,12 +101,27 @@ def _slim(body: Body) -> Body:
 
 
 def _older(candidate: Body, current: Body) -> bool:
-    """True when ``candidate`` is an older version than ``current`` of the same object."""
+    """True when ``candidate`` is an older version than ``current`` of the same object.
+
+    Kubernetes made resourceVersions comparable in v1.35 (KEP-5504): a well-formed one is a
+    decimal integer without leading zeros, and for two of the same resource the longer is
+    newer, then the lexicographically greater. Anything else is compared for equality only,
+    so the later arrival wins, as an informer would take it.
+    """
     if candidate["metadata"].get("uid") != current["metadata"].get("uid"):
         return False
-    try:
-        return int(candidate["metadata"]["resourceVersion"]) < int(
-            current["metadata"]["resourceVersion"]
-        )
-    except (KeyError, ValueError):
+    left = candidate["metadata"].get("resourceVersion")
+    right = current["metadata"].get("resourceVersion")
+    if not (_comparable(left) and _comparable(right)):
         return False
+    assert isinstance(left, str) and isinstance(right, str)
+    return (len(left), left) < (len(right), right)
+
+
+def _comparable(version: object) -> bool:
+    return (
+        isinstance(version, str)
+        and version.isascii()
+        and version.isdigit()
+        and not version.startswith("0")
+    )
