@@ -503,6 +503,8 @@ def test_failing_final_backup_keeps_the_cluster_and_retries(
     assert failed["metadata"]["deletionTimestamp"]
     assert failed["status"]["phase"] == "Deleting"
     assert "finalBackup=false" in condition(failed, "FinalBackup")["message"]
+    # The attempt count, which drives the backoff, is a status field, not prose to parse.
+    assert failed["status"]["finalBackupAttempts"] >= 1
     assert any(e.startswith("FinalBackupFailed") for e in events(kube, namespace, name))
     # The next attempt runs with the fixed image and lets the deletion finish.
     patch_cluster(kube, name, namespace, {"spec": {"image": "example.invalid/postgres:16"}})

@@ -237,6 +237,7 @@ def test_status_is_complete(schema: dict[str, Any]) -> None:
         "conditions",
         "lastBackupTime",
         "observedGeneration",
+        "finalBackupAttempts",
     }
     assert "required" not in status
     condition = at(schema, "status.conditions.[]")

@@ -313,6 +313,29 @@ def test_managed_parameters_are_refused_in_any_case(key: str) -> None:
     assert key.lower() in errors[0]
 
 
+def test_every_parameter_the_instance_overrides_is_refused_at_admission() -> None:
+    """A parameter the instance configuration would silently override must be refused when
+    the user sets it, not admitted and then ignored (these sets are the one definition)."""
+    from stateward.instance import patroni
+
+    overridden = set(patroni.OPERATOR_PARAMETERS) | set(patroni.PATRONI_OWNED_PARAMETERS)
+    assert overridden <= set(MANAGED_PARAMETERS)
+    for name in sorted(overridden):
+        errors = validate_spec(spec(postgresql={"parameters": {name: "1"}}))
+        assert len(errors) == 1 and "the operator manages" in errors[0], name
+
+
+@pytest.mark.parametrize(
+    "name", ["max_wal_senders", "wal_keep_size", "max_replication_slots", "password_encryption"]
+)
+def test_parameters_the_operator_sets_are_refused(name: str) -> None:
+    errors = validate_spec(spec(postgresql={"parameters": {name: "1"}}))
+    assert errors == [
+        f'spec.postgresql.parameters["{name}"]: the operator manages {name} and it cannot be'
+        f" set here (managed parameters: {', '.join(MANAGED_PARAMETERS)})"
+    ]
+
+
 def test_parameter_names_and_values() -> None:
     errors = validate_spec(
         spec(

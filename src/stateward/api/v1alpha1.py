@@ -26,7 +26,10 @@ SHORT_NAMES = ("pgc",)
 FINALIZER = "stateward.io/finalizer"
 MAX_REPLICAS = 16
 SUPPORTED_MAJOR_VERSIONS = (13, 14, 15, 16, 17, 18)
-VERSION_PATTERN = r"^(1[3-8])(\.[0-9]{1,2})?$"
+VERSION_PATTERN = "^(" + "|".join(map(str, SUPPORTED_MAJOR_VERSIONS)) + ")([.][0-9]{1,2})?$"
+"""Supported versions: a major from SUPPORTED_MAJOR_VERSIONS, optionally ``.minor``. The one
+definition: the CRD's OpenAPI pattern, its CEL rule and the webhook all use it. Written without
+backslashes so that it reads the same in Python, Go (RE2) and a CEL string."""
 DEFAULT_IMAGE_REPOSITORY = "ghcr.io/stateward/postgres-instance"
 
 
@@ -160,6 +163,9 @@ class PostgresClusterStatus(_Model):
 
     observed_generation: int | None = None
     """The spec generation the status describes."""
+
+    final_backup_attempts: int | None = None
+    """Final backups started since deletion was requested (drives the retry backoff)."""
 
 
 class PostgresCluster(_Model):

@@ -35,6 +35,7 @@ import pydantic
 from stateward.api.v1alpha1 import (
     MAX_REPLICAS,
     SUPPORTED_MAJOR_VERSIONS,
+    VERSION_PATTERN,
     PostgresClusterSpec,
 )
 
@@ -43,6 +44,9 @@ __all__ = [
     "CRON_FIELDS",
     "CRON_REGEX",
     "MANAGED_PARAMETERS",
+    "OPERATOR_PARAMETERS",
+    "PATRONI_OWNED_PARAMETERS",
+    "SOCKET_DIR",
     "VERSION_REGEX",
     "CronField",
     "parse_quantity",
@@ -52,50 +56,74 @@ __all__ = [
 
 # --- postgresql.conf parameters ----------------------------------------------------------
 
-MANAGED_PARAMETERS: tuple[str, ...] = (
-    # where the server listens and keeps its files: fixed by the pod layout
-    "listen_addresses",
-    "port",
-    "unix_socket_directories",
-    "data_directory",
-    "config_file",
-    "hba_file",
-    "ident_file",
-    "external_pid_file",
-    # replication and failover: Patroni's job
-    "cluster_name",
-    "wal_level",
-    "wal_log_hints",
-    "hot_standby",
-    "primary_conninfo",
-    "primary_slot_name",
-    "promote_trigger_file",
-    "synchronous_standby_names",
-    # WAL archiving, backups and restore: the operator's job
-    "archive_mode",
-    "archive_command",
-    "archive_library",
-    "restore_command",
-    "recovery_target",
-    "recovery_target_action",
-    "recovery_target_inclusive",
-    "recovery_target_lsn",
-    "recovery_target_name",
-    "recovery_target_time",
-    "recovery_target_timeline",
-    "recovery_target_xid",
+SOCKET_DIR = "/var/run/postgresql"
+"""Where PostgreSQL puts its Unix socket inside the instance container."""
+
+OPERATOR_PARAMETERS: Mapping[str, str] = {
+    "wal_level": "replica",
+    "hot_standby": "on",
+    # Every possible replica plus room for base backups; constant so that scaling needs no
+    # restart (replicas must have at least the primary's value).
+    "max_wal_senders": str(MAX_REPLICAS + 4),
+    "max_replication_slots": str(MAX_REPLICAS + 4),
+    "wal_keep_size": "128MB",
+    "wal_log_hints": "on",
+    "password_encryption": "scram-sha-256",
+    "unix_socket_directories": SOCKET_DIR,
+}
+"""Parameters the operator sets to fixed values in every instance's configuration."""
+
+PATRONI_OWNED_PARAMETERS: frozenset[str] = frozenset(
+    {
+        "listen_addresses",
+        "port",
+        "cluster_name",
+        "data_directory",
+        "config_file",
+        "hba_file",
+        "ident_file",
+    }
+)
+"""Parameters Patroni sets from its own configuration."""
+
+_RESERVED_PARAMETERS: frozenset[str] = frozenset(
+    {
+        # fixed by the pod layout
+        "external_pid_file",
+        # replication and failover: Patroni's job
+        "primary_conninfo",
+        "primary_slot_name",
+        "promote_trigger_file",
+        "synchronous_standby_names",
+        # WAL archiving, backups and restore: the operator's job
+        "archive_mode",
+        "archive_command",
+        "archive_library",
+        "restore_command",
+        "recovery_target",
+        "recovery_target_action",
+        "recovery_target_inclusive",
+        "recovery_target_lsn",
+        "recovery_target_name",
+        "recovery_target_time",
+        "recovery_target_timeline",
+        "recovery_target_xid",
+    }
+)
+
+MANAGED_PARAMETERS: tuple[str, ...] = tuple(
+    sorted(OPERATOR_PARAMETERS.keys() | PATRONI_OWNED_PARAMETERS | _RESERVED_PARAMETERS)
 )
 """postgresql.conf parameters the operator (or Patroni on its behalf) sets itself; users may
-not set them in ``spec.postgresql.parameters``. All lowercase."""
+not set them in ``spec.postgresql.parameters``. All lowercase. Derived from the sets above, so
+what admission refuses is exactly what the instance configuration overrides."""
 
 _PARAMETER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?")
 
 # --- versions ----------------------------------------------------------------------------
 
-_MAJORS = "|".join(str(m) for m in SUPPORTED_MAJOR_VERSIONS)
-VERSION_REGEX = f"^({_MAJORS})([.][0-9]{{1,2}})?$"
-"""Supported versions: a major from SUPPORTED_MAJOR_VERSIONS, optionally ``.minor``. Written
-without backslashes so that it reads the same in Python, Go (RE2) and a CEL string."""
+VERSION_REGEX = VERSION_PATTERN
+"""The version rule (defined once, in ``v1alpha1``)."""
 
 _SUPPORTED_TEXT = ", ".join(str(m) for m in SUPPORTED_MAJOR_VERSIONS[:-1]) + (
     f" or {SUPPORTED_MAJOR_VERSIONS[-1]}"

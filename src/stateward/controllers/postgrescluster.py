@@ -65,6 +65,7 @@ class Scope:
     store: ObjectStore
     now: str
     conditions: list[dict[str, Any]]
+    final_backup_attempts: int | None = None
     notes: list[str] = dataclasses.field(default_factory=list)
     requeue_after: float | None = None
     degraded: list[tuple[str, str]] = dataclasses.field(default_factory=list)
@@ -126,6 +127,7 @@ class Reconciler:
             store=self.store,
             now=_now(),
             conditions=[dict(c) for c in (body.get("status") or {}).get("conditions") or []],
+            final_backup_attempts=(body.get("status") or {}).get("finalBackupAttempts"),
         )
         deleting = bool(body["metadata"].get("deletionTimestamp"))
         phases: list[Phase] = (
@@ -470,22 +472,15 @@ async def _delete_patroni_state(scope: Scope) -> None:
             await scope.kube.delete(Ref.of(config_map))
 
 
-def _attempts(condition: dict[str, Any] | None) -> int:
-    """Final-backup attempts so far, kept in the FinalBackup condition's message ("attempt N
-    ...") so that a restarted operator continues the same backoff."""
-    if condition is None:
-        return 0
-    word = condition.get("message", "").partition("attempt ")[2].split(" ")[0]
-    return int(word) if word.isdigit() else 0
-
-
 async def _final_backup(scope: Scope) -> str | None:
     """Run the final backup Job to success; None once it has succeeded."""
     cluster = scope.cluster
     job = scope.observed("Job", cluster.final_backup_job_name)
     state = _job_state(job) if job is not None else None
     previous = cond.get_condition(scope.conditions, "FinalBackup")
-    attempts = _attempts(previous)
+    # The count lives in status.finalBackupAttempts, a machine field, so a restarted operator
+    # continues the same backoff whatever the condition's message says.
+    attempts = scope.final_backup_attempts or 0
     delay = min(FINAL_BACKUP_MAX_DELAY, 5.0 * 2 ** max(attempts - 1, 0))
     if state == "Complete":
         if previous is None or previous.get("reason") != "Succeeded":
@@ -526,6 +521,7 @@ async def _final_backup(scope: Scope) -> str | None:
         else:
             scope.store.observe(created)
         attempts += 1
+        scope.final_backup_attempts = attempts
         scope.set_condition(
             "FinalBackup",
             None,
@@ -635,6 +631,7 @@ async def write_status(scope: Scope, *, deleting: bool) -> None:
         "lastBackupTime": ((cronjob or {}).get("status") or {}).get("lastSuccessfulTime")
         or current.get("lastBackupTime"),
         "observedGeneration": cluster.generation,
+        "finalBackupAttempts": scope.final_backup_attempts,
     }
     status = {k: v for k, v in status.items() if v is not None}
     if status == {k: v for k, v in current.items() if k in status} and set(current) <= set(status):

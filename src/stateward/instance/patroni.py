@@ -14,7 +14,7 @@ from typing import Any, Final
 
 import yaml
 
-from stateward.api import v1alpha1
+from stateward.api import v1alpha1, validation
 
 # --- the contract between Patroni and the operator's Services ---------------------------
 
@@ -39,7 +39,7 @@ CONFIG_FILE: Final = f"{CONFIG_DIR}/{CONFIG_FILE_NAME}"
 DATA_MOUNT: Final = "/var/lib/postgresql/data"
 DATA_DIR: Final = f"{DATA_MOUNT}/pgdata"
 """A subdirectory of the volume: initdb refuses a non-empty directory (lost+found)."""
-SOCKET_DIR: Final = "/var/run/postgresql"
+SOCKET_DIR: Final = validation.SOCKET_DIR
 TMP_DIR: Final = "/tmp"  # noqa: S108 - an emptyDir private to the container
 PGPASS_FILE: Final = f"{TMP_DIR}/pgpass"
 """Patroni writes a pgpass file; the root filesystem is read-only, /tmp is an emptyDir."""
@@ -57,33 +57,13 @@ PRIMARY_START_TIMEOUT: Final = 10
 
 # --- PostgreSQL parameters ---------------------------------------------------------------
 
-MAX_WAL_SENDERS: Final = v1alpha1.MAX_REPLICAS + 4
-"""Every possible replica plus room for base backups; constant so scaling needs no restart
-(replicas must have at least the primary's value)."""
+MAX_WAL_SENDERS: Final = int(validation.OPERATOR_PARAMETERS["max_wal_senders"])
 
-OPERATOR_PARAMETERS: Final[Mapping[str, str]] = {
-    "wal_level": "replica",
-    "hot_standby": "on",
-    "max_wal_senders": str(MAX_WAL_SENDERS),
-    "max_replication_slots": str(MAX_WAL_SENDERS),
-    "wal_keep_size": "128MB",
-    "wal_log_hints": "on",
-    "password_encryption": "scram-sha-256",
-    "unix_socket_directories": SOCKET_DIR,
-}
-"""Parameters the operator sets; applied after the user's, so they always win."""
+OPERATOR_PARAMETERS: Final = validation.OPERATOR_PARAMETERS
+"""Parameters the operator sets; applied after the user's, so they always win. Defined in the
+API layer, where admission refuses them, so the two can never disagree."""
 
-PATRONI_OWNED_PARAMETERS: Final = frozenset(
-    {
-        "listen_addresses",
-        "port",
-        "cluster_name",
-        "data_directory",
-        "config_file",
-        "hba_file",
-        "ident_file",
-    }
-)
+PATRONI_OWNED_PARAMETERS: Final = validation.PATRONI_OWNED_PARAMETERS
 """Parameters Patroni sets from its own configuration; a user value is dropped."""
 
 PG_HBA: Final = (
