@@ -454,6 +454,18 @@ def test_delete_runs_final_backup_then_removes_volumes(
         }
     )
     kube.create(leader_lock)
+    # A user's own ConfigMap that happens to carry the cluster label is not Patroni's.
+    users = ConfigMap.from_dict(
+        {
+            "metadata": {
+                "name": f"{name}-app-settings",
+                "namespace": namespace,
+                "labels": {"stateward.io/cluster": name},
+            },
+            "data": {"keep": "me"},
+        }
+    )
+    kube.create(users)
     kube.delete(PostgresClusterResource, name, namespace=namespace)
     wait_for(
         lambda: gone(kube, PostgresClusterResource, name, namespace),
@@ -461,6 +473,8 @@ def test_delete_runs_final_backup_then_removes_volumes(
         timeout=90,
     )
     assert gone(kube, ConfigMap, f"{name}-leader", namespace)
+    kept = kube.get(ConfigMap, f"{name}-app-settings", namespace=namespace)
+    assert kept.data == {"keep": "me"}
     reasons = [e.split(":")[0] for e in events(kube, namespace, name)]
     assert "FinalBackupStarted" in reasons and "FinalBackupSucceeded" in reasons
     wait_for(

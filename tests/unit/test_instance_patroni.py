@@ -214,3 +214,12 @@ def test_rendering_is_the_same_with_or_without_libyaml() -> None:
         patroni.configuration(cluster, labels=labels), sort_keys=False, default_flow_style=False
     )
     assert fast == plain
+
+
+def test_state_config_maps_are_the_ones_patroni_creates_in_config_map_mode() -> None:
+    assert patroni.state_config_maps("orders") == {
+        "orders-leader",
+        "orders-config",
+        "orders-failover",
+        "orders-sync",
+    }

@@ -29,6 +29,7 @@ from stateward.controllers.diff import differences
 from stateward.controllers.kube import Body, Kube, Ref
 from stateward.controllers.queue import Outcome
 from stateward.controllers.store import ObjectStore
+from stateward.instance import patroni
 from stateward.specs import backup, meta, secrets
 from stateward.specs import config as config_spec
 
@@ -463,12 +464,16 @@ async def finalize(scope: Scope) -> str | None:
 async def _delete_patroni_state(scope: Scope) -> None:
     """Patroni's own ConfigMaps (``NAME-leader``, ``NAME-config``, ...) carry no owner
     reference, so garbage collection would leave them behind; a later cluster of the same
-    name would then find a stale leader lock and timeline history."""
+    name would then find a stale leader lock and timeline history. Only those exact names,
+    and only without an owner: a user's ConfigMap that merely carries our label stays."""
     found = await scope.kube.list_objects(
         "v1", "ConfigMap", scope.namespace, {meta.CLUSTER_LABEL: scope.cluster.name}
     )
+    names = patroni.state_config_maps(scope.cluster.name)
     for config_map in found:
-        if not config_map["metadata"].get("ownerReferences"):
+        if config_map["metadata"]["name"] in names and not config_map["metadata"].get(
+            "ownerReferences"
+        ):
             await scope.kube.delete(Ref.of(config_map))
 
 

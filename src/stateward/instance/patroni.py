@@ -77,6 +77,12 @@ PG_HBA: Final = (
 )
 
 
+def state_config_maps(scope: str) -> frozenset[str]:
+    """The ConfigMaps Patroni keeps its cluster state in (ConfigMaps mode); status and
+    history are annotations on ``SCOPE-leader`` and ``SCOPE-config``."""
+    return frozenset(f"{scope}-{key}" for key in ("leader", "config", "failover", "sync"))
+
+
 def bin_dir(major_version: int) -> str:
     """PostgreSQL binaries of one major version (Debian layout of the instance image)."""
     return f"/usr/lib/postgresql/{major_version}/bin"
