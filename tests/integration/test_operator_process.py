@@ -232,3 +232,46 @@ def test_a_restarted_operator_writes_nothing_for_a_converged_cluster(
         (e["verb"], e["objectRef"].get("resource"), e["objectRef"].get("name"))
         for e in audit.writes(namespace=namespace)[writes:]
     ]
+
+
+def test_a_second_operator_on_a_busy_port_exits_with_one_line_naming_the_flag(
+    apiserver: LocalCluster, bare: Client, operators: list[OperatorProcess]
+) -> None:
+    first = _launch(apiserver, operators, "first")
+    wait_leading(first)
+    # A second operator on the same host, on the first one's probe port (the default 8081
+    # clash): it must say which flag to change and exit, not die with a traceback.
+    second = start_operator(
+        apiserver,
+        extra=["--identity=second", f"--probe-port={first.probe_port}"],
+        name="operator-busy-port",
+    )
+    operators.append(second)
+    code = wait_for(lambda: second.process.poll(), what="the second operator to exit")
+    output = second.log.read_text()
+    assert code == 2
+    assert "Traceback" not in output
+    assert f"127.0.0.1:{first.probe_port}" in output and "--probe-port" in output
+    # The first one was not disturbed.
+    assert _ready(first)
+
+
+def test_the_operator_creates_its_lease_namespace_when_it_is_missing(
+    apiserver: LocalCluster, bare: Client, operators: list[OperatorProcess]
+) -> None:
+    # The kubebuilder habit: `make install` (CRDs only), then the operator on a workstation,
+    # with no namespace made by `make deploy`.
+    namespace = f"stateward-{uuid.uuid4().hex[:8]}"
+    handle = start_operator(
+        apiserver,
+        extra=["--identity=fresh", f"--namespace={namespace}", *FAST_LEASE],
+        name="operator-fresh-namespace",
+    )
+    operators.append(handle)
+    try:
+        wait_leading(handle)
+        lease = bare.get(Lease, "stateward-operator-leader", namespace=namespace)
+        assert lease.spec is not None and lease.spec.holderIdentity == "fresh"
+    finally:
+        handle.stop()
+        bare.delete(Namespace, namespace)

@@ -134,7 +134,11 @@ def _operator(args: argparse.Namespace) -> int:
         webhook_service=args.webhook_service,
         webhooks=not args.no_webhooks,
     )
-    return operator.run(options)
+    try:
+        return operator.run(options)
+    except operator.StartupError as error:
+        print(f"stateward operator: {error}", file=sys.stderr)
+        return 2
 
 
 def _manifests(args: argparse.Namespace) -> int:

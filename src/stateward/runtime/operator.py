@@ -25,8 +25,10 @@ from typing import Any
 
 import kopf
 from aiohttp import web
-from lightkube import AsyncClient
+from lightkube import ApiError, AsyncClient
 from lightkube.config.kubeconfig import KubeConfig
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Namespace
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pythonjsonlogger.json import JsonFormatter
 
@@ -58,6 +60,10 @@ CHILD_RESOURCES = (
     ("batch", "v1", "cronjobs", "CronJob"),
     ("batch", "v1", "jobs", "Job"),
 )
+
+
+class StartupError(Exception):
+    """The operator cannot start as configured; the message says what to change."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -292,6 +298,7 @@ class Operator:
     async def run(self, stop: asyncio.Event) -> int:
         """Campaign; while leading, watch and reconcile; on losing the Lease, stop and campaign
         again. Returns 0 on a requested stop, 1 if Kopf itself failed."""
+        await self._ensure_namespace()
         probes = await self._start_probes()
         if self.options.webhooks:
             await self._start_admission(stop)
@@ -313,6 +320,29 @@ class Operator:
             if self.admission is not None:
                 await self.admission.stop()
             await probes.cleanup()
+
+    async def _ensure_namespace(self) -> None:
+        """The Lease (and the webhook Secret) live in ``options.namespace``. ``make deploy``
+        creates it; a user who ran ``make install`` and then the operator on their machine has
+        none, so create it when allowed, or say in one line what to run."""
+        namespace = self.options.namespace
+        try:
+            await self.client.get(Namespace, namespace)
+            return
+        except ApiError as error:
+            if error.status.code != 404:
+                return  # e.g. in-cluster without permission to read namespaces: it exists
+        try:
+            await self.client.create(Namespace(metadata=ObjectMeta(name=namespace)))
+            logger.info("created namespace %s for the leader Lease", namespace)
+        except ApiError as error:
+            if error.status.code == 409:
+                return
+            raise StartupError(
+                f"namespace {namespace!r} (--namespace) does not exist and this user may not"
+                f" create it ({error.status.reason}): run `kubectl create namespace {namespace}`"
+                " or `make deploy`, or pass --namespace with an existing namespace"
+            ) from None
 
     async def _lead(self, stop: asyncio.Event) -> str:
         """One term as leader: Kopf watches and the work queue run until it ends."""
@@ -414,8 +444,27 @@ async def _first(*waitables: Any) -> None:
                 task.cancel()
 
 
+def _check_port(address: str, port: int, flag: str) -> None:
+    """Fail before anything starts if a port we serve on is taken (the usual cause: another
+    operator already runs on this host)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((address, port))
+        except OSError as error:
+            raise StartupError(
+                f"cannot listen on {address}:{port} ({error.strerror}); another operator may"
+                f" be running on this host: stop it or pass {flag} with a free port"
+            ) from None
+
+
 def run(options: Options) -> int:
-    """Run until SIGINT/SIGTERM (exit 0) or lost leadership (exit 1)."""
+    """Run until SIGINT/SIGTERM (exit 0) or lost leadership (exit 1). Raises StartupError,
+    with a message naming the flag to change, when it cannot start."""
+    _check_port(options.probe_address, options.probe_port, "--probe-port")
+    if options.webhooks:
+        _check_port(options.webhook_address, options.webhook_port, "--webhook-port")
     handler = logging.StreamHandler()
     handler.setFormatter(
         JsonFormatter(
