@@ -18,6 +18,7 @@ from lightkube.resources.core_v1 import (
     Event,
     PersistentVolumeClaim,
     Pod,
+    ResourceQuota,
     Secret,
     Service,
     ServiceAccount,
@@ -533,6 +534,52 @@ def test_failing_final_backup_keeps_the_cluster_and_retries(
         if c.metadata.name.startswith(f"pgdata-{name}")  # type: ignore[union-attr]
     ]
     assert len(retained) == 3 and not any(c.metadata.deletionTimestamp for c in retained)  # type: ignore[union-attr]
+
+
+def test_a_failing_reconcile_is_reported_in_status_and_events_and_cleared_on_success(
+    kube: Client, namespace: str, make_cluster: MakeCluster
+) -> None:
+    # A quota that forbids Services: the API server refuses the cluster's Services.
+    kube.create(
+        ResourceQuota.from_dict(
+            {"metadata": {"name": "no-services"}, "spec": {"hard": {"services": "0"}}}
+        ),
+        namespace=namespace,
+    )
+    wait_for(
+        lambda: (
+            (q := kube.get(ResourceQuota, "no-services", namespace=namespace)).status
+            and q.status.hard
+        ),
+        what="the quota controller to account the quota",
+    )
+    name = make_cluster()
+    failing = wait_for(
+        lambda: (
+            (obj := get_pgc(kube, name, namespace))
+            and condition(obj, "Degraded").get("reason") == "ReconcileFailed"
+            and obj
+        ),
+        what="the refused write to be reported as Degraded/ReconcileFailed",
+    )
+    message = condition(failing, "Degraded")["message"]
+    assert "exceeded quota" in message and "no-services" in message
+    assert failing["status"]["phase"] == "Failing"
+    warnings = [e for e in events(kube, namespace, name) if e.startswith("ReconcileFailed:")]
+    assert warnings and "exceeded quota" in warnings[0]
+    # The cause goes away: the next reconcile succeeds and clears the condition.
+    kube.delete(ResourceQuota, "no-services", namespace=namespace)
+    cleared = wait_for(
+        lambda: (
+            (obj := get_pgc(kube, name, namespace))
+            and condition(obj, "Degraded").get("status") == "False"
+            and obj
+        ),
+        what="Degraded to clear once the write succeeds",
+        timeout=120,
+    )
+    assert cleared["status"]["phase"] != "Failing"
+    assert kube.get(Service, f"{name}-primary", namespace=namespace)
 
 
 def test_invalid_specs_are_refused_with_the_field_named(

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import httpx
 import pytest
+from lightkube import ApiError
 
 from stateward.controllers.conditions import get_condition, is_true, set_condition
+from stateward.controllers.postgrescluster import failure_message
 
 pytestmark = pytest.mark.unit
 
@@ -64,3 +67,24 @@ def test_lookups() -> None:
     assert is_true(conditions, "Ready")
     assert not is_true(conditions, "Degraded")
     assert get_condition(conditions, "Degraded") is None
+
+
+def test_a_failed_reconcile_reports_the_api_servers_words_or_only_the_error_type() -> None:
+    response = httpx.Response(
+        403,
+        json={
+            "kind": "Status",
+            "code": 403,
+            "reason": "Forbidden",
+            "message": 'services "pg-primary" is forbidden: exceeded quota: no-services',
+        },
+        request=httpx.Request("PATCH", "https://k8s/api/v1/namespaces/ns/services/pg-primary"),
+    )
+    assert failure_message(ApiError(response=response)) == (
+        "the API server refused a write: 403 Forbidden:"
+        ' services "pg-primary" is forbidden: exceeded quota: no-services'
+    )
+    # Any other exception's text could carry anything (a password in a connection string):
+    # only its type is reported.
+    message = failure_message(ValueError("postgres://app:s3cret@db"))
+    assert "s3cret" not in message and message.startswith("ValueError")

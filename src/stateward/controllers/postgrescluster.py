@@ -145,10 +145,14 @@ class Reconciler:
                 roll_pods,
             ]
         )
-        for phase in phases:
-            note = await phase(scope)
-            if note:
-                scope.notes.append(note)
+        try:
+            for phase in phases:
+                note = await phase(scope)
+                if note:
+                    scope.notes.append(note)
+        except Exception as error:
+            await _report_failure(scope, error, deleting=deleting)
+            raise
         if deleting and FINALIZER_REMOVED in scope.notes:
             logger.info("%s/%s: %s", namespace, name, "; ".join(scope.notes))
             return Outcome()
@@ -156,6 +160,36 @@ class Reconciler:
         if scope.notes:
             logger.info("%s/%s: %s", namespace, name, "; ".join(scope.notes))
         return Outcome(requeue_after=scope.requeue_after)
+
+
+RECONCILE_FAILED = "ReconcileFailed"
+
+
+def failure_message(error: BaseException) -> str:
+    """What a user may read about a failed reconcile: the API server's own words for API
+    errors (they name objects, fields and quotas, never secret values), only the exception's
+    type otherwise (its text could carry anything)."""
+    if isinstance(error, ApiError):
+        status = error.status
+        return f"the API server refused a write: {status.code} {status.reason}: {status.message}"
+    return f"{type(error).__name__} while reconciling; the operator log has the details"
+
+
+async def _report_failure(scope: Scope, error: BaseException, *, deleting: bool) -> None:
+    """Put a failed reconcile where the user looks: ``Degraded/ReconcileFailed`` and a
+    Warning Event (once per distinct message: the queue's backoff retries would otherwise
+    repeat it). The next successful reconcile recomputes Degraded and so clears it."""
+    if isinstance(error, ApiError) and error.status.code == 409:
+        return  # an optimistic write lost a race: the retry, from fresh observations, fixes it
+    message = failure_message(error)
+    previous = cond.get_condition(scope.conditions, "Degraded") or {}
+    scope.degraded.insert(0, (RECONCILE_FAILED, message))
+    try:
+        await write_status(scope, deleting=deleting)
+        if previous.get("reason") != RECONCILE_FAILED or previous.get("message") != message:
+            await scope.event(RECONCILE_FAILED, message, warning=True)
+    except Exception:
+        logger.exception("could not report the failed reconcile in status")
 
 
 # --- phases ----------------------------------------------------------------------------------
@@ -279,8 +313,17 @@ async def apply_children(scope: Scope) -> str | None:
             )
         updated.append(f"{kind} {name} ({', '.join(drift[:5])})")
         pending.append(child)
-    for applied in await asyncio.gather(*(scope.kube.apply(child) for child in pending)):
-        scope.store.observe(applied)
+    # Keep what succeeded even when one apply fails: the store must not forget a write that
+    # happened, or the next reconcile would see drift that is not there.
+    results = await asyncio.gather(
+        *(scope.kube.apply(child) for child in pending), return_exceptions=True
+    )
+    failures = [r for r in results if isinstance(r, BaseException)]
+    for applied in results:
+        if not isinstance(applied, BaseException):
+            scope.store.observe(applied)
+    if failures:
+        raise failures[0]
     if created:
         await scope.event("Created", f"Created {', '.join(created)}")
     if updated:
