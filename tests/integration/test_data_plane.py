@@ -18,10 +18,12 @@ from lightkube import Client, codecs
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Pod
+from lightkube.types import PatchType
 
 from stateward.cli.run import (
     OPERATOR_NAMESPACE,
     OperatorProcess,
+    PostgresClusterResource,
     ensure_namespace,
     install_crds,
     start_operator,
@@ -113,6 +115,42 @@ def test_a_single_instance_bootstraps_to_a_writable_primary(
     assert status.get("replicaPods", []) == []
     assert sql(real_cluster, ns, "solo-0", "select pg_is_in_recovery()") == "f"
     assert sql(real_cluster, ns, "solo-0", "select version()").startswith("PostgreSQL 15")
+
+
+def test_parameters_are_applied_through_patroni_without_restarting_pods(
+    real_cluster: LocalCluster, client: Client, ns: str
+) -> None:
+    create_cluster(client, ns, "tuned", replicas=1)
+    ready(client, ns, "tuned")
+    before = client.get(Pod, "tuned-0", namespace=ns)
+    assert sql(real_cluster, ns, "tuned-0", "show max_connections") == "100"
+
+    client.patch(
+        PostgresClusterResource,
+        "tuned",
+        {"spec": {"postgresql": {"parameters": {"work_mem": "12MB", "max_connections": "120"}}}},
+        namespace=ns,
+        patch_type=PatchType.MERGE,
+    )
+    # work_mem takes effect on reload: Patroni applies it within a loop or two.
+    wait_for(
+        lambda: sql(real_cluster, ns, "tuned-0", "show work_mem") == "12MB",
+        what="work_mem to be applied on the running instance",
+        timeout=90,
+        interval=1,
+    )
+    # max_connections needs a restart: reported, not silently half-applied.
+    wait_for(
+        lambda: get_pgc(client, "tuned", ns).get("status", {}).get("pendingRestart") == ["tuned-0"],
+        what="status.pendingRestart to list the instance",
+        timeout=90,
+    )
+    assert sql(real_cluster, ns, "tuned-0", "show max_connections") == "100"
+    # Neither change restarted the pod.
+    after = client.get(Pod, "tuned-0", namespace=ns)
+    assert after.metadata.uid == before.metadata.uid  # type: ignore[union-attr]
+    statuses = after.status.containerStatuses or []  # type: ignore[union-attr]
+    assert statuses and all(c.restartCount == 0 for c in statuses)
 
 
 def test_three_instances_replicate_and_a_replica_takes_over_when_the_primary_pod_goes(

@@ -238,6 +238,7 @@ def test_status_is_complete(schema: dict[str, Any]) -> None:
         "lastBackupTime",
         "observedGeneration",
         "finalBackupAttempts",
+        "pendingRestart",
     }
     assert "required" not in status
     condition = at(schema, "status.conditions.[]")

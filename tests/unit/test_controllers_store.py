@@ -108,12 +108,13 @@ def test_managed_fields_are_not_kept() -> None:
     assert "managedFields" in observed["metadata"], "the caller's body is untouched"
 
 
-def test_pods_keep_only_metadata_phase_and_conditions() -> None:
+def test_pods_keep_only_metadata_phase_ip_and_conditions() -> None:
     store = ObjectStore()
     pod = body("Pod", "pg-0", "1")
     pod["spec"] = {"containers": [{"name": "postgres", "image": "x"}]}
     pod["status"] = {
         "phase": "Running",
+        "podIP": "10.244.1.7",
         "conditions": [{"type": "Ready", "status": "True"}],
         "containerStatuses": [{"name": "postgres"}],
     }
@@ -123,6 +124,7 @@ def test_pods_keep_only_metadata_phase_and_conditions() -> None:
     assert "spec" not in kept
     assert kept["status"] == {
         "phase": "Running",
+        "podIP": "10.244.1.7",  # where the operator reaches Patroni's REST API
         "conditions": [{"type": "Ready", "status": "True"}],
     }
     assert kept["metadata"]["labels"] == {"stateward.io/cluster": "pg"}

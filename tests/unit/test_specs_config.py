@@ -54,10 +54,16 @@ def test_config_hash_is_short_hex_and_deterministic() -> None:
 
 def test_config_hash_follows_the_configuration() -> None:
     base = config.config_hash(make_cluster())
-    assert config.config_hash(make_cluster(postgresql={"parameters": {"work_mem": "8MB"}})) != (
-        base
-    )
     assert config.config_hash(make_cluster(version="17")) != base
+
+
+def test_parameters_do_not_roll_pods_but_reach_the_bootstrap_configuration() -> None:
+    """Parameters live in bootstrap.dcs, which Patroni reads only once; changing them must
+    not restart every pod (the operator applies them through PATCH /config instead)."""
+    tuned = make_cluster(postgresql={"parameters": {"work_mem": "8MB"}})
+    assert config.config_hash(tuned) == config.config_hash(make_cluster())
+    rendered = yaml.safe_load(config.render(tuned))
+    assert rendered["bootstrap"]["dcs"]["postgresql"]["parameters"]["work_mem"] == "8MB"
 
 
 def test_config_hash_ignores_what_the_configuration_does_not_contain() -> None:

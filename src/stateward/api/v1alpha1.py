@@ -164,6 +164,11 @@ class PostgresClusterStatus(_Model):
     observed_generation: int | None = None
     """The spec generation the status describes."""
 
+    pending_restart: list[str] | None = None
+    """Instances running with a changed parameter that takes effect only after a restart
+    (as Patroni reports it); restart them with ``patronictl restart`` until Stateward rolls
+    them itself."""
+
     final_backup_attempts: int | None = None
     """Final backups started since deletion was requested (drives the retry backoff)."""
 

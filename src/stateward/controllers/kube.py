@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 from lightkube import ApiError, AsyncClient, codecs
 from lightkube.core.resource_registry import resource_registry
 from lightkube.generic_resource import create_namespaced_resource
@@ -57,6 +58,10 @@ def is_not_found(error: ApiError) -> bool:
     return error.status.code == 404
 
 
+class PatroniError(Exception):
+    """Patroni's REST API refused a request; the message is safe to show (no credentials)."""
+
+
 class Kube:
     def __init__(
         self,
@@ -75,6 +80,20 @@ class Kube:
         if not self.may_write():
             raise NotLeader(f"not the leader: refusing to {verb} {kind}")
         self.on_write(verb, kind)
+
+    # --- Patroni's REST API ----------------------------------------------------------------
+
+    async def patch_patroni_config(self, address: str, port: int, patch: Body) -> None:
+        """``PATCH /config`` on one member: Patroni merges it into the cluster-wide (DCS)
+        configuration, and every member applies it within one HA loop (null removes a key)."""
+        self._guard("patch", "PatroniConfig")
+        async with httpx.AsyncClient(timeout=10) as http:
+            response = await http.patch(f"http://{address}:{port}/config", json=patch)
+        if response.status_code >= 400:
+            raise PatroniError(
+                f"Patroni at {address}:{port} refused PATCH /config: {response.status_code}"
+                f" {response.text[:200]}"
+            )
 
     # --- reads ------------------------------------------------------------------------------
 

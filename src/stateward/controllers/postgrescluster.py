@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from decimal import Decimal
@@ -108,11 +109,64 @@ class Reconciler:
     def __init__(self, kube: Kube, store: ObjectStore) -> None:
         self.kube = kube
         self.store = store
+        self._applied: dict[tuple[str, str], tuple[str, str]] = {}
+
+    async def apply_parameters(self, scope: Scope) -> str | None:
+        """Bring Patroni's cluster-wide PostgreSQL parameters to the spec's, through
+        ``PATCH /config`` on the primary: no pod restarts (parameters that need one show up
+        in ``status.pendingRestart``).
+
+        The observation is Patroni's own ``NAME-config`` ConfigMap, read only when the
+        desired parameters or the primary changed since the last time they were found
+        applied (``_applied``), so a cluster at rest costs no request at all. A new process
+        starts with an empty memory and checks every cluster once.
+        """
+        cluster = scope.cluster
+        primary = next((p for p in _pods(scope) if _role(p) == meta.PRIMARY_ROLE), None)
+        if primary is None:
+            return None  # nothing runs yet, or a failover is under way
+        desired = patroni.parameters(cluster)
+        memo = (json.dumps(desired, sort_keys=True), primary["metadata"].get("uid", ""))
+        key = (cluster.namespace, cluster.name)
+        if self._applied.get(key) == memo:
+            return None
+        state = await scope.kube.get("v1", "ConfigMap", scope.namespace, f"{cluster.name}-config")
+        if state is None:
+            # No Patroni state although a primary is labelled: nothing runs Patroni here (a
+            # simulated node). Patroni writes its configuration before it labels a primary.
+            self._applied[key] = memo
+            return None
+        try:
+            dcs = json.loads(((state["metadata"].get("annotations") or {}).get("config")) or "{}")
+        except ValueError:
+            dcs = {}
+        current = ((dcs.get("postgresql") or {}).get("parameters")) or {}
+        current = {k: _text(v) for k, v in current.items()}
+        if current == desired:
+            self._applied[key] = memo
+            return None
+        address = (primary.get("status") or {}).get("podIP")
+        if not address:
+            scope.requeue(PROGRESS_RECHECK)
+            return "waiting for the primary's address to apply parameters"
+        changed = sorted(
+            k for k in desired.keys() | current.keys() if desired.get(k) != current.get(k)
+        )
+        patch = {"postgresql": {"parameters": {k: desired.get(k) for k in changed}}}
+        await scope.kube.patch_patroni_config(address, patroni.RESTAPI_PORT, patch)
+        await scope.event(
+            "ParametersApplied",
+            f"Applied PostgreSQL parameters through Patroni: {', '.join(changed)}",
+        )
+        # Patroni writes its ConfigMap asynchronously: check again shortly.
+        scope.requeue(PROGRESS_RECHECK)
+        return f"applied parameters {', '.join(changed)}"
 
     async def reconcile(self, key: tuple[str, str]) -> Outcome:
         namespace, name = key
         body = self.store.get(KIND, namespace, name)
         if body is None:
+            self._applied.pop(key, None)
             return Outcome()
         try:
             cluster = PostgresCluster.model_validate(body)
@@ -142,6 +196,7 @@ class Reconciler:
                 remove_backup_cronjob,
                 ensure_backup_repository,
                 expand_volumes,
+                self.apply_parameters,
                 roll_pods,
             ]
         )
@@ -409,6 +464,24 @@ def _pods(scope: Scope) -> list[Body]:
         and (pod["metadata"].get("labels") or {}).get(meta.COMPONENT_LABEL)
         == meta.INSTANCE_COMPONENT
     ]
+
+
+def _text(value: Any) -> str:
+    """A parameter value as PostgreSQL's configuration text (Patroni may hold numbers)."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def _pending_restart(pod: Body) -> bool:
+    """Patroni's member record (the pod's ``status`` annotation) says a changed parameter
+    takes effect only after a restart."""
+    raw = (pod["metadata"].get("annotations") or {}).get("status")
+    try:
+        record = json.loads(raw) if raw else {}
+    except ValueError:
+        return False
+    return isinstance(record, dict) and bool(record.get("pending_restart"))
 
 
 def _role(pod: Body) -> str | None:
@@ -680,6 +753,8 @@ async def write_status(scope: Scope, *, deleting: bool) -> None:
         or current.get("lastBackupTime"),
         "observedGeneration": cluster.generation,
         "finalBackupAttempts": scope.final_backup_attempts,
+        "pendingRestart": sorted(p["metadata"]["name"] for p in pods if _pending_restart(p))
+        or None,
     }
     status = {k: v for k, v in status.items() if v is not None}
     if status == {k: v for k, v in current.items() if k in status} and set(current) <= set(status):

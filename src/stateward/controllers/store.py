@@ -71,8 +71,8 @@ def _slim(body: Body) -> Body:
     """A copy of ``body`` without what no reconcile reads.
 
     At a thousand clusters the store holds tens of thousands of bodies, so this is most of
-    the operator's memory: managedFields go everywhere; Pods keep metadata and their phase
-    and conditions only; Secrets keep no data at all (the reconciler only asks whether a
+    the operator's memory: managedFields go everywhere; Pods keep metadata, their phase,
+    IP and conditions only; Secrets keep no data at all (the reconciler only asks whether a
     Secret exists, and secret values then never sit in the operator's memory).
     """
     metadata = {k: copy.deepcopy(v) for k, v in body["metadata"].items() if k != "managedFields"}
@@ -85,6 +85,7 @@ def _slim(body: Body) -> Body:
             "metadata": metadata,
             "status": {
                 "phase": status.get("phase"),
+                "podIP": status.get("podIP"),
                 "conditions": copy.deepcopy(status.get("conditions") or []),
             },
         }

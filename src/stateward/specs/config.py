@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 
 from stateward.api import v1alpha1
 from stateward.instance import patroni
@@ -28,5 +29,11 @@ def config_map(cluster: v1alpha1.PostgresCluster) -> meta.Object:
 
 
 def config_hash(cluster: v1alpha1.PostgresCluster) -> str:
-    """Short sha256 of the rendered configuration, for the pod template annotation."""
-    return hashlib.sha256(render(cluster).encode()).hexdigest()[:HASH_LENGTH]
+    """Short sha256 of the configuration a running instance reads, for the pod template
+    annotation: a change rolls the pods. ``bootstrap.dcs`` (the PostgreSQL parameters among
+    it) is left out: Patroni reads it only to initialize a new cluster, and the operator
+    applies later changes through Patroni's ``PATCH /config`` without restarting anything."""
+    document = patroni.configuration(cluster, labels=meta.selector_labels(cluster))
+    document["bootstrap"] = {k: v for k, v in document["bootstrap"].items() if k != "dcs"}
+    canonical = json.dumps(document, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:HASH_LENGTH]
