@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from lightkube import Client, codecs
+from lightkube import ApiError, Client, codecs
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Pod
@@ -63,7 +63,7 @@ def ns(client: Client, real_operator: OperatorProcess) -> Iterator[str]:
     client.delete(Namespace, name)
 
 
-def create_cluster(client: Client, ns: str, name: str, replicas: int) -> None:
+def create_cluster(client: Client, ns: str, name: str, replicas: int, **spec: Any) -> None:
     body: dict[str, Any] = {
         "apiVersion": "stateward.io/v1alpha1",
         "kind": "PostgresCluster",
@@ -73,6 +73,7 @@ def create_cluster(client: Client, ns: str, name: str, replicas: int) -> None:
             "replicas": replicas,
             "storageSize": "1Gi",
             "deletionPolicy": {"finalBackup": False},
+            **spec,
         },
     }
     client.create(codecs.from_dict(body))
@@ -213,3 +214,57 @@ def test_three_instances_replicate_and_a_replica_takes_over_when_the_primary_pod
         what=f"{primary} to replay the row written after the failover",
     )
     ready(client, ns, "trio", timeout=120)
+
+
+def test_a_final_backup_that_cannot_start_says_why_and_can_be_skipped(
+    real_cluster: LocalCluster, client: Client, ns: str
+) -> None:
+    # An image no node has and no registry serves: every pod of this cluster, the final
+    # backup's included, stays in ErrImagePull/ImagePullBackOff.
+    create_cluster(
+        client,
+        ns,
+        "stuck",
+        replicas=1,
+        image="localhost/stateward/not-built:1",
+        deletionPolicy={"finalBackup": True},
+    )
+    wait_for(
+        lambda: (
+            "stateward.io/finalizer"
+            in (get_pgc(client, "stuck", ns)["metadata"].get("finalizers") or [])
+        ),
+        what="the finalizer",
+    )
+    client.delete(PostgresClusterResource, "stuck", namespace=ns)
+    stuck = wait_for(
+        lambda: next(
+            (
+                c
+                for c in get_pgc(client, "stuck", ns).get("status", {}).get("conditions", [])
+                if c["type"] == "FinalBackup" and c["reason"] == "PodNotRunning"
+            ),
+            None,
+        ),
+        what="the FinalBackup condition to say why the backup pod does not run",
+        timeout=120,
+    )
+    assert "ErrImagePull" in stuck["message"] or "ImagePullBackOff" in stuck["message"]
+    assert "spec.deletionPolicy.finalBackup=false" in stuck["message"]
+    # The documented way out, applied while Terminating, is honoured.
+    client.patch(
+        PostgresClusterResource,
+        "stuck",
+        {"spec": {"deletionPolicy": {"finalBackup": False}}},
+        namespace=ns,
+        patch_type=PatchType.MERGE,
+    )
+
+    def gone() -> bool:
+        try:
+            get_pgc(client, "stuck", ns)
+        except ApiError as error:
+            return error.status.code == 404
+        return False
+
+    wait_for(gone, what="the cluster to be deleted without a final backup", timeout=90)

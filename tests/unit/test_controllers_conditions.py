@@ -7,7 +7,7 @@ import pytest
 from lightkube import ApiError
 
 from stateward.controllers.conditions import get_condition, is_true, set_condition
-from stateward.controllers.postgrescluster import failure_message
+from stateward.controllers.postgrescluster import failure_message, pod_problem
 
 pytestmark = pytest.mark.unit
 
@@ -88,3 +88,45 @@ def test_a_failed_reconcile_reports_the_api_servers_words_or_only_the_error_type
     # only its type is reported.
     message = failure_message(ValueError("postgres://app:s3cret@db"))
     assert "s3cret" not in message and message.startswith("ValueError")
+
+
+def _pod(**status: object) -> dict[str, object]:
+    return {"metadata": {"name": "pg-final-backup-x"}, "status": status}
+
+
+def test_pod_problems_name_the_pod_and_the_reason() -> None:
+    unschedulable = _pod(
+        phase="Pending",
+        conditions=[
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/3 nodes are available: 3 Insufficient memory.",
+            }
+        ],
+    )
+    assert pod_problem(unschedulable) == (
+        "pod pg-final-backup-x Unschedulable: 0/3 nodes are available: 3 Insufficient memory."
+    )
+    pulling = _pod(
+        phase="Pending",
+        containerStatuses=[
+            {
+                "name": "backup",
+                "state": {
+                    "waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling "x"'}
+                },
+            }
+        ],
+    )
+    assert pod_problem(pulling) == 'pod pg-final-backup-x ImagePullBackOff: Back-off pulling "x"'
+    # Starting normally is not a problem.
+    creating = _pod(
+        phase="Pending",
+        containerStatuses=[
+            {"name": "backup", "state": {"waiting": {"reason": "ContainerCreating"}}}
+        ],
+    )
+    assert pod_problem(creating) is None
+    assert pod_problem(_pod(phase="Running")) is None

@@ -116,7 +116,10 @@ def test_pods_keep_only_metadata_phase_ip_and_conditions() -> None:
         "phase": "Running",
         "podIP": "10.244.1.7",
         "conditions": [{"type": "Ready", "status": "True"}],
-        "containerStatuses": [{"name": "postgres"}],
+        "containerStatuses": [
+            {"name": "postgres", "state": {"running": {}}, "imageID": "sha256:x"},
+            {"name": "sidecar", "state": {"waiting": {"reason": "ImagePullBackOff"}}},
+        ],
     }
     store.observe(pod)
     kept = store.get("Pod", "ns", "pg-0")
@@ -126,6 +129,10 @@ def test_pods_keep_only_metadata_phase_ip_and_conditions() -> None:
         "phase": "Running",
         "podIP": "10.244.1.7",  # where the operator reaches Patroni's REST API
         "conditions": [{"type": "Ready", "status": "True"}],
+        # only why a container does not run
+        "containerStatuses": [
+            {"name": "sidecar", "state": {"waiting": {"reason": "ImagePullBackOff"}}}
+        ],
     }
     assert kept["metadata"]["labels"] == {"stateward.io/cluster": "pg"}
 

@@ -39,6 +39,8 @@ def test_cronjob() -> None:
     assert spec["failedJobsHistoryLimit"] == 3
     assert spec["startingDeadlineSeconds"] > 0
     assert spec["jobTemplate"]["spec"]["backoffLimit"] == 2
+    # A stuck backup fails instead of blocking the next schedule forever.
+    assert spec["jobTemplate"]["spec"]["activeDeadlineSeconds"] == backup.SCHEDULED_DEADLINE_SECONDS
     assert spec["jobTemplate"]["metadata"]["labels"]["stateward.io/backup"] == "scheduled"
 
 
@@ -59,6 +61,8 @@ def test_final_backup_job() -> None:
         "ownerReferences": [meta.owner_reference(cluster)],
     }
     assert job["spec"]["backoffLimit"] == 3
+    # A pod that never starts must not keep the cluster Terminating forever.
+    assert job["spec"]["activeDeadlineSeconds"] == backup.FINAL_DEADLINE_SECONDS == 3600
     assert "ttlSecondsAfterFinished" not in job["spec"]
     assert job["spec"]["template"]["metadata"]["labels"]["stateward.io/backup"] == "final"
 

@@ -42,6 +42,7 @@ PROGRESS_RECHECK = 5.0
 UNSATISFIABLE_RECHECK = 30.0
 FINAL_BACKUP_MAX_DELAY = 300.0
 REVISION_LABEL = "controller-revision-hash"
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 
 # StatefulSet fields the API server refuses to change; a change to any of them is made by
 # deleting the StatefulSet with orphan propagation (its pods keep running) and recreating it.
@@ -657,7 +658,62 @@ async def _final_backup(scope: Scope) -> str | None:
         scope.requeue(PROGRESS_RECHECK)
         return f"started final backup attempt {attempts}"
     scope.requeue(PROGRESS_RECHECK)
+    problem = next(
+        (p for pod in _job_pods(scope, cluster.final_backup_job_name) if (p := pod_problem(pod))),
+        None,
+    )
+    if problem is not None:
+        message = (
+            f"attempt {attempts} in Job {cluster.final_backup_job_name} cannot run: {problem}."
+            f" It fails after {backup.FINAL_DEADLINE_SECONDS}s and is retried; to delete"
+            " without a final backup, set spec.deletionPolicy.finalBackup=false"
+        )
+        if (previous or {}).get("message") != message:
+            await scope.event("FinalBackupStuck", f"Final backup {message}", warning=True)
+        scope.set_condition("FinalBackup", None, "PodNotRunning", message)
+        return f"final backup stuck: {problem}"
     return "waiting for the final backup"
+
+
+def _job_pods(scope: Scope, job_name: str) -> list[Body]:
+    return [
+        pod
+        for pod in scope.owned("Pod")
+        if (pod["metadata"].get("labels") or {}).get(JOB_NAME_LABEL) == job_name
+        and not pod["metadata"].get("deletionTimestamp")
+    ]
+
+
+WAITING_PROBLEMS = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "CrashLoopBackOff",
+    }
+)
+"""Container waiting reasons that do not resolve by waiting a little longer."""
+
+
+def pod_problem(pod: Body) -> str | None:
+    """Why a pod is not running, when the reason is one a user must act on: it cannot be
+    scheduled (resources, affinity, a volume), or its image cannot be pulled, or its
+    container cannot be created or keeps crashing."""
+    status = pod.get("status") or {}
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            reason = condition.get("reason") or "Unschedulable"
+            return f"pod {pod['metadata']['name']} {reason}: {condition.get('message', '')}"
+    for container in status.get("containerStatuses") or []:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in WAITING_PROBLEMS:
+            return (
+                f"pod {pod['metadata']['name']} {waiting['reason']}:"
+                f" {waiting.get('message') or 'no message'}"
+            )
+    return None
 
 
 # --- status ----------------------------------------------------------------------------------

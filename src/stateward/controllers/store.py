@@ -86,6 +86,13 @@ def _slim(body: Body) -> Body:
             "status": {
                 "phase": status.get("phase"),
                 "podIP": status.get("podIP"),
+                # Only why a container is not running (image pull, config, crash loop):
+                # the reconciler reports it for pods that never start.
+                "containerStatuses": [
+                    {"name": c.get("name"), "state": {"waiting": c["state"]["waiting"]}}
+                    for c in status.get("containerStatuses") or []
+                    if (c.get("state") or {}).get("waiting")
+                ],
                 "conditions": copy.deepcopy(status.get("conditions") or []),
             },
         }

@@ -21,6 +21,13 @@ CRONJOB_TIME_ZONE = "Etc/UTC"
 """``backupSchedule`` is documented as UTC, whatever the controller manager's zone."""
 STARTING_DEADLINE_SECONDS = 3600
 """A backup that starts up to an hour late is still worth taking; later, wait for the next."""
+SCHEDULED_DEADLINE_SECONDS = 6 * 3600
+"""A scheduled backup still running after six hours is stuck (a pod that never starts, a
+primary that never answers): it fails, and the next schedule tries again."""
+FINAL_DEADLINE_SECONDS = 3600
+"""One attempt of the final backup gets an hour; then it fails and the finalizer retries
+with backoff, reporting why. Without a deadline a pod stuck Pending or in ImagePullBackOff
+would keep the cluster Terminating forever with nothing saying so."""
 
 
 def backup_cronjob(cluster: v1alpha1.PostgresCluster) -> meta.Object:
@@ -47,7 +54,11 @@ def backup_cronjob(cluster: v1alpha1.PostgresCluster) -> meta.Object:
             "failedJobsHistoryLimit": 3,
             "jobTemplate": {
                 "metadata": {"labels": job_labels},
-                "spec": {"backoffLimit": 2, "template": _pod_template(cluster, SCHEDULED)},
+                "spec": {
+                    "backoffLimit": 2,
+                    "activeDeadlineSeconds": SCHEDULED_DEADLINE_SECONDS,
+                    "template": _pod_template(cluster, SCHEDULED),
+                },
             },
         },
     }
@@ -65,7 +76,11 @@ def final_backup_job(cluster: v1alpha1.PostgresCluster) -> meta.Object:
             extra_labels={meta.BACKUP_LABEL: FINAL},
         ),
         # No ttlSecondsAfterFinished: the finalizer reads the outcome.
-        "spec": {"backoffLimit": 3, "template": _pod_template(cluster, FINAL)},
+        "spec": {
+            "backoffLimit": 3,
+            "activeDeadlineSeconds": FINAL_DEADLINE_SECONDS,
+            "template": _pod_template(cluster, FINAL),
+        },
     }
 
 
