@@ -379,6 +379,8 @@ def test_unknown_storage_class_is_a_condition_not_a_hot_loop(
     assert condition(failing, "Degraded")["reason"] == "StorageClassNotFound"
     assert "spec.storageClassName" in condition(failing, "Degraded")["message"]
     assert gone(kube, StatefulSet, name, namespace)
+    # Nor the backup repository: an unowned PVC that can never bind would outlive the cluster.
+    assert gone(kube, PersistentVolumeClaim, f"{name}-backups", namespace)
     writes = len(audit.writes(namespace=namespace))
     # A label change makes the operator look again, and resyncs keep coming; neither may
     # write anything new. Wait until reconciles have demonstrably happened since.
@@ -580,6 +582,57 @@ def test_a_failing_reconcile_is_reported_in_status_and_events_and_cleared_on_suc
     )
     assert cleared["status"]["phase"] != "Failing"
     assert kube.get(Service, f"{name}-primary", namespace=namespace)
+
+
+def test_a_recreated_cluster_does_not_write_into_the_earlier_clusters_backup_repository(
+    kube: Client, namespace: str, make_cluster: MakeCluster
+) -> None:
+    name = make_cluster(backupSchedule="0 3 * * *", deletionPolicy={"finalBackup": False})
+    first_uid = get_pgc(kube, name, namespace)["metadata"]["uid"]
+    repository = wait_for(
+        lambda: kube.get(PersistentVolumeClaim, f"{name}-backups", namespace=namespace),
+        what="the backup repository",
+    )
+    assert repository.metadata.labels["stateward.io/cluster-uid"] == first_uid  # type: ignore[index, union-attr]
+    kube.delete(PostgresClusterResource, name, namespace=namespace)
+    wait_for(
+        lambda: gone(kube, PostgresClusterResource, name, namespace),
+        what="the first cluster to go",
+        timeout=90,
+    )
+    # Same name, new cluster: the old repository is refused, scheduled backups suspended.
+    make_cluster(name, backupSchedule="0 3 * * *", deletionPolicy={"finalBackup": False})
+    second_uid = get_pgc(kube, name, namespace)["metadata"]["uid"]
+    refused = wait_for(
+        lambda: (
+            (obj := get_pgc(kube, name, namespace))
+            and condition(obj, "Degraded").get("reason") == "BackupRepositoryForeign"
+            and obj
+        ),
+        what="the foreign repository to be reported",
+    )
+    message = condition(refused, "Degraded")["message"]
+    assert first_uid in message and f"stateward.io/cluster-uid={second_uid}" in message
+    wait_for(
+        lambda: kube.get(CronJob, f"{name}-backup", namespace=namespace).spec.suspend is True,  # type: ignore[union-attr]
+        what="scheduled backups to be suspended",
+    )
+    # Adopting it, as the message says, resumes backups.
+    kube.patch(
+        PersistentVolumeClaim,
+        f"{name}-backups",
+        {"metadata": {"labels": {"stateward.io/cluster-uid": second_uid}}},
+        namespace=namespace,
+    )
+    wait_for(
+        lambda: kube.get(CronJob, f"{name}-backup", namespace=namespace).spec.suspend is False,  # type: ignore[union-attr]
+        what="scheduled backups to resume after adoption",
+        timeout=90,
+    )
+    wait_for(
+        lambda: condition(get_pgc(kube, name, namespace), "Degraded").get("status") == "False",
+        what="Degraded to clear after adoption",
+    )
 
 
 def test_invalid_specs_are_refused_with_the_field_named(

@@ -146,6 +146,8 @@ def test_backup_repository_is_not_owned() -> None:
         "labels": {
             **meta.labels(cluster, component="backup"),
             "stateward.io/backup-repository": "true",
+            # the lineage: which cluster's backups these are
+            "stateward.io/cluster-uid": cluster.uid,
         },
     }
     assert "ownerReferences" not in pvc["metadata"]

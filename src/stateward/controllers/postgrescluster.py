@@ -344,6 +344,10 @@ async def apply_children(scope: Scope) -> str | None:
         return None
     cluster = scope.cluster
     desired = specs.children(cluster, config_hash=config_spec.config_hash(cluster))
+    if foreign_repository(scope) is not None:
+        for child in desired:
+            if child["kind"] == "CronJob":
+                child["spec"]["suspend"] = True  # never write into another lineage
     created: list[str] = []
     updated: list[str] = []
     pending: list[Body] = []
@@ -409,7 +413,9 @@ async def ensure_backup_repository(scope: Scope) -> str | None:
         return None
     name = scope.cluster.backup_repository_name
     if scope.observed("PersistentVolumeClaim", name) is not None:
-        return None
+        return await _check_repository_lineage(scope)
+    if any(reason == "StorageClassNotFound" for reason, _ in scope.degraded):
+        return None  # an unowned PVC that can never bind would outlive the cluster
     try:
         created = await scope.kube.create(backup.backup_repository_pvc(scope.cluster))
     except ApiError as error:
@@ -419,6 +425,42 @@ async def ensure_backup_repository(scope: Scope) -> str | None:
     scope.store.observe(created)
     await scope.event("BackupRepositoryCreated", f"Created backup repository PVC {name}")
     return f"created backup repository {name}"
+
+
+FOREIGN_REPOSITORY = "BackupRepositoryForeign"
+
+
+def foreign_repository(scope: Scope) -> str | None:
+    """Why the backup repository must not be written to, or None.
+
+    The repository outlives its cluster. A new cluster of the same name must not mix its
+    backups into the old one's: refuse until the user deletes the PVC or adopts it by
+    relabelling it with this cluster's UID. A repository made before the label existed has
+    none and is taken as this cluster's."""
+    claim = scope.observed("PersistentVolumeClaim", scope.cluster.backup_repository_name)
+    if claim is None:
+        return None
+    owner = (claim["metadata"].get("labels") or {}).get(meta.CLUSTER_UID_LABEL)
+    if owner is None or owner == scope.cluster.uid:
+        return None
+    name = claim["metadata"]["name"]
+    return (
+        f"backup repository PVC {name} belongs to an earlier cluster of this name (UID"
+        f" {owner}); backups stay off until you delete it (its backups go with it) or adopt"
+        f" it: kubectl label pvc {name} {meta.CLUSTER_UID_LABEL}={scope.cluster.uid}"
+        " --overwrite"
+    )
+
+
+async def _check_repository_lineage(scope: Scope) -> str | None:
+    message = foreign_repository(scope)
+    if message is None:
+        return None
+    previous = cond.get_condition(scope.conditions, "Degraded") or {}
+    if previous.get("reason") != FOREIGN_REPOSITORY:
+        await scope.event(FOREIGN_REPOSITORY, message, warning=True)
+    scope.degraded.append((FOREIGN_REPOSITORY, message))
+    return "backup repository belongs to an earlier cluster"
 
 
 def _quantity(text: str) -> Decimal:
@@ -635,6 +677,16 @@ async def _final_backup(scope: Scope) -> str | None:
                 scope.requeue(wait)
                 return f"final backup retry in {wait:.0f}s"
         await ensure_backup_repository(scope)
+        blocked = foreign_repository(scope)
+        if blocked is not None:
+            scope.set_condition(
+                "FinalBackup",
+                False,
+                FOREIGN_REPOSITORY,
+                f"{blocked}; or set spec.deletionPolicy.finalBackup=false to delete without",
+            )
+            scope.requeue(UNSATISFIABLE_RECHECK)
+            return "final backup waits: the repository belongs to an earlier cluster"
         try:
             created = await scope.kube.create(backup.final_backup_job(cluster))
         except ApiError as error:

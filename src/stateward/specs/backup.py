@@ -49,6 +49,9 @@ def backup_cronjob(cluster: v1alpha1.PostgresCluster) -> meta.Object:
             "schedule": schedule,
             "timeZone": CRONJOB_TIME_ZONE,
             "concurrencyPolicy": "Forbid",
+            # Explicit, so that the reconciler's suspension (a foreign repository) is undone
+            # by applying this again.
+            "suspend": False,
             "startingDeadlineSeconds": STARTING_DEADLINE_SECONDS,
             "successfulJobsHistoryLimit": 3,
             "failedJobsHistoryLimit": 3,
@@ -96,7 +99,10 @@ def backup_repository_pvc(cluster: v1alpha1.PostgresCluster) -> meta.Object:
             cluster,
             cluster.backup_repository_name,
             component=meta.BACKUP_COMPONENT,
-            extra_labels={meta.BACKUP_REPOSITORY_LABEL: "true"},
+            extra_labels={
+                meta.BACKUP_REPOSITORY_LABEL: "true",
+                meta.CLUSTER_UID_LABEL: cluster.uid,
+            },
             owned=False,
         ),
         "spec": pods.volume_claim_spec(cluster),

@@ -21,6 +21,9 @@ REPLICA_ROLE: Final = patroni.REPLICA_ROLE
 BACKUP_LABEL: Final = "stateward.io/backup"
 """Which backup a Job runs: ``scheduled`` or ``final``."""
 BACKUP_REPOSITORY_LABEL: Final = "stateward.io/backup-repository"
+CLUSTER_UID_LABEL: Final = "stateward.io/cluster-uid"
+"""On the backup repository, which outlives its cluster: the UID of the cluster that created
+it, so a later cluster of the same name does not silently write into an older lineage."""
 
 CONFIG_HASH_ANNOTATION: Final = "stateward.io/config-hash"
 
