@@ -567,8 +567,12 @@ def test_a_failing_reconcile_is_reported_in_status_and_events_and_cleared_on_suc
     message = condition(failing, "Degraded")["message"]
     assert "exceeded quota" in message and "no-services" in message
     assert failing["status"]["phase"] == "Failing"
-    warnings = [e for e in events(kube, namespace, name) if e.startswith("ReconcileFailed:")]
-    assert warnings and "exceeded quota" in warnings[0]
+    # The Warning Event follows the status write.
+    warnings = wait_for(
+        lambda: [e for e in events(kube, namespace, name) if e.startswith("ReconcileFailed:")],
+        what="the ReconcileFailed Event",
+    )
+    assert "exceeded quota" in warnings[0]
     # The cause goes away: the next reconcile succeeds and clears the condition.
     kube.delete(ResourceQuota, "no-services", namespace=namespace)
     cleared = wait_for(
@@ -594,13 +598,24 @@ def test_a_recreated_cluster_does_not_write_into_the_earlier_clusters_backup_rep
         what="the backup repository",
     )
     assert repository.metadata.labels["stateward.io/cluster-uid"] == first_uid  # type: ignore[index, union-attr]
-    kube.delete(PostgresClusterResource, name, namespace=namespace)
-    wait_for(
-        lambda: gone(kube, PostgresClusterResource, name, namespace),
-        what="the first cluster to go",
-        timeout=90,
-    )
-    # Same name, new cluster: the old repository is refused, scheduled backups suspended.
+    # What an earlier cluster of another name leaves behind, under the name a new cluster
+    # will use: the repository outlives its cluster by design.
+    other = f"{name}-again"
+    leftover = repository.to_dict()
+    leftover["metadata"] = {
+        "name": f"{other}-backups",
+        "namespace": namespace,
+        "labels": {
+            **repository.metadata.labels,  # type: ignore[union-attr]
+            "stateward.io/cluster": other,
+            "app.kubernetes.io/instance": other,
+        },
+    }
+    leftover.pop("status", None)
+    leftover["spec"].pop("volumeName", None)
+    kube.create(PersistentVolumeClaim.from_dict(leftover))
+    name = other
+    # A new cluster of that name: the repository is refused, scheduled backups suspended.
     make_cluster(name, backupSchedule="0 3 * * *", deletionPolicy={"finalBackup": False})
     second_uid = get_pgc(kube, name, namespace)["metadata"]["uid"]
     refused = wait_for(
@@ -610,6 +625,7 @@ def test_a_recreated_cluster_does_not_write_into_the_earlier_clusters_backup_rep
             and obj
         ),
         what="the foreign repository to be reported",
+        timeout=90,
     )
     message = condition(refused, "Degraded")["message"]
     assert first_uid in message and f"stateward.io/cluster-uid={second_uid}" in message
