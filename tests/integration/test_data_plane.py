@@ -7,8 +7,12 @@ backup (`stateward-instance backup` is not written yet), so their namespaces can
 
 from __future__ import annotations
 
+import base64
+import itertools
 import os
 import subprocess
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +21,7 @@ import pytest
 from lightkube import ApiError, Client, codecs
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Namespace, Pod
+from lightkube.resources.core_v1 import Event, Namespace, Pod, Secret
 from lightkube.types import PatchType
 
 from stateward.cli.run import (
@@ -118,7 +122,7 @@ def test_a_single_instance_bootstraps_to_a_writable_primary(
     assert sql(real_cluster, ns, "solo-0", "select version()").startswith("PostgreSQL 15")
 
 
-def test_parameters_are_applied_through_patroni_without_restarting_pods(
+def test_parameters_are_applied_through_patroni_without_recreating_pods(
     real_cluster: LocalCluster, client: Client, ns: str
 ) -> None:
     create_cluster(client, ns, "tuned", replicas=1)
@@ -140,13 +144,23 @@ def test_parameters_are_applied_through_patroni_without_restarting_pods(
         timeout=90,
         interval=1,
     )
-    # max_connections needs a restart: reported, not silently half-applied.
+    # max_connections needs a restart: with no replica to hand over to, Patroni restarts
+    # PostgreSQL in place (the pod and its container stay), and says so in an Event.
     wait_for(
-        lambda: get_pgc(client, "tuned", ns).get("status", {}).get("pendingRestart") == ["tuned-0"],
-        what="status.pendingRestart to list the instance",
-        timeout=90,
+        lambda: sql(real_cluster, ns, "tuned-0", "show max_connections") == "120",
+        what="max_connections to take effect after the operator's restart",
+        timeout=120,
+        interval=1,
     )
-    assert sql(real_cluster, ns, "tuned-0", "show max_connections") == "100"
+    wait_for(
+        lambda: "InstanceRestarted" in event_reasons(client, ns),
+        what="the InstanceRestarted Event",
+    )
+    wait_for(
+        lambda: "pendingRestart" not in status_of(client, ns, "tuned"),
+        what="status.pendingRestart to clear",
+        timeout=60,
+    )
     # Neither change restarted the pod.
     after = client.get(Pod, "tuned-0", namespace=ns)
     assert after.metadata.uid == before.metadata.uid  # type: ignore[union-attr]
@@ -268,3 +282,228 @@ def test_a_final_backup_that_cannot_start_says_why_and_can_be_skipped(
         return False
 
     wait_for(gone, what="the cluster to be deleted without a final backup", timeout=90)
+
+
+# --- synchronous replication, switchover, restarts, scaling ---------------------------------
+
+
+def status_of(client: Client, ns: str, name: str) -> dict[str, Any]:
+    return dict(get_pgc(client, name, ns).get("status") or {})
+
+
+def roles(client: Client, ns: str, name: str) -> dict[str, str]:
+    return {i["name"]: i.get("role", "") for i in status_of(client, ns, name).get("instances", [])}
+
+
+def annotate(client: Client, ns: str, name: str, value: str) -> None:
+    client.patch(
+        PostgresClusterResource,
+        name,
+        {"metadata": {"annotations": {"stateward.io/switchover": value}}},
+        namespace=ns,
+        patch_type=PatchType.MERGE,
+    )
+
+
+def switchover_done(client: Client, ns: str, name: str, started_after: str) -> dict[str, Any]:
+    def finished() -> dict[str, Any] | None:
+        obj = get_pgc(client, name, ns)
+        record = (obj.get("status") or {}).get("switchover") or {}
+        annotations = obj["metadata"].get("annotations") or {}
+        if (
+            record.get("phase") in ("Succeeded", "Failed")
+            and record.get("startedAt", "") >= started_after
+            and "stateward.io/switchover" not in annotations
+        ):
+            return dict(record)
+        return None
+
+    return wait_for(finished, what=f"{name}'s switchover to finish", timeout=120, interval=0.5)
+
+
+def now_stamp() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 1))
+
+
+def event_reasons(client: Client, ns: str) -> list[str]:
+    return [e.reason or "" for e in client.list(Event, namespace=ns)]
+
+
+class Writer:
+    """A client inserting numbered rows through whichever instance accepts writes (libpq's
+    ``target_session_attrs=read-write`` over every pod address), recording which commits were
+    acknowledged and when."""
+
+    def __init__(self, client: Client, ns: str, name: str, replicas: int) -> None:
+        pods = [client.get(Pod, f"{name}-{i}", namespace=ns) for i in range(replicas)]
+        hosts = ",".join(p.status.podIP for p in pods if p.status and p.status.podIP)
+        secret = client.get(Secret, f"{name}-superuser", namespace=ns)
+        password = base64.b64decode((secret.data or {})["password"]).decode()
+        self.dsn = (
+            f"host={hosts} port=5432 dbname=postgres user=postgres connect_timeout=2"
+            " target_session_attrs=read-write"
+        )
+        self.env = {**os.environ, "PGPASSWORD": password}
+        self.acknowledged: list[tuple[int, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def run(self, statement: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["psql", self.dsn, "-v", "ON_ERROR_STOP=1", "-tAc", statement],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+
+    def _run(self) -> None:
+        n = 0
+        while not self._stop.is_set():
+            n += 1
+            if self.run(f"insert into w values ({n:d})").stdout.strip() == "INSERT 0 1":  # noqa: S608
+                self.acknowledged.append((n, time.monotonic()))
+
+    def __enter__(self) -> Writer:
+        assert self.run("create table if not exists w (n int primary key)").returncode == 0
+        self._thread.start()
+        wait_for(lambda: len(self.acknowledged) >= 5, what="the writer to get going")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+    def longest_gap(self) -> float:
+        stamps = [t for _, t in self.acknowledged]
+        return max((b - a for a, b in itertools.pairwise(stamps)), default=0.0)
+
+    def missing_on(self, real: LocalCluster, ns: str, pod: str) -> set[int]:
+        present = sql(real, ns, pod, "select string_agg(n::text, ',') from w")
+        rows = {int(x) for x in present.split(",") if x}
+        return {n for n, _ in self.acknowledged} - rows
+
+
+def test_a_switchover_on_request_moves_the_primary_without_losing_an_acknowledged_write(
+    real_cluster: LocalCluster, client: Client, ns: str
+) -> None:
+    create_cluster(client, ns, "sw", replicas=3)
+    ready(client, ns, "sw")
+    # Synchronous by default: Patroni names one synchronous standby, and status shows it.
+    wait_for(
+        lambda: sorted(roles(client, ns, "sw").values()) == ["primary", "replica", "sync_standby"],
+        what="one primary, one synchronous standby and one replica in status.instances",
+        timeout=90,
+    )
+    status = status_of(client, ns, "sw")
+    old = status["primaryPod"]
+    standby = next(n for n, r in roles(client, ns, "sw").items() if r == "sync_standby")
+    assert standby in sql(real_cluster, ns, old, "show synchronous_standby_names")
+    assert all(i.get("timeline", 0) >= 1 for i in status["instances"])
+
+    with Writer(client, ns, "sw", 3) as writer:
+        started = now_stamp()
+        annotate(client, ns, "sw", "any")
+        record = switchover_done(client, ns, "sw", started)
+        wait_for(lambda: len(writer.acknowledged) >= 20, what="writes after the switchover")
+    assert record["phase"] == "Succeeded", record
+    assert record["fromPod"] == old and record["reason"] == "Requested"
+    new = status_of(client, ns, "sw")["primaryPod"]
+    assert new == record["target"] == standby  # the synchronous standby, which had every commit
+    assert sql(real_cluster, ns, new, "select pg_is_in_recovery()") == "f"
+    assert writer.missing_on(real_cluster, ns, new) == set()
+    print(f"switchover write downtime: {writer.longest_gap():.2f}s")
+    assert {"SwitchoverStarted", "SwitchedOver"} <= set(event_reasons(client, ns))
+
+    # A request naming no instance is refused in status and an Event, and consumed.
+    started = now_stamp()
+    annotate(client, ns, "sw", "sw-9")
+    refused = switchover_done(client, ns, "sw", started)
+    assert refused["phase"] == "Failed" and "sw-9" in refused["message"]
+    assert status_of(client, ns, "sw")["primaryPod"] == new
+
+    # A parameter that needs a restart: replicas restart first, then the primary hands over
+    # and restarts as a replica. No pod is recreated.
+    uids = {p.metadata.name: p.metadata.uid for p in client.list(Pod, namespace=ns)}  # type: ignore[union-attr]
+    client.patch(
+        PostgresClusterResource,
+        "sw",
+        {"spec": {"postgresql": {"parameters": {"max_connections": "130"}}}},
+        namespace=ns,
+        patch_type=PatchType.MERGE,
+    )
+    for pod in ("sw-0", "sw-1", "sw-2"):
+        wait_for(
+            lambda pod=pod: sql(real_cluster, ns, pod, "show max_connections") == "130",
+            what=f"{pod} to restart with max_connections 130",
+            timeout=240,
+            interval=2,
+        )
+    wait_for(
+        lambda: "pendingRestart" not in status_of(client, ns, "sw"),
+        what="status.pendingRestart to clear",
+        timeout=60,
+    )
+    assert status_of(client, ns, "sw")["primaryPod"] != new  # the primary handed over first
+    assert status_of(client, ns, "sw")["switchover"]["reason"] == "Restart"
+    after = {p.metadata.name: p.metadata.uid for p in client.list(Pod, namespace=ns)}  # type: ignore[union-attr]
+    assert {k: v for k, v in after.items() if k in uids} == uids
+    ready(client, ns, "sw", timeout=120)
+
+
+def test_scaling_3_to_5_to_2_keeps_the_data_and_never_removes_the_primary(
+    real_cluster: LocalCluster, client: Client, ns: str
+) -> None:
+    create_cluster(client, ns, "sc", replicas=3, synchronous={"number": 4})
+    ready(client, ns, "sc")
+    primary = status_of(client, ns, "sc")["primaryPod"]
+    assert sql(real_cluster, ns, primary, "create table t (n int)") == "CREATE TABLE"
+    assert sql(real_cluster, ns, primary, "insert into t select generate_series(1, 100)") == (
+        "INSERT 0 100"
+    )
+
+    client.patch(
+        PostgresClusterResource, "sc", {"spec": {"replicas": 5}}, namespace=ns,
+        patch_type=PatchType.MERGE,
+    )  # fmt: skip
+    ready(client, ns, "sc", timeout=300)
+    for pod in ("sc-3", "sc-4"):
+        wait_for(
+            lambda pod=pod: sql(real_cluster, ns, pod, "select count(*) from t") == "100",
+            what=f"the rows on the new replica {pod}",
+        )
+    # Put the primary on the highest ordinal (every replica is synchronous: number 4).
+    wait_for(
+        lambda: roles(client, ns, "sc").get("sc-4") == "sync_standby",
+        what="sc-4 to become a synchronous standby",
+        timeout=90,
+    )
+    started = now_stamp()
+    annotate(client, ns, "sc", "sc-4")
+    assert switchover_done(client, ns, "sc", started)["phase"] == "Succeeded"
+    assert status_of(client, ns, "sc")["primaryPod"] == "sc-4"
+
+    # Scaling to 2 removes sc-2..sc-4: the primary moves to a survivor first.
+    client.patch(
+        PostgresClusterResource, "sc", {"spec": {"replicas": 2}}, namespace=ns,
+        patch_type=PatchType.MERGE,
+    )  # fmt: skip
+    wait_for(
+        lambda: (
+            (s := status_of(client, ns, "sc")).get("phase") == "Ready"
+            and s.get("readyReplicas") == 2
+            and len(client.list(Pod, namespace=ns, labels={"stateward.io/cluster": "sc"})) == 2
+        ),
+        what="the cluster to be Ready with 2 instances",
+        timeout=240,
+        interval=1,
+    )
+    status = status_of(client, ns, "sc")
+    assert status["primaryPod"] in ("sc-0", "sc-1")
+    assert status["switchover"]["reason"] == "ScaleDown"
+    for pod in ("sc-0", "sc-1"):
+        assert sql(real_cluster, ns, pod, "select count(*) from t") == "100"
+    assert sql(real_cluster, ns, status["primaryPod"], "insert into t values (101)") == (
+        "INSERT 0 1"
+    )

@@ -239,6 +239,8 @@ def test_status_is_complete(schema: dict[str, Any]) -> None:
         "observedGeneration",
         "finalBackupAttempts",
         "pendingRestart",
+        "instances",
+        "switchover",
     }
     assert "required" not in status
     condition = at(schema, "status.conditions.[]")
@@ -271,7 +273,7 @@ def test_every_rule_has_a_message_naming_its_field(schema: dict[str, Any]) -> No
                 "FieldValueInvalid",
                 "FieldValueForbidden",
             }
-    assert found == 7
+    assert found == 8
 
 
 def test_storage_size_rules(schema: dict[str, Any]) -> None:
@@ -352,7 +354,15 @@ def test_rules_only_use_kubernetes_cel_functions(schema: dict[str, Any]) -> None
             for expr in (rule["rule"], rule.get("messageExpression", "")):
                 without_strings = re.sub(r"'(?:[^'\\]|\\.)*'", "''", expr)
                 words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", without_strings))
-                fields = {"storageSize", "storageClassName", "version"}
+                fields = {
+                    "storageSize",
+                    "storageClassName",
+                    "version",
+                    "synchronous",
+                    "mode",
+                    "number",
+                    "replicas",
+                }
                 assert words - fields <= known, words - fields - known
 
 

@@ -478,6 +478,20 @@ POSTGRESCLUSTER_EXTRAS: dict[str, dict[str, Any]] = {
                 field_path=".version",
                 reason="FieldValueForbidden",
             ),
+            Rule(
+                rule=(
+                    "!has(self.synchronous) || !has(self.synchronous.mode) || "
+                    "self.synchronous.mode != 'Required' || self.replicas > "
+                    "(has(self.synchronous.number) ? self.synchronous.number : 1)"
+                ),
+                message=(
+                    "spec.synchronous.mode Required needs spec.replicas greater than"
+                    " spec.synchronous.number (no commit could complete without enough"
+                    " standbys): add replicas, lower the number, or use mode Preferred"
+                ),
+                field_path=".synchronous.mode",
+                reason="FieldValueInvalid",
+            ),
         ]
     },
     "spec.version": {
@@ -527,6 +541,7 @@ POSTGRESCLUSTER_EXTRAS: dict[str, dict[str, Any]] = {
         "x-kubernetes-list-map-keys": ["type"],
     },
     "status.replicaPods": {"x-kubernetes-list-type": "atomic"},
+    "status.instances": {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
 }
 """CRD-only additions to the PostgresCluster schema, by field path: CEL admission rules and
 list types for server-side apply."""

@@ -31,6 +31,10 @@ VERSION_PATTERN = "^(" + "|".join(map(str, SUPPORTED_MAJOR_VERSIONS)) + ")([.][0
 definition: the CRD's OpenAPI pattern, its CEL rule and the webhook all use it. Written without
 backslashes so that it reads the same in Python, Go (RE2) and a CEL string."""
 DEFAULT_IMAGE_REPOSITORY = "ghcr.io/stateward/postgres-instance"
+SWITCHOVER_ANNOTATION = "stateward.io/switchover"
+"""Set on a PostgresCluster to request a switchover: the value is the pod to promote, or
+``any`` for the most up-to-date synchronous standby. The operator removes it when done and
+reports the result in ``status.switchover`` and Events."""
 
 
 class _Model(pydantic.BaseModel):
@@ -66,6 +70,27 @@ class PostgreSQLConfig(_Model):
     """postgresql.conf parameters, e.g. {"max_connections": "200"}. Parameters the operator
     manages itself (listen_addresses, port, wal_level, hot_standby, archive_command, ...)
     are refused."""
+
+
+class SynchronousMode(enum.StrEnum):
+    PREFERRED = "Preferred"
+    REQUIRED = "Required"
+    OFF = "Off"
+
+
+class Synchronous(_Model):
+    """Synchronous replication: a commit is acknowledged only after ``number`` standbys have
+    it on disk, so losing the primary loses no acknowledged write."""
+
+    mode: SynchronousMode = SynchronousMode.PREFERRED
+    """Preferred (the default): commits wait for the synchronous standbys while any is
+    streaming; with none left the primary keeps accepting writes, unprotected (Patroni's
+    non-strict synchronous_mode). Required: commits wait until a standby is back, so no write
+    is ever acknowledged by the primary alone (synchronous_mode_strict). Off: asynchronous
+    replication; a failover can lose the last acknowledged commits."""
+
+    number: int = Field(default=1, ge=1, le=MAX_REPLICAS - 1)
+    """How many synchronous standbys each commit waits for (at most replicas - 1 are used)."""
 
 
 class ResourceRequirements(_Model):
@@ -104,6 +129,9 @@ class PostgresClusterSpec(_Model):
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
     """Compute resources of each instance."""
 
+    synchronous: Synchronous = Field(default_factory=Synchronous)
+    """Synchronous replication; on by default (Preferred, one standby)."""
+
     postgresql: PostgreSQLConfig = Field(default_factory=PostgreSQLConfig)
     """PostgreSQL server settings."""
 
@@ -140,6 +168,53 @@ class Phase(enum.StrEnum):
     DELETING = "Deleting"
 
 
+class InstanceStatus(_Model):
+    """One instance as Patroni reports it in its member record."""
+
+    name: str
+    """The pod."""
+
+    role: str | None = None
+    """primary, sync_standby or replica (Patroni's names)."""
+
+    state: str | None = None
+    """running, streaming, starting, stopped, ... (Patroni's names)."""
+
+    timeline: int | None = None
+    """The PostgreSQL timeline the instance is on."""
+
+    lag_bytes: int | None = None
+    """WAL bytes behind the primary (replicas only)."""
+
+    pending_restart: bool | None = None
+    """A changed parameter waits for this instance's restart."""
+
+
+class SwitchoverPhase(enum.StrEnum):
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class SwitchoverStatus(_Model):
+    """A planned change of primary (requested by the annotation, a rolling update or a
+    scale-down)."""
+
+    phase: SwitchoverPhase
+    from_pod: str
+    """The primary being replaced."""
+
+    target: str
+    """The pod asked to become primary, or "any"."""
+
+    reason: str
+    """Why: Requested, RollingUpdate, ScaleDown or Restart."""
+
+    started_at: str
+    finished_at: str | None = None
+    message: str = ""
+
+
 class PostgresClusterStatus(_Model):
     """The observed state of a PostgreSQL cluster."""
 
@@ -171,6 +246,12 @@ class PostgresClusterStatus(_Model):
 
     final_backup_attempts: int | None = None
     """Final backups started since deletion was requested (drives the retry backoff)."""
+
+    instances: list[InstanceStatus] = Field(default_factory=list)
+    """Every instance as Patroni reports it: role, state, timeline, lag."""
+
+    switchover: SwitchoverStatus | None = None
+    """The running or last switchover."""
 
 
 class PostgresCluster(_Model):

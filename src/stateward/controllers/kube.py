@@ -95,6 +95,24 @@ class Kube:
                 f" {response.text[:200]}"
             )
 
+    async def post_patroni(
+        self, address: str, port: int, path: str, body: Body, *, wait: float = 30
+    ) -> tuple[int, str]:
+        """``POST`` an action (``/switchover``, ``/failover``, ``/restart``) to one member.
+
+        Returns Patroni's status code and text: a switchover answers when it is done (200),
+        or that it could not start (412 with the reason, 503); a timeout raises
+        :class:`PatroniError` and the caller observes the outcome instead."""
+        self._guard("post", f"Patroni{path}")
+        try:
+            async with httpx.AsyncClient(timeout=wait) as http:
+                response = await http.post(f"http://{address}:{port}{path}", json=body)
+        except httpx.HTTPError as error:
+            raise PatroniError(
+                f"Patroni at {address}:{port} did not answer POST {path}: {type(error).__name__}"
+            ) from None
+        return response.status_code, response.text[:300]
+
     # --- reads ------------------------------------------------------------------------------
 
     async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Body | None:

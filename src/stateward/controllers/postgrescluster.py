@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from decimal import Decimal
@@ -26,8 +25,10 @@ from stateward import specs
 from stateward.api import v1alpha1, validation
 from stateward.api.v1alpha1 import PostgresCluster
 from stateward.controllers import conditions as cond
+from stateward.controllers.dataplane import DataPlane, start_switchover
 from stateward.controllers.diff import differences
 from stateward.controllers.kube import Body, Kube, Ref
+from stateward.controllers.members import Member, instances, member
 from stateward.controllers.queue import Outcome
 from stateward.controllers.store import ObjectStore
 from stateward.instance import patroni
@@ -73,6 +74,13 @@ class Scope:
     requeue_after: float | None = None
     degraded: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     progressing: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    switchover: dict[str, Any] | None = None
+    """``status.switchover``: read at the start, updated by the switchover phases."""
+    sync: frozenset[str] = frozenset()
+    """The synchronous standbys, as Patroni last recorded them."""
+    scale_down_to: int | None = None
+    """Set when a scale-down waits for the primary to move below this ordinal."""
+    _members: list[Member] | None = dataclasses.field(default=None, init=False, repr=False)
 
     @property
     def namespace(self) -> str:
@@ -83,6 +91,13 @@ class Scope:
 
     def observed(self, kind: str, name: str) -> Body | None:
         return self.store.get(kind, self.namespace, name)
+
+    @property
+    def members(self) -> list[Member]:
+        """The instance pods with Patroni's records of them (computed once per reconcile)."""
+        if self._members is None:
+            self._members = [member(pod) for pod in _pods(self)]
+        return self._members
 
     def requeue(self, seconds: float) -> None:
         if self.requeue_after is None or seconds < self.requeue_after:
@@ -110,64 +125,13 @@ class Reconciler:
     def __init__(self, kube: Kube, store: ObjectStore) -> None:
         self.kube = kube
         self.store = store
-        self._applied: dict[tuple[str, str], tuple[str, str]] = {}
-
-    async def apply_parameters(self, scope: Scope) -> str | None:
-        """Bring Patroni's cluster-wide PostgreSQL parameters to the spec's, through
-        ``PATCH /config`` on the primary: no pod restarts (parameters that need one show up
-        in ``status.pendingRestart``).
-
-        The observation is Patroni's own ``NAME-config`` ConfigMap, read only when the
-        desired parameters or the primary changed since the last time they were found
-        applied (``_applied``), so a cluster at rest costs no request at all. A new process
-        starts with an empty memory and checks every cluster once.
-        """
-        cluster = scope.cluster
-        primary = next((p for p in _pods(scope) if _role(p) == meta.PRIMARY_ROLE), None)
-        if primary is None:
-            return None  # nothing runs yet, or a failover is under way
-        desired = patroni.parameters(cluster)
-        memo = (json.dumps(desired, sort_keys=True), primary["metadata"].get("uid", ""))
-        key = (cluster.namespace, cluster.name)
-        if self._applied.get(key) == memo:
-            return None
-        state = await scope.kube.get("v1", "ConfigMap", scope.namespace, f"{cluster.name}-config")
-        if state is None:
-            # No Patroni state although a primary is labelled: nothing runs Patroni here (a
-            # simulated node). Patroni writes its configuration before it labels a primary.
-            self._applied[key] = memo
-            return None
-        try:
-            dcs = json.loads(((state["metadata"].get("annotations") or {}).get("config")) or "{}")
-        except ValueError:
-            dcs = {}
-        current = ((dcs.get("postgresql") or {}).get("parameters")) or {}
-        current = {k: _text(v) for k, v in current.items()}
-        if current == desired:
-            self._applied[key] = memo
-            return None
-        address = (primary.get("status") or {}).get("podIP")
-        if not address:
-            scope.requeue(PROGRESS_RECHECK)
-            return "waiting for the primary's address to apply parameters"
-        changed = sorted(
-            k for k in desired.keys() | current.keys() if desired.get(k) != current.get(k)
-        )
-        patch = {"postgresql": {"parameters": {k: desired.get(k) for k in changed}}}
-        await scope.kube.patch_patroni_config(address, patroni.RESTAPI_PORT, patch)
-        await scope.event(
-            "ParametersApplied",
-            f"Applied PostgreSQL parameters through Patroni: {', '.join(changed)}",
-        )
-        # Patroni writes its ConfigMap asynchronously: check again shortly.
-        scope.requeue(PROGRESS_RECHECK)
-        return f"applied parameters {', '.join(changed)}"
+        self.data_plane = DataPlane()
 
     async def reconcile(self, key: tuple[str, str]) -> Outcome:
         namespace, name = key
         body = self.store.get(KIND, namespace, name)
         if body is None:
-            self._applied.pop(key, None)
+            self.data_plane.forget(key)
             return Outcome()
         try:
             cluster = PostgresCluster.model_validate(body)
@@ -184,6 +148,7 @@ class Reconciler:
             now=_now(),
             conditions=[dict(c) for c in (body.get("status") or {}).get("conditions") or []],
             final_backup_attempts=(body.get("status") or {}).get("finalBackupAttempts"),
+            switchover=(body.get("status") or {}).get("switchover"),
         )
         deleting = bool(body["metadata"].get("deletionTimestamp"))
         phases: list[Phase] = (
@@ -197,8 +162,11 @@ class Reconciler:
                 remove_backup_cronjob,
                 ensure_backup_repository,
                 expand_volumes,
-                self.apply_parameters,
+                self.data_plane.apply_configuration,
+                self.data_plane.observe_sync,
+                self.data_plane.run_switchover,
                 roll_pods,
+                self.data_plane.restart_pending,
             ]
         )
         try:
@@ -348,6 +316,7 @@ async def apply_children(scope: Scope) -> str | None:
         for child in desired:
             if child["kind"] == "CronJob":
                 child["spec"]["suspend"] = True  # never write into another lineage
+    _hold_scale_down(scope, desired)
     created: list[str] = []
     updated: list[str] = []
     pending: list[Body] = []
@@ -391,6 +360,26 @@ async def apply_children(scope: Scope) -> str | None:
     notes = [f"created {', '.join(created)}"] if created else []
     notes += [f"updated {'; '.join(updated)}"] if updated else []
     return "; ".join(notes) or None
+
+
+def _hold_scale_down(scope: Scope, desired: list[Body]) -> None:
+    """A StatefulSet scales down by removing its highest ordinals. If the primary is among
+    them, keep the current size until a switchover has moved the primary below the cut."""
+    observed = scope.observed("StatefulSet", scope.cluster.name)
+    if observed is None:
+        return
+    have = int((observed.get("spec") or {}).get("replicas") or 0)
+    want = scope.cluster.spec.replicas
+    leader = next((x for x in scope.members if x.is_primary), None)
+    if want >= have or leader is None or leader.ordinal < want:
+        return
+    for child in desired:
+        if child["kind"] == "StatefulSet":
+            child["spec"]["replicas"] = have
+    scope.scale_down_to = want
+    scope.progressing.append(
+        ("Scaling", f"scaling to {want} waits for the primary {leader.name} to switch over")
+    )
 
 
 async def remove_backup_cronjob(scope: Scope) -> str | None:
@@ -509,24 +498,6 @@ def _pods(scope: Scope) -> list[Body]:
     ]
 
 
-def _text(value: Any) -> str:
-    """A parameter value as PostgreSQL's configuration text (Patroni may hold numbers)."""
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    return str(value)
-
-
-def _pending_restart(pod: Body) -> bool:
-    """Patroni's member record (the pod's ``status`` annotation) says a changed parameter
-    takes effect only after a restart."""
-    raw = (pod["metadata"].get("annotations") or {}).get("status")
-    try:
-        record = json.loads(raw) if raw else {}
-    except ValueError:
-        return False
-    return isinstance(record, dict) and bool(record.get("pending_restart"))
-
-
 def _role(pod: Body) -> str | None:
     return (pod["metadata"].get("labels") or {}).get(meta.ROLE_LABEL)
 
@@ -565,8 +536,14 @@ async def roll_pods(scope: Scope) -> str | None:
     everyone_ready = len(pods) == scope.cluster.spec.replicas and all(_ready(p) for p in pods)
     if not everyone_ready:
         return "rolling update waits for every instance to be ready"
+    if scope.switchover is not None and scope.switchover.get("phase") == "Running":
+        return "rolling update waits for the switchover"
     outdated.sort(key=lambda p: (_role(p) == meta.PRIMARY_ROLE, p["metadata"]["name"]))
     victim = outdated[0]
+    if _role(victim) == meta.PRIMARY_ROLE and any(x.streaming for x in scope.members):
+        # Every replica runs the new revision: hand over to the best of them, and the old
+        # primary is replaced as a replica in a later pass.
+        return await start_switchover(scope, "RollingUpdate")
     name = victim["metadata"]["name"]
     await scope.kube.delete(Ref.of(victim))
     scope.store.forget("Pod", scope.namespace, name)
@@ -771,16 +748,9 @@ def pod_problem(pod: Body) -> str | None:
 # --- status ----------------------------------------------------------------------------------
 
 
-async def write_status(scope: Scope, *, deleting: bool) -> None:
-    cluster = scope.cluster
-    spec = cluster.spec
-    statefulset = scope.observed("StatefulSet", cluster.name)
+def _count_progress(scope: Scope, statefulset: Body | None, ready: int) -> None:
+    spec = scope.cluster.spec
     sts_status = (statefulset or {}).get("status") or {}
-    ready = int(sts_status.get("readyReplicas") or 0)
-    pods = _pods(scope)
-    primaries = sorted(p["metadata"]["name"] for p in pods if _role(p) == meta.PRIMARY_ROLE)
-    replicas = sorted(p["metadata"]["name"] for p in pods if _role(p) == meta.REPLICA_ROLE)
-
     if statefulset is not None and int(sts_status.get("replicas") or 0) != spec.replicas:
         scope.progressing.append(
             ("Scaling", f"{sts_status.get('replicas', 0)} of {spec.replicas} instances exist")
@@ -791,31 +761,48 @@ async def write_status(scope: Scope, *, deleting: bool) -> None:
         )
         scope.requeue(PROGRESS_RECHECK)
 
-    # Ready means every instance is ready *and* has taken its role: one primary, the rest
-    # streaming replicas (Patroni labels a member once it runs as one or the other).
-    is_ready = ready == spec.replicas and len(primaries) == 1 and len(replicas) == spec.replicas - 1
+
+def _ready_condition(scope: Scope, ready: int, primaries: list[str], replicas: list[str]) -> bool:
+    """Ready means every instance is ready and has taken its role: one primary accepting
+    writes, the rest replicas that stream from it (Patroni labels a member once it runs as
+    one or the other, and records whether it streams)."""
+    wanted = scope.cluster.spec.replicas
+    behind = sorted(
+        x.name
+        for x in scope.members
+        if x.label_role == meta.REPLICA_ROLE and x.replication_state not in (None, "streaming")
+    )
+    is_ready = (
+        ready == wanted and len(primaries) == 1 and len(replicas) == wanted - 1 and not behind
+    )
     if is_ready:
         scope.set_condition(
-            "Ready",
-            True,
-            "AllInstancesReady",
-            f"{ready}/{spec.replicas} ready, primary {primaries[0]}",
+            "Ready", True, "AllInstancesReady", f"{ready}/{wanted} ready, primary {primaries[0]}"
         )
     elif not primaries:
         scope.set_condition(
-            "Ready", False, "NoPrimary", f"{ready}/{spec.replicas} ready, no primary elected yet"
+            "Ready", False, "NoPrimary", f"{ready}/{wanted} ready, no primary elected yet"
         )
-    elif ready == spec.replicas:
+    elif behind:
+        scope.set_condition(
+            "Ready", False, "ReplicasNotStreaming", f"not streaming yet: {', '.join(behind)}"
+        )
+        scope.requeue(PROGRESS_RECHECK)
+    elif ready == wanted:
         scope.set_condition(
             "Ready",
             False,
             "RolesPending",
-            f"{ready}/{spec.replicas} ready, {len(replicas)} of {spec.replicas - 1} replicas"
+            f"{ready}/{wanted} ready, {len(replicas)} of {wanted - 1} replicas"
             " have joined as replicas",
         )
         scope.requeue(PROGRESS_RECHECK)
     else:
-        scope.set_condition("Ready", False, "InstancesNotReady", f"{ready}/{spec.replicas} ready")
+        scope.set_condition("Ready", False, "InstancesNotReady", f"{ready}/{wanted} ready")
+    return is_ready
+
+
+def _summary_conditions(scope: Scope) -> None:
     if scope.progressing:
         reason = scope.progressing[0][0]
         scope.set_condition("Progressing", True, reason, "; ".join(m for _, m in scope.progressing))
@@ -826,8 +813,11 @@ async def write_status(scope: Scope, *, deleting: bool) -> None:
         scope.set_condition("Degraded", True, reason, " ".join(m for _, m in scope.degraded))
     else:
         scope.set_condition("Degraded", False, "AsExpected", "nothing is wrong")
-    cronjob = scope.observed("CronJob", cluster.backup_cronjob_name)
-    if spec.backup_schedule is None:
+
+
+def _backup_condition(scope: Scope, cronjob: Body | None) -> None:
+    schedule = scope.cluster.spec.backup_schedule
+    if schedule is None:
         scope.set_condition(
             "BackupScheduled", False, "NotConfigured", "spec.backupSchedule is not set"
         )
@@ -837,22 +827,42 @@ async def write_status(scope: Scope, *, deleting: bool) -> None:
         )
     else:
         scope.set_condition(
-            "BackupScheduled", True, "Scheduled", f"backups run on {spec.backup_schedule!r} (UTC)"
+            "BackupScheduled", True, "Scheduled", f"backups run on {schedule!r} (UTC)"
         )
 
-    current = dict(scope.body.get("status") or {})
+
+def _phase(scope: Scope, *, deleting: bool, is_ready: bool) -> v1alpha1.Phase:
+    previous = (scope.body.get("status") or {}).get("phase")
     if deleting:
-        phase = v1alpha1.Phase.DELETING
-    elif scope.degraded:
-        phase = v1alpha1.Phase.FAILING
-    elif is_ready and not scope.progressing:
-        phase = v1alpha1.Phase.READY
-    elif current.get("phase") in (v1alpha1.Phase.READY.value, v1alpha1.Phase.UPDATING.value):
-        phase = v1alpha1.Phase.UPDATING
-    else:
-        phase = v1alpha1.Phase.CREATING
+        return v1alpha1.Phase.DELETING
+    if scope.degraded:
+        return v1alpha1.Phase.FAILING
+    if is_ready and not scope.progressing:
+        return v1alpha1.Phase.READY
+    if previous in (v1alpha1.Phase.READY.value, v1alpha1.Phase.UPDATING.value):
+        return v1alpha1.Phase.UPDATING
+    return v1alpha1.Phase.CREATING
+
+
+async def write_status(scope: Scope, *, deleting: bool) -> None:
+    """Compute the status from observations (one small function per part) and patch it once,
+    only if it changed."""
+    cluster = scope.cluster
+    statefulset = scope.observed("StatefulSet", cluster.name)
+    ready = int(((statefulset or {}).get("status") or {}).get("readyReplicas") or 0)
+    pods = _pods(scope)
+    primaries = sorted(p["metadata"]["name"] for p in pods if _role(p) == meta.PRIMARY_ROLE)
+    replicas = sorted(p["metadata"]["name"] for p in pods if _role(p) == meta.REPLICA_ROLE)
+    _count_progress(scope, statefulset, ready)
+    is_ready = _ready_condition(scope, ready, primaries, replicas)
+    _summary_conditions(scope)
+    cronjob = scope.observed("CronJob", cluster.backup_cronjob_name)
+    _backup_condition(scope, cronjob)
+
+    current = dict(scope.body.get("status") or {})
+    instances = members_status(scope)
     status: dict[str, Any] = {
-        "phase": phase.value,
+        "phase": _phase(scope, deleting=deleting, is_ready=is_ready).value,
         "primaryPod": primaries[0] if len(primaries) == 1 else None,
         "replicaPods": replicas,
         "readyReplicas": ready,
@@ -861,8 +871,9 @@ async def write_status(scope: Scope, *, deleting: bool) -> None:
         or current.get("lastBackupTime"),
         "observedGeneration": cluster.generation,
         "finalBackupAttempts": scope.final_backup_attempts,
-        "pendingRestart": sorted(p["metadata"]["name"] for p in pods if _pending_restart(p))
-        or None,
+        "pendingRestart": sorted(x.name for x in scope.members if x.pending_restart) or None,
+        "instances": instances or None,
+        "switchover": scope.switchover,
     }
     status = {k: v for k, v in status.items() if v is not None}
     if status == {k: v for k, v in current.items() if k in status} and set(current) <= set(status):
@@ -870,3 +881,10 @@ async def write_status(scope: Scope, *, deleting: bool) -> None:
     patch = {"status": {**{k: None for k in current if k not in status}, **status}}
     patched = await scope.kube.patch(Ref.of(scope.body), patch, status=True)
     scope.store.observe(patched)
+
+
+def members_status(scope: Scope) -> list[dict[str, Any]]:
+    """``status.instances``, only for pods Patroni has a record of (simulated nodes run no
+    Patroni, and an instance the operator knows nothing about is not reported as anything)."""
+    known = [x for x in scope.members if x.state is not None]
+    return instances(known, scope.sync)

@@ -102,6 +102,28 @@ def parameters(cluster: v1alpha1.PostgresCluster) -> dict[str, str]:
     return dict(sorted(merged.items()))
 
 
+SYNCHRONOUS_DEFAULTS: Final = {
+    "synchronous_mode": False,
+    "synchronous_mode_strict": False,
+    "synchronous_node_count": 1,
+}
+"""Patroni's own defaults for the synchronous settings, for a configuration that omits them."""
+
+
+def synchronous_settings(cluster: v1alpha1.PostgresCluster) -> dict[str, Any]:
+    """Patroni's synchronous replication settings for ``spec.synchronous``.
+
+    Patroni, not the operator, picks the standbys and writes ``synchronous_standby_names``;
+    it only promotes a standby that was synchronous, so an acknowledged commit survives.
+    """
+    sync = cluster.spec.synchronous
+    return {
+        "synchronous_mode": sync.mode != v1alpha1.SynchronousMode.OFF,
+        "synchronous_mode_strict": sync.mode == v1alpha1.SynchronousMode.REQUIRED,
+        "synchronous_node_count": sync.number,
+    }
+
+
 def dynamic_configuration(cluster: v1alpha1.PostgresCluster) -> dict[str, Any]:
     """Patroni's cluster-wide (DCS) configuration.
 
@@ -115,6 +137,7 @@ def dynamic_configuration(cluster: v1alpha1.PostgresCluster) -> dict[str, Any]:
         "loop_wait": LOOP_WAIT,
         "retry_timeout": RETRY_TIMEOUT,
         "primary_start_timeout": PRIMARY_START_TIMEOUT,
+        **synchronous_settings(cluster),
         "postgresql": {
             "use_pg_rewind": True,
             "use_slots": True,

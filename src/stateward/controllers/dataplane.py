@@ -1,0 +1,394 @@
+"""Phases that act on the running databases through Patroni: its cluster-wide configuration,
+switchovers and restarts.
+
+The operator never runs SQL and never edits Patroni's DCS objects: it asks Patroni, over its
+REST API on the pods' addresses, to do what Patroni does safely (``PATCH /config``,
+``POST /switchover``, ``POST /failover``, ``POST /restart``), and observes the outcome in the
+pods' labels and member records. A switchover in progress lives in ``status.switchover``, so
+a restarted operator continues it instead of starting another.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from stateward.api import v1alpha1
+from stateward.controllers import members as m
+from stateward.controllers.kube import PatroniError, Ref
+from stateward.instance import patroni
+
+if TYPE_CHECKING:
+    from stateward.controllers.postgrescluster import Scope
+
+RECHECK = 2.0
+SWITCHOVER_TIMEOUT = 120.0
+"""A switchover not observed complete by then is reported failed (Patroni gives up sooner)."""
+RETRY_AFTER = 15.0
+"""A failed automatic switchover (rolling update, scale-down) is retried after this long."""
+RESTART_GRACE = 60.0
+"""After asking a member to restart, how long its old pending flag is believed stale."""
+
+RUNNING = v1alpha1.SwitchoverPhase.RUNNING.value
+SUCCEEDED = v1alpha1.SwitchoverPhase.SUCCEEDED.value
+FAILED = v1alpha1.SwitchoverPhase.FAILED.value
+REQUESTED = "Requested"
+
+
+def _text(value: Any) -> str:
+    """A parameter value as PostgreSQL's configuration text (Patroni may hold numbers)."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def _seconds_since(stamp: str) -> float:
+    started = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    return (datetime.datetime.now(datetime.UTC) - started).total_seconds()
+
+
+def configuration_patch(cluster: v1alpha1.PostgresCluster, dcs: dict[str, Any]) -> dict[str, Any]:
+    """What ``PATCH /config`` must send to bring Patroni's dynamic configuration ``dcs`` to
+    the spec's: changed PostgreSQL parameters (None removes one) and synchronous settings.
+    Empty when nothing differs."""
+    patch: dict[str, Any] = {}
+    for key, want in patroni.synchronous_settings(cluster).items():
+        if dcs.get(key, patroni.SYNCHRONOUS_DEFAULTS[key]) != want:
+            patch[key] = want
+    desired = patroni.parameters(cluster)
+    current = {
+        k: _text(v) for k, v in ((dcs.get("postgresql") or {}).get("parameters") or {}).items()
+    }
+    changed = sorted(k for k in desired.keys() | current.keys() if desired.get(k) != current.get(k))
+    if changed:
+        patch["postgresql"] = {"parameters": {k: desired.get(k) for k in changed}}
+    return patch
+
+
+def _describe(patch: dict[str, Any]) -> str:
+    names = sorted(k for k in patch if k != "postgresql")
+    names += sorted((patch.get("postgresql") or {}).get("parameters") or {})
+    return ", ".join(names)
+
+
+class DataPlane:
+    """The data-plane phases, with the little memory they keep between reconciles (only to
+    save requests; every decision is re-derived from observations)."""
+
+    def __init__(self) -> None:
+        self._applied: dict[tuple[str, str], tuple[str, str]] = {}
+        self._sync_seen: dict[tuple[str, str], tuple[str, frozenset[str]]] = {}
+        self._restarting: dict[tuple[str, str], tuple[str, float]] = {}
+
+    def forget(self, key: tuple[str, str]) -> None:
+        self._applied.pop(key, None)
+        self._sync_seen.pop(key, None)
+        self._restarting.pop(key, None)
+
+    # --- dynamic configuration -----------------------------------------------------------
+
+    async def apply_configuration(self, scope: Scope) -> str | None:
+        """Bring Patroni's cluster-wide configuration (PostgreSQL parameters, synchronous
+        replication) to the spec's through ``PATCH /config`` on the primary: no pod restarts
+        (parameters that need one show up in ``status.pendingRestart``).
+
+        The observation is Patroni's own ``NAME-config`` ConfigMap, read only when the desired
+        configuration or the primary changed since it was last found applied, so a cluster at
+        rest costs no request at all. A new process checks every cluster once.
+        """
+        cluster = scope.cluster
+        leader = m.primary(scope.members)
+        if leader is None:
+            return None  # nothing runs yet, or a failover is under way
+        desired = {
+            "parameters": patroni.parameters(cluster),
+            **patroni.synchronous_settings(cluster),
+        }
+        memo = (json.dumps(desired, sort_keys=True), leader.uid)
+        key = (cluster.namespace, cluster.name)
+        if self._applied.get(key) == memo:
+            return None
+        state = await scope.kube.get("v1", "ConfigMap", scope.namespace, f"{cluster.name}-config")
+        if state is None:
+            # No Patroni state although a primary is labelled: nothing runs Patroni here (a
+            # simulated node). Patroni writes its configuration before it labels a primary.
+            self._applied[key] = memo
+            return None
+        try:
+            dcs = json.loads(((state["metadata"].get("annotations") or {}).get("config")) or "{}")
+        except ValueError:
+            dcs = {}
+        patch = configuration_patch(cluster, dcs if isinstance(dcs, dict) else {})
+        if not patch:
+            self._applied[key] = memo
+            return None
+        if not leader.address:
+            scope.requeue(RECHECK)
+            return "waiting for the primary's address to apply the configuration"
+        await scope.kube.patch_patroni_config(leader.address, patroni.RESTAPI_PORT, patch)
+        await scope.event("ConfigurationApplied", f"Applied through Patroni: {_describe(patch)}")
+        # Patroni writes its ConfigMap asynchronously: check again shortly.
+        scope.requeue(RECHECK * 2)
+        return f"applied {_describe(patch)}"
+
+    # --- synchronous standbys ------------------------------------------------------------
+
+    async def observe_sync(self, scope: Scope) -> str | None:
+        """Which replicas are synchronous standbys, from Patroni's ``NAME-sync`` ConfigMap.
+
+        Read when the members' roles changed since the last read; while Patroni has fewer
+        synchronous standbys than it will choose (it picks them within a loop or two after a
+        replica starts streaming) the read repeats every few seconds.
+        """
+        cluster = scope.cluster
+        key = (cluster.namespace, cluster.name)
+        streaming = sorted(x.name for x in scope.members if x.streaming)
+        leader = m.primary(scope.members)
+        if not patroni.synchronous_settings(cluster)["synchronous_mode"] or leader is None:
+            self._sync_seen.pop(key, None)
+            return None
+        shape = json.dumps([leader.uid, streaming])
+        seen = self._sync_seen.get(key)
+        if seen is not None and seen[0] == shape:
+            scope.sync = seen[1]
+            return None
+        state = await scope.kube.get("v1", "ConfigMap", scope.namespace, f"{cluster.name}-sync")
+        found = m.sync_standbys((state or {}).get("metadata", {}).get("annotations"))
+        scope.sync = found
+        expected = min(cluster.spec.synchronous.number, len(streaming))
+        if len(found & set(streaming)) >= expected or state is None:
+            self._sync_seen[key] = (shape, found)
+        else:
+            scope.requeue(RECHECK * 2)
+        return None
+
+    # --- switchover ----------------------------------------------------------------------
+
+    async def run_switchover(self, scope: Scope) -> str | None:
+        """Follow a running switchover to its end, then serve a user's request (the
+        ``stateward.io/switchover`` annotation) or a scale-down that would remove the
+        primary."""
+        current = scope.switchover
+        if current is not None and current.get("phase") == RUNNING:
+            return await self._follow(scope, current)
+        requested = (scope.body["metadata"].get("annotations") or {}).get(
+            v1alpha1.SWITCHOVER_ANNOTATION
+        )
+        if requested is not None:
+            return await self._requested(scope, requested.strip())
+        if scope.scale_down_to is not None:
+            return await start_switchover(scope, "ScaleDown", below_ordinal=scope.scale_down_to)
+        return None
+
+    async def _follow(self, scope: Scope, current: dict[str, Any]) -> str | None:
+        leader = m.primary(scope.members)
+        source, target = current["fromPod"], current["target"]
+        if leader is not None and leader.name != source and leader.ready:
+            scope.switchover = {
+                **current,
+                "phase": SUCCEEDED,
+                "finishedAt": scope.now,
+                "target": leader.name if target == "any" else target,
+                "message": f"{leader.name} is the primary",
+            }
+            await scope.event("SwitchedOver", f"Switched over from {source} to {leader.name}")
+            await _consume_request(scope, current)
+            return f"switched over from {source} to {leader.name}"
+        if _seconds_since(current["startedAt"]) > SWITCHOVER_TIMEOUT:
+            message = (
+                f"{source} is still the primary {SWITCHOVER_TIMEOUT:.0f}s after the switchover"
+                " started; Patroni's log on the pods says why"
+                if leader is not None and leader.name == source
+                else f"no primary became ready within {SWITCHOVER_TIMEOUT:.0f}s"
+            )
+            await _fail(scope, current, message)
+            return "switchover failed"
+        scope.progressing.append(
+            ("Switchover", f"switching over from {source} to {target} ({current['reason']})")
+        )
+        scope.requeue(RECHECK)
+        return "waiting for the switchover"
+
+    async def _requested(self, scope: Scope, target: str) -> str | None:
+        leader = m.primary(scope.members)
+        names = sorted(x.name for x in scope.members)
+        annotation = v1alpha1.SWITCHOVER_ANNOTATION
+        if leader is not None and target == leader.name:
+            scope.switchover = _record(scope, SUCCEEDED, leader.name, target, REQUESTED)
+            scope.switchover["message"] = f"{target} already is the primary"
+            scope.switchover["finishedAt"] = scope.now
+            await scope.event("SwitchoverSkipped", f"{target} already is the primary")
+            await _consume_request(scope, scope.switchover)
+            return "switchover request: already the primary"
+        if target != "any" and target not in names:
+            message = (
+                f"annotation {annotation}={target!r} names no instance of this cluster; use one"
+                f" of {', '.join(names) or 'its pods'} or 'any'"
+            )
+            await _fail(
+                scope,
+                _record(scope, RUNNING, leader.name if leader else "", target, REQUESTED),
+                message,
+            )
+            return "switchover request refused"
+        return await start_switchover(scope, REQUESTED, target=None if target == "any" else target)
+
+    # --- restarts ------------------------------------------------------------------------
+
+    async def restart_pending(self, scope: Scope) -> str | None:
+        """Restart instances whose parameters wait for a restart: replicas one at a time,
+        then a switchover so the old primary restarts as a replica. A lone primary restarts
+        in place (there is no one to hand over to)."""
+        pending = [x for x in scope.members if x.pending_restart]
+        running = scope.switchover is not None and scope.switchover.get("phase") == RUNNING
+        if not pending or running:
+            return None
+        key = (scope.cluster.namespace, scope.cluster.name)
+        everyone = scope.members
+        if len(everyone) != scope.cluster.spec.replicas or not all(x.ready for x in everyone):
+            return None
+        busy = self._restarting.get(key)
+        if (
+            busy is not None
+            and time.monotonic() - busy[1] < RESTART_GRACE
+            and any(x.uid == busy[0] for x in pending)
+        ):
+            scope.requeue(RECHECK)
+            return "waiting for a restarted instance to report"
+        replicas = sorted((x for x in pending if not x.is_primary), key=lambda x: x.ordinal)
+        leader = m.primary(everyone)
+        if replicas:
+            victim = replicas[0]
+        elif leader is not None and leader.pending_restart:
+            if any(x.streaming for x in everyone):
+                return await start_switchover(scope, "Restart")
+            victim = leader
+        else:
+            return None
+        if not victim.address:
+            return None
+        code, text = await scope.kube.post_patroni(
+            victim.address, patroni.RESTAPI_PORT, "/restart", {}, wait=120
+        )
+        self._restarting[key] = (victim.uid, time.monotonic())
+        scope.requeue(RECHECK)
+        role = "primary, in place: no replica to switch over to" if victim.is_primary else "replica"
+        if code >= 400:
+            await scope.event(
+                "RestartFailed", f"Patroni refused to restart {victim.name}: {text}", warning=True
+            )
+            return f"restart of {victim.name} refused"
+        await scope.event(
+            "InstanceRestarted", f"Restarted {victim.name} ({role}) to apply pending parameters"
+        )
+        return f"restarted {victim.name} for pending parameters"
+
+
+def _record(scope: Scope, phase: str, source: str, target: str, reason: str) -> dict[str, Any]:
+    return {
+        "phase": phase,
+        "fromPod": source,
+        "target": target,
+        "reason": reason,
+        "startedAt": scope.now,
+    }
+
+
+async def _fail(scope: Scope, record: dict[str, Any], message: str) -> None:
+    scope.switchover = {**record, "phase": FAILED, "finishedAt": scope.now, "message": message}
+    await scope.event("SwitchoverFailed", message, warning=True)
+    await _consume_request(scope, record)
+
+
+async def _consume_request(scope: Scope, record: dict[str, Any]) -> None:
+    """A user's request is answered (in status and an Event): remove its annotation, so the
+    next one is a new request."""
+    if record.get("reason") != REQUESTED:
+        return
+    annotations = scope.body["metadata"].get("annotations") or {}
+    if v1alpha1.SWITCHOVER_ANNOTATION not in annotations:
+        return
+    patched = await scope.kube.patch(
+        Ref.of(scope.body),
+        {"metadata": {"annotations": {v1alpha1.SWITCHOVER_ANNOTATION: None}}},
+    )
+    scope.store.observe(patched)
+    scope.body = {**patched, "status": scope.body.get("status")}
+
+
+async def start_switchover(
+    scope: Scope,
+    reason: str,
+    *,
+    target: str | None = None,
+    below_ordinal: int | None = None,
+) -> str | None:
+    """Ask Patroni on the primary to hand over to ``target`` (or the best candidate), and
+    record the switchover as running. Safe to call again: Patroni refuses a second one while
+    the first runs, and the status record keeps later reconciles from asking."""
+    leader = m.primary(scope.members)
+    if leader is None or not leader.address:
+        scope.requeue(RECHECK)
+        return "switchover waits for a primary"
+    last = scope.switchover or {}
+    if (
+        reason != REQUESTED
+        and last.get("phase") == FAILED
+        and last.get("reason") == reason
+        and _seconds_since(last.get("finishedAt") or last["startedAt"]) < RETRY_AFTER
+    ):
+        scope.requeue(RETRY_AFTER)
+        return f"switchover for {reason} failed recently; retrying shortly"
+    synchronous = bool(patroni.synchronous_settings(scope.cluster)["synchronous_mode"])
+    if target is not None:
+        chosen = next((x for x in scope.members if x.name == target), None)
+        problem = None
+        if chosen is None or not (chosen.streaming and chosen.ready):
+            problem = f"{target} is not a ready, streaming replica"
+        elif synchronous and scope.sync and target not in scope.sync:
+            problem = (
+                f"{target} is not a synchronous standby (those are"
+                f" {', '.join(sorted(scope.sync))}): promoting it could lose acknowledged"
+                " commits; ask for one of those or 'any'"
+            )
+        if problem is not None:
+            await _fail(scope, _record(scope, RUNNING, leader.name, target, reason), problem)
+            return "switchover refused"
+        candidate: tuple[str, bool] | None = (target, True)
+    else:
+        candidate = m.switchover_candidate(
+            scope.members, scope.sync, synchronous=synchronous, below_ordinal=below_ordinal
+        )
+    if candidate is None:
+        message = "no ready, streaming replica to switch over to" + (
+            " (only synchronous standbys qualify)" if synchronous else ""
+        )
+        if reason == REQUESTED:
+            await _fail(scope, _record(scope, RUNNING, leader.name, "any", reason), message)
+            return "switchover refused"
+        scope.progressing.append(("Switchover", f"{reason} waits: {message}"))
+        scope.requeue(RECHECK * 2)
+        return f"switchover for {reason} waits: {message}"
+    name, as_switchover = candidate
+    path, body = (
+        ("/switchover", {"leader": leader.name, "candidate": name})
+        if as_switchover
+        else ("/failover", {"candidate": name})
+    )
+    record = _record(scope, RUNNING, leader.name, name, reason)
+    try:
+        code, text = await scope.kube.post_patroni(leader.address, patroni.RESTAPI_PORT, path, body)
+    except PatroniError:
+        code, text = 0, ""  # it may be under way: observe (the timeout reports a failure)
+    if code >= 400:
+        await _fail(scope, record, f"Patroni refused the switchover to {name}: {text}")
+        return "switchover refused"
+    scope.switchover = record
+    await scope.event(
+        "SwitchoverStarted", f"Switching over from {leader.name} to {name} ({reason})"
+    )
+    scope.progressing.append(("Switchover", f"switching over from {leader.name} to {name}"))
+    scope.requeue(RECHECK)
+    return f"switchover from {leader.name} to {name} ({reason})"

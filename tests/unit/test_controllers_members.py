@@ -1,0 +1,215 @@
+"""The data plane read from Patroni's member records, and what a switchover would pick."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from stateward.api import v1alpha1
+from stateward.controllers import members as m
+from stateward.controllers.dataplane import configuration_patch
+from stateward.instance import patroni
+
+pytestmark = pytest.mark.unit
+
+
+def pod(
+    name: str,
+    role: str | None,
+    *,
+    record: dict[str, Any] | None = None,
+    ready: bool = True,
+    ip: str | None = "10.0.0.1",
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name, "uid": f"uid-{name}", "labels": {}}
+    if role:
+        metadata["labels"]["stateward.io/role"] = role
+    if record is not None:
+        metadata["annotations"] = {"status": json.dumps(record)}
+    return {
+        "metadata": metadata,
+        "status": {
+            "podIP": ip,
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def primary(name: str = "pg-0", wal: int = 1000, **extra: Any) -> m.Member:
+    record = {"state": "running", "role": "primary", "xlog_location": wal, "timeline": 2}
+    return m.member(pod(name, "primary", record={**record, **extra}))
+
+
+def replica(name: str, wal: int = 1000, state: str = "streaming", **kw: Any) -> m.Member:
+    record = {
+        "state": "running",
+        "role": "replica",
+        "xlog_location": wal,
+        "replication_state": state,
+        "timeline": 2,
+    }
+    return m.member(pod(name, "replica", record=record, **kw))
+
+
+def test_a_member_record_is_read_from_the_pod_annotation() -> None:
+    found = replica("pg-2", wal=900)
+    assert found.name == "pg-2" and found.ordinal == 2
+    assert found.streaming and found.ready and found.address == "10.0.0.1"
+    assert (found.timeline, found.wal_position, found.pending_restart) == (2, 900, False)
+
+
+@pytest.mark.parametrize("raw", ["", "{", "[]", "null", '"text"'])
+def test_a_missing_or_broken_record_means_nothing_known(raw: str) -> None:
+    body = pod("pg-1", "replica")
+    body["metadata"]["annotations"] = {"status": raw}
+    found = m.member(body)
+    assert (found.state, found.timeline, found.wal_position, found.streaming) == (
+        None,
+        None,
+        None,
+        False,
+    )
+
+
+def test_pending_restart_comes_from_patroni() -> None:
+    assert primary(pending_restart=True).pending_restart
+
+
+def test_sync_standbys_are_read_from_the_sync_config_map() -> None:
+    assert m.sync_standbys({"leader": "pg-0", "sync_standby": "pg-1,pg-2"}) == {"pg-1", "pg-2"}
+    assert m.sync_standbys({"leader": "pg-0"}) == frozenset()
+    assert m.sync_standbys(None) == frozenset()
+
+
+def test_instances_report_roles_lag_and_timeline_as_patroni_does() -> None:
+    found = m.instances(
+        [replica("pg-2", wal=400, state="in archive recovery"), primary(), replica("pg-1")],
+        frozenset({"pg-1"}),
+    )
+    assert found == [
+        {"name": "pg-0", "role": "primary", "state": "running", "timeline": 2},
+        {
+            "name": "pg-1",
+            "role": "sync_standby",
+            "state": "streaming",
+            "timeline": 2,
+            "lagBytes": 0,
+        },
+        {
+            "name": "pg-2",
+            "role": "replica",
+            "state": "in archive recovery",
+            "timeline": 2,
+            "lagBytes": 600,
+        },
+    ]
+
+
+def test_no_lag_is_reported_without_a_primary() -> None:
+    assert "lagBytes" not in m.instances([replica("pg-1")], frozenset())[0]
+
+
+def test_the_switchover_candidate_is_the_freshest_synchronous_standby() -> None:
+    group = [primary(), replica("pg-1", wal=900), replica("pg-2", wal=950), replica("pg-3", 990)]
+    sync = frozenset({"pg-1", "pg-2"})
+    assert m.switchover_candidate(group, sync, synchronous=True) == ("pg-2", True)
+    # without synchronous replication the freshest streaming replica
+    assert m.switchover_candidate(group, sync, synchronous=False) == ("pg-3", True)
+
+
+def test_no_candidate_without_a_synchronous_standby_in_synchronous_mode() -> None:
+    group = [primary(), replica("pg-1")]
+    assert m.switchover_candidate(group, frozenset(), synchronous=True) is None
+
+
+def test_replicas_that_do_not_stream_or_are_not_ready_are_never_candidates() -> None:
+    group = [
+        primary(),
+        replica("pg-1", state="in archive recovery"),
+        replica("pg-2", ready=False),
+    ]
+    assert m.switchover_candidate(group, frozenset({"pg-1", "pg-2"}), synchronous=True) is None
+
+
+def test_a_scale_down_picks_a_survivor_falling_back_to_a_graceful_failover() -> None:
+    group = [primary("pg-4"), replica("pg-3", wal=999), replica("pg-1", wal=10), replica("pg-0")]
+    sync = frozenset({"pg-3"})
+    # the synchronous standby would be removed too: the best survivor, by failover
+    assert m.switchover_candidate(group, sync, synchronous=True, below_ordinal=2) == (
+        "pg-0",
+        False,
+    )
+    assert m.switchover_candidate(
+        group, frozenset({"pg-1"}), synchronous=True, below_ordinal=2
+    ) == (
+        "pg-1",
+        True,
+    )
+
+
+def cluster(**spec: Any) -> v1alpha1.PostgresCluster:
+    return v1alpha1.PostgresCluster.model_validate(
+        {
+            "metadata": {"name": "pg", "namespace": "ns", "uid": "u"},
+            "spec": {"version": "15", "replicas": 3, "storageSize": "1Gi", **spec},
+        }
+    )
+
+
+def test_synchronous_replication_is_on_by_default_with_one_standby() -> None:
+    assert patroni.synchronous_settings(cluster()) == {
+        "synchronous_mode": True,
+        "synchronous_mode_strict": False,
+        "synchronous_node_count": 1,
+    }
+    assert patroni.dynamic_configuration(cluster())["synchronous_mode"] is True
+
+
+@pytest.mark.parametrize(
+    ("mode", "strict", "enabled"),
+    [("Preferred", False, True), ("Required", True, True), ("Off", False, False)],
+)
+def test_synchronous_modes(mode: str, strict: bool, enabled: bool) -> None:
+    settings = patroni.synchronous_settings(cluster(synchronous={"mode": mode, "number": 2}))
+    assert settings["synchronous_mode"] is enabled
+    assert settings["synchronous_mode_strict"] is strict
+    assert settings["synchronous_node_count"] == 2
+
+
+def applied(pgc: v1alpha1.PostgresCluster) -> dict[str, Any]:
+    return {
+        **patroni.synchronous_settings(pgc),
+        "postgresql": {"parameters": patroni.parameters(pgc)},
+    }
+
+
+def test_nothing_to_patch_when_patroni_has_the_spec() -> None:
+    pgc = cluster(postgresql={"parameters": {"work_mem": "8MB"}})
+    assert configuration_patch(pgc, applied(pgc)) == {}
+
+
+def test_numbers_in_patronis_configuration_compare_as_text() -> None:
+    pgc = cluster(postgresql={"parameters": {"max_connections": "200"}})
+    dcs = applied(pgc)
+    dcs["postgresql"]["parameters"]["max_connections"] = 200
+    assert configuration_patch(pgc, dcs) == {}
+
+
+def test_only_what_changed_is_patched_and_removed_parameters_are_nulled() -> None:
+    before = cluster(postgresql={"parameters": {"work_mem": "8MB", "max_connections": "200"}})
+    after = cluster(
+        postgresql={"parameters": {"work_mem": "16MB"}}, synchronous={"mode": "Required"}
+    )
+    assert configuration_patch(after, applied(before)) == {
+        "synchronous_mode_strict": True,
+        "postgresql": {"parameters": {"work_mem": "16MB", "max_connections": None}},
+    }
+
+
+def test_a_configuration_without_synchronous_keys_has_patronis_defaults() -> None:
+    pgc = cluster(synchronous={"mode": "Off"})
+    dcs = {"postgresql": {"parameters": patroni.parameters(pgc)}}
+    assert configuration_patch(pgc, dcs) == {}
+    assert configuration_patch(cluster(), dcs) == {"synchronous_mode": True}
