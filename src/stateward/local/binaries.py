@@ -12,6 +12,7 @@ added to the component) counts as missing and is rebuilt.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import os
 import shutil
 import subprocess
@@ -20,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import IO
 
 from stateward.local import errors
 
@@ -263,10 +265,31 @@ def missing() -> list[Component]:
 
 
 def ensure(*, progress: Progress = _stderr) -> Binaries:
-    """Build whatever is not cached yet, then return the paths."""
-    for component in missing():
-        build(component, progress=progress)
+    """Build whatever is not cached yet, then return the paths.
+
+    Two processes on one host (a test run and ``make run``, or parallel test sessions) may
+    both find a component missing; a lock on the cache makes the second wait for the first's
+    build and then find it cached, instead of compiling into the same ``.partial`` at once.
+    """
+    if not missing():
+        return locate()
+    cache = component_dir(COMPONENTS[0]).parent
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".build.lock", "w") as lock:
+        if not _try_lock(lock):
+            progress(f"Waiting for another process building into {cache} ...")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        for component in missing():
+            build(component, progress=progress)
     return locate()
+
+
+def _try_lock(lock: IO[str]) -> bool:
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def _go() -> str:
