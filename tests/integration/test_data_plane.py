@@ -121,6 +121,20 @@ def test_a_single_instance_bootstraps_to_a_writable_primary(
     assert sql(real_cluster, ns, "solo-0", "select pg_is_in_recovery()") == "f"
     assert sql(real_cluster, ns, "solo-0", "select version()").startswith("PostgreSQL 15")
 
+    # The application's Secret connects to its own database as its owner.
+    secret = client.get(Secret, "solo-app", namespace=ns)
+    app = {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
+    assert app["host"] == f"solo-primary.{ns}.svc" and app["dbname"] == "app"
+    assert app["uri"].startswith("postgresql://app:")
+    address = client.get(Pod, "solo-0", namespace=ns).status.podIP  # type: ignore[union-attr]
+    result = subprocess.run(
+        ["psql", f"host={address} port={app['port']} dbname={app['dbname']} user={app['user']}",
+         "-tAc", "create table mine (n int); select current_user, current_database()"],
+        env={**os.environ, "PGPASSWORD": app["password"]},
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert result.stdout.strip().splitlines()[-1] == "app|app", result.stderr
+
 
 def test_parameters_are_applied_through_patroni_without_recreating_pods(
     real_cluster: LocalCluster, client: Client, ns: str

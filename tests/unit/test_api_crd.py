@@ -273,7 +273,7 @@ def test_every_rule_has_a_message_naming_its_field(schema: dict[str, Any]) -> No
                 "FieldValueInvalid",
                 "FieldValueForbidden",
             }
-    assert found == 8
+    assert found == 11
 
 
 def test_storage_size_rules(schema: dict[str, Any]) -> None:

@@ -229,3 +229,40 @@ def test_a_subcommand_is_required() -> None:
     with pytest.raises(SystemExit) as exited:
         cli.main([])
     assert exited.value.code == 2
+
+
+# --- post-bootstrap: the application role and database ----------------------------------
+
+
+def test_the_bootstrap_statements_create_the_owner_and_its_database() -> None:
+    text = cli.bootstrap_sql("shop", "shopper", "s3cr3t_-X")
+    assert text.splitlines() == [
+        "SET log_statement = 'none';",
+        "CREATE ROLE shopper LOGIN PASSWORD 's3cr3t_-X';",
+        "CREATE DATABASE shop OWNER shopper;",
+        "REVOKE ALL ON DATABASE shop FROM PUBLIC;",
+        "GRANT ALL ON DATABASE shop TO shopper;",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("database", "owner", "password"),
+    [("Shop", "app", "pw"), ("app", "a;drop", "pw"), ("app", "app", "it's"), ("app", "app", "")],
+)
+def test_the_bootstrap_statements_refuse_what_would_need_quoting(
+    database: str, owner: str, password: str
+) -> None:
+    with pytest.raises(cli.InstanceError) as error:
+        cli.bootstrap_sql(database, owner, password)
+    assert password not in str(error.value) or not password
+
+
+def test_post_bootstrap_names_the_missing_environment() -> None:
+    with pytest.raises(cli.InstanceError, match="STATEWARD_APP_PASSWORD"):
+        cli.post_bootstrap("postgres://x", {"STATEWARD_APP_DATABASE": "app"})
+
+
+def test_patroni_runs_the_hook_after_initdb() -> None:
+    document = patroni.configuration(cluster(), labels={})
+    assert document["bootstrap"]["post_bootstrap"] == "stateward-instance post-bootstrap"
+    assert cli._parser().parse_args(["post-bootstrap", "postgres://x"]).connection == "postgres://x"

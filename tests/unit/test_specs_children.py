@@ -204,3 +204,27 @@ def test_equal_clusters_in_other_namespaces_differ_only_there() -> None:
     for a, b in zip(built(one), built(other), strict=True):
         assert a["metadata"]["namespace"] == "db"
         assert b["metadata"]["namespace"] == "other"
+
+
+def test_the_app_secret_tells_an_application_how_to_connect() -> None:
+    cluster = make_cluster(bootstrap={"database": "shop", "owner": "shopper"})
+    body = secrets.app_secret(cluster, password="pw_1")
+    data = {k: base64.b64decode(v).decode() for k, v in body["data"].items()}
+    host = f"{cluster.name}-primary.{cluster.namespace}.svc"
+    assert body["metadata"]["name"] == f"{cluster.name}-app"
+    assert body["type"] == "kubernetes.io/basic-auth"
+    assert data == {
+        "username": "shopper",
+        "password": "pw_1",
+        "host": host,
+        "port": "5432",
+        "dbname": "shop",
+        "user": "shopper",
+        "uri": f"postgresql://shopper:pw_1@{host}:5432/shop",
+        "jdbc-uri": f"jdbc:postgresql://{host}:5432/shop?user=shopper&password=pw_1",
+    }
+
+
+def test_the_bootstrap_defaults_are_app_and_app() -> None:
+    spec = make_cluster().spec.bootstrap
+    assert (spec.database, spec.owner) == ("app", "app")

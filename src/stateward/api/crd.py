@@ -494,6 +494,38 @@ POSTGRESCLUSTER_EXTRAS: dict[str, dict[str, Any]] = {
             ),
         ]
     },
+    "spec.bootstrap": {
+        "x-kubernetes-validations": [
+            Rule(
+                rule="self == oldSelf",
+                message=(
+                    "spec.bootstrap is immutable: the database and its owner are created once,"
+                    " when the cluster is initialized"
+                ),
+                reason="FieldValueForbidden",
+            ),
+        ]
+    },
+    "spec.bootstrap.owner": {
+        "x-kubernetes-validations": [
+            Rule(
+                rule=f"!(self in [{', '.join(_cel_string(r) for r in v1alpha1.RESERVED_ROLES)}])",
+                message="spec.bootstrap.owner must not be a role the operator uses: "
+                + ", ".join(v1alpha1.RESERVED_ROLES),
+            ),
+        ]
+    },
+    "spec.bootstrap.database": {
+        "x-kubernetes-validations": [
+            Rule(
+                rule=(
+                    f"!(self in [{', '.join(_cel_string(d) for d in v1alpha1.RESERVED_DATABASES)}])"
+                ),
+                message="spec.bootstrap.database must not be one of PostgreSQL's own databases: "
+                + ", ".join(v1alpha1.RESERVED_DATABASES),
+            ),
+        ]
+    },
     "spec.version": {
         "x-kubernetes-validations": [
             Rule(

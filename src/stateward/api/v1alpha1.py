@@ -93,6 +93,22 @@ class Synchronous(_Model):
     """How many synchronous standbys each commit waits for (at most replicas - 1 are used)."""
 
 
+IDENTIFIER_PATTERN = "^[a-z_][a-z0-9_]*$"
+"""A PostgreSQL identifier that needs no quoting: lower case letters, digits, underscores."""
+RESERVED_ROLES = ("postgres", "replicator")
+RESERVED_DATABASES = ("postgres", "template0", "template1")
+
+
+class Bootstrap(_Model):
+    """What is created when the cluster is first initialized (immutable afterwards)."""
+
+    database: str = Field(default="app", pattern=IDENTIFIER_PATTERN, max_length=63)
+    """The application database, owned by ``owner``."""
+
+    owner: str = Field(default="app", pattern=IDENTIFIER_PATTERN, max_length=63)
+    """The application role (LOGIN); its credentials are in the Secret ``NAME-app``."""
+
+
 class ResourceRequirements(_Model):
     """Compute resources of each instance's database container."""
 
@@ -128,6 +144,9 @@ class PostgresClusterSpec(_Model):
 
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
     """Compute resources of each instance."""
+
+    bootstrap: Bootstrap = Field(default_factory=Bootstrap)
+    """The application database and owner created at initialization."""
 
     synchronous: Synchronous = Field(default_factory=Synchronous)
     """Synchronous replication; on by default (Preferred, one standby)."""
@@ -308,6 +327,11 @@ class PostgresCluster(_Model):
     @property
     def replication_secret_name(self) -> str:
         return f"{self.name}-replication"
+
+    @property
+    def app_secret_name(self) -> str:
+        """Connection details for applications: host, port, dbname, user, password, uri."""
+        return f"{self.name}-app"
 
     @property
     def instance_account_name(self) -> str:

@@ -253,6 +253,7 @@ async def ensure_secrets(scope: Scope) -> str | None:
     for name, build in (
         (cluster.superuser_secret_name, secrets.superuser_secret),
         (cluster.replication_secret_name, secrets.replication_secret),
+        (cluster.app_secret_name, secrets.app_secret),
     ):
         if scope.observed("Secret", name) is not None:
             continue

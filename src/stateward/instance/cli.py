@@ -5,7 +5,10 @@ passwd entry for the uid), then replaces itself with Patroni: no shell and no wr
 in between, so Patroni is the container's PID 1 and gets the runtime's signals directly
 (as PID 1 it also reaps orphaned children).
 
-Runs inside the instance image: standard library, PyYAML and ``stateward.instance`` only.
+``post-bootstrap`` is Patroni's hook after initdb: it creates the application role and
+database named in the spec, with the password from the ``NAME-app`` Secret.
+
+Runs inside the instance image, with the stateward package and its dependencies.
 """
 
 from __future__ import annotations
@@ -14,12 +17,15 @@ import argparse
 import importlib.metadata
 import os
 import pwd
+import re
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Final
 
 import yaml
 
+from stateward.api import v1alpha1
 from stateward.instance import patroni
 
 PROGRAM: Final = "stateward-instance"
@@ -155,6 +161,53 @@ def run(config: str) -> int:
     return 127  # only reached when execvp is replaced (tests)
 
 
+def bootstrap_sql(database: str, owner: str, password: str) -> str:
+    """The statements that create the application role and database (fed to psql on stdin,
+    so the password is in no process's arguments; not logged whatever log_statement says)."""
+    for what, value in (("database", database), ("owner", owner)):
+        if not re.fullmatch(v1alpha1.IDENTIFIER_PATTERN, value):
+            raise InstanceError(f"the application {what} {value!r} is not a plain identifier")
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", password):
+        raise InstanceError("the application password holds characters the operator never makes")
+    return (
+        "SET log_statement = 'none';\n"
+        f"CREATE ROLE {owner} LOGIN PASSWORD '{password}';\n"
+        f"CREATE DATABASE {database} OWNER {owner};\n"
+        f"REVOKE ALL ON DATABASE {database} FROM PUBLIC;\n"
+        f"GRANT ALL ON DATABASE {database} TO {owner};\n"
+    )
+
+
+def post_bootstrap(connection: str, env: Mapping[str, str]) -> int:
+    """Patroni's ``post_bootstrap`` hook: make the application role and database."""
+    missing = [
+        name
+        for name in (patroni.APP_DATABASE_ENV, patroni.APP_OWNER_ENV, patroni.APP_PASSWORD_ENV)
+        if not env.get(name)
+    ]
+    if missing:
+        raise InstanceError(f"post-bootstrap needs {', '.join(missing)} in the environment")
+    statements = bootstrap_sql(
+        env[patroni.APP_DATABASE_ENV], env[patroni.APP_OWNER_ENV], env[patroni.APP_PASSWORD_ENV]
+    )
+    result = subprocess.run(
+        ["psql", connection, "-X", "-q", "-v", "ON_ERROR_STOP=1"],
+        input=statements,
+        text=True,
+        capture_output=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        # psql's error names the statement's object, never the password (the statements
+        # themselves are not echoed: no -a/-e).
+        raise InstanceError(f"post-bootstrap failed: {result.stderr.strip()[-500:]}")
+    print(
+        f"{PROGRAM}: created role {env[patroni.APP_OWNER_ENV]} and database"
+        f" {env[patroni.APP_DATABASE_ENV]}"
+    )
+    return 0
+
+
 def version() -> str:
     try:
         return importlib.metadata.version("stateward")
@@ -176,6 +229,11 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help=f"Patroni's YAML (default {patroni.CONFIG_FILE})",
     )
+    hook = commands.add_parser(
+        "post-bootstrap",
+        help="Patroni's post_bootstrap hook: create the application role and database",
+    )
+    hook.add_argument("connection", help="the superuser connection string Patroni passes")
     commands.add_parser("version", help="print the stateward version")
     return parser
 
@@ -186,6 +244,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROGRAM} {version()}")
         return 0
     try:
+        if arguments.command == "post-bootstrap":
+            return post_bootstrap(arguments.connection, os.environ)
         return run(arguments.config)
     except InstanceError as error:
         print(f"{PROGRAM}: {error}", file=sys.stderr)

@@ -44,6 +44,12 @@ TMP_DIR: Final = "/tmp"  # noqa: S108 - an emptyDir private to the container
 PGPASS_FILE: Final = f"{TMP_DIR}/pgpass"
 """Patroni writes a pgpass file; the root filesystem is read-only, /tmp is an emptyDir."""
 
+APP_DATABASE_ENV: Final = "STATEWARD_APP_DATABASE"
+APP_OWNER_ENV: Final = "STATEWARD_APP_OWNER"
+APP_PASSWORD_ENV: Final = "STATEWARD_APP_PASSWORD"  # noqa: S105 - a variable name
+POST_BOOTSTRAP: Final = "stateward-instance post-bootstrap"
+"""Patroni runs it once after initdb, with a superuser connection string appended."""
+
 # --- failover timing ---------------------------------------------------------------------
 
 TTL: Final = 20
@@ -176,6 +182,7 @@ def configuration(
         "bootstrap": {
             "dcs": dynamic_configuration(cluster),
             "initdb": [{"encoding": "UTF8"}, "data-checksums"],
+            "post_bootstrap": POST_BOOTSTRAP,
         },
         "postgresql": {
             # connect_address from PATRONI_POSTGRESQL_CONNECT_ADDRESS; credentials from

@@ -42,6 +42,31 @@ def replication_secret(cluster: v1alpha1.PostgresCluster, *, password: str) -> m
     )
 
 
+def app_secret(cluster: v1alpha1.PostgresCluster, *, password: str) -> meta.Object:
+    """Everything an application needs to connect to the primary: the Service's DNS name,
+    port, database, user, password, and the same as a URI (libpq) and a JDBC URL."""
+    body = _basic_auth(
+        cluster, cluster.app_secret_name, username=cluster.spec.bootstrap.owner, password=password
+    )
+    host = f"{cluster.primary_service_name}.{cluster.namespace}.svc"
+    port = patroni.POSTGRES_PORT
+    user, database = cluster.spec.bootstrap.owner, cluster.spec.bootstrap.database
+    # The password is URL-safe base64 and the names are plain identifiers: nothing to escape.
+    body["data"].update(
+        {
+            "host": _b64(host),
+            "port": _b64(str(port)),
+            "dbname": _b64(database),
+            "user": _b64(user),
+            "uri": _b64(f"postgresql://{user}:{password}@{host}:{port}/{database}"),
+            "jdbc-uri": _b64(
+                f"jdbc:postgresql://{host}:{port}/{database}?user={user}&password={password}"
+            ),
+        }
+    )
+    return body
+
+
 def _basic_auth(
     cluster: v1alpha1.PostgresCluster,
     name: str,

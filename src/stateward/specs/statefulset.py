@@ -144,6 +144,12 @@ def _env(cluster: v1alpha1.PostgresCluster) -> list[meta.Object]:
             secret=cluster.replication_secret_name,
             key=secrets.PASSWORD_KEY,
         ),
+        # The application role and database, made once by `stateward-instance post-bootstrap`.
+        {"name": patroni.APP_DATABASE_ENV, "value": cluster.spec.bootstrap.database},
+        {"name": patroni.APP_OWNER_ENV, "value": cluster.spec.bootstrap.owner},
+        pods.secret_env(
+            patroni.APP_PASSWORD_ENV, secret=cluster.app_secret_name, key=secrets.PASSWORD_KEY
+        ),
         # `patronictl` in the pod (kubectl exec) finds the configuration without flags.
         {"name": "PATRONICTL_CONFIG_FILE", "value": patroni.CONFIG_FILE},
     ]
