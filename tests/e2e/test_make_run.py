@@ -75,6 +75,14 @@ def test_run_brings_a_sample_cluster_to_ready_and_stops_on_ctrl_c(tmp_path: Path
         )
         primary = ready.group(1)
         kubeconfig = tmp_path / "local" / "kubeconfig"
+        # The run proves replication itself and says how to connect, without the password.
+        checked = wait_for(
+            lambda: next((line for line in lines if "Replication:" in line), None),
+            what="the replication check line",
+            timeout=90,
+        )
+        assert f"written on the primary {primary} was read back on the replica" in checked
+        assert any("sample-app" in line and "base64 -d" in line for line in lines)
         # A real database: Patroni elected the primary the status names, the others replay.
         for pod in ("sample-0", "sample-1", "sample-2"):
             recovery = subprocess.run(

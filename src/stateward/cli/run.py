@@ -26,6 +26,7 @@ from lightkube.resources.core_v1 import Namespace
 from stateward.api import crd, v1alpha1
 from stateward.controllers.kube import PostgresClusterResource
 from stateward.local.cluster import Config, LocalCluster, free_port_base
+from stateward.specs import statefulset
 
 OPERATOR_NAMESPACE = "stateward-system"
 SAMPLE = Path(__file__).resolve().parents[3] / "config" / "samples" / "postgrescluster.yaml"
@@ -114,6 +115,75 @@ def _status_line(obj: Any) -> str:
     )
 
 
+def _psql(kubeconfig: Path, namespace: str, pod: str, statement: str) -> str | None:
+    """One statement as the superuser over the pod's own socket; None if it failed."""
+    from stateward.local import binaries
+
+    result = subprocess.run(
+        [
+            str(binaries.locate().kubectl), f"--kubeconfig={kubeconfig}", "exec", "-n",
+            namespace, pod, "-c", statefulset.CONTAINER_NAME, "--", "psql",
+            "-h", "/var/run/postgresql", "-U", "postgres", "-X", "-tAc", statement,
+        ],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def replication_check(kubeconfig: Path, namespace: str, primary: str, replica: str) -> str:
+    """Write a row on the primary and read it back on a replica: the sentence to show."""
+    marker = f"make run at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"
+    insert = f"insert into stateward_hello values ('{marker}')"  # noqa: S608 - our own text
+    wrote = _psql(
+        kubeconfig,
+        namespace,
+        primary,
+        f"create table if not exists stateward_hello (note text); {insert}",
+    )
+    if wrote is None:
+        return f"could not write a row on {primary}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        found = _psql(
+            kubeconfig,
+            namespace,
+            replica,
+            f"select count(*) from stateward_hello where note = '{marker}'",  # noqa: S608
+        )
+        if found == "1":
+            return f"a row written on the primary {primary} was read back on the replica {replica}"
+        time.sleep(0.5)
+    return f"a row written on {primary} did not reach {replica} within 30s"
+
+
+def what_now(cluster: LocalCluster, name: str, namespace: str, obj: dict[str, Any]) -> list[str]:
+    """The short block shown once the sample is Ready: how to look and how to connect."""
+    kubeconfig = cluster.kubeconfig
+    status = obj.get("status") or {}
+    primary, replicas = status.get("primaryPod"), status.get("replicaPods") or []
+    lines = ["==> The sample cluster is Ready."]
+    if primary and replicas:
+        lines.append(
+            f"    Replication: {replication_check(kubeconfig, namespace, primary, replicas[0])}"
+        )
+    secret = f"{name}-app"
+    lines += [
+        "    What now:",
+        f"      export KUBECONFIG={kubeconfig}",
+        f"      kubectl get pgc {name} -n {namespace}            # status at a glance",
+        f"      kubectl exec -it -n {namespace} {primary or name + '-0'} -c postgres --"
+        " psql -h /var/run/postgresql -U postgres   # a psql shell on the primary",
+        "      # as the application, with the password from the Secret (never printed):",
+        f"      PGPASSWORD=$(kubectl get secret {secret} -n {namespace}"
+        " -o jsonpath='{.data.password}' | base64 -d) \\",
+        f'        psql "host=$(kubectl get pod {primary or name + "-0"} -n {namespace}'
+        " -o jsonpath='{.status.podIP}') dbname=app user=app\"",
+        f"      kubectl annotate pgc {name} -n {namespace} {v1alpha1.SWITCHOVER_ANNOTATION}=any"
+        "   # a switchover",
+    ]
+    return lines
+
+
 def run() -> int:
     config = Config.default()
     cluster = LocalCluster(config)
@@ -137,6 +207,7 @@ def run() -> int:
         say(f"==> Applied the sample PostgresCluster {name!r}; status follows (Ctrl-C to stop)")
         say(f"    kubectl --kubeconfig {cluster.kubeconfig} get pgc,sts,svc,pods -n default")
         last = ""
+        shown_ready = False
         while True:
             if operator.process.poll() is not None:
                 say("operator exited; see its log")
@@ -147,6 +218,10 @@ def run() -> int:
                 if line != last:
                     say(f"[{time.strftime('%H:%M:%S')}] {line}")
                     last = line
+                if not shown_ready and (obj.get("status") or {}).get("phase") == "Ready":
+                    shown_ready = True
+                    for text in what_now(cluster, name, "default", obj):
+                        say(text)
             time.sleep(1)
     except KeyboardInterrupt:
         say(
