@@ -136,6 +136,27 @@ def test_a_single_instance_bootstraps_to_a_writable_primary(
     assert result.stdout.strip().splitlines()[-1] == "app|app", result.stderr
 
 
+def test_postgresql_17_runs_and_replicates_synchronously(
+    real_cluster: LocalCluster, client: Client, ns: str
+) -> None:
+    create_cluster(client, ns, "pg17", replicas=2, version="17")
+    ready(client, ns, "pg17")
+    wait_for(
+        lambda: sorted(roles(client, ns, "pg17").values()) == ["primary", "sync_standby"],
+        what="the replica to become the synchronous standby",
+        timeout=90,
+    )
+    status = status_of(client, ns, "pg17")
+    primary, replica = status["primaryPod"], status["replicaPods"][0]
+    assert sql(real_cluster, ns, primary, "show server_version_num").startswith("17")
+    assert sql(real_cluster, ns, primary, "create table t (n int)") == "CREATE TABLE"
+    assert sql(real_cluster, ns, primary, "insert into t values (1)") == "INSERT 0 1"
+    wait_for(
+        lambda: sql(real_cluster, ns, replica, "select count(*) from t") == "1",
+        what="the row on the PostgreSQL 17 replica",
+    )
+
+
 def test_parameters_are_applied_through_patroni_without_recreating_pods(
     real_cluster: LocalCluster, client: Client, ns: str
 ) -> None:
@@ -264,6 +285,21 @@ def test_a_final_backup_that_cannot_start_says_why_and_can_be_skipped(
         ),
         what="the finalizer",
     )
+    # The instance itself cannot start either: status says which image and what to do.
+    degraded = wait_for(
+        lambda: next(
+            (
+                c
+                for c in get_pgc(client, "stuck", ns).get("status", {}).get("conditions", [])
+                if c["type"] == "Degraded" and c["reason"] == "ImageUnavailable"
+            ),
+            None,
+        ),
+        what="Degraded/ImageUnavailable",
+        timeout=120,
+    )
+    assert "localhost/stateward/not-built:1" in degraded["message"]
+    assert "spec.image" in degraded["message"]
     client.delete(PostgresClusterResource, "stuck", namespace=ns)
     stuck = wait_for(
         lambda: next(

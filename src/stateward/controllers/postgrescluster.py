@@ -167,6 +167,7 @@ class Reconciler:
                 self.data_plane.run_switchover,
                 roll_pods,
                 self.data_plane.restart_pending,
+                check_instances,
             ]
         )
         try:
@@ -744,6 +745,48 @@ def pod_problem(pod: Body) -> str | None:
                 f" {waiting.get('message') or 'no message'}"
             )
     return None
+
+
+IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName"})
+
+
+async def check_instances(scope: Scope) -> str | None:
+    """Instances that cannot run, and why, in ``Degraded``: an image the nodes do not have
+    (``ImageUnavailable``, naming the image and how to get it), a pod that cannot be
+    scheduled, a container that cannot be created or keeps crashing (``InstancesNotRunning``)."""
+    problems = [(pod, p) for pod in _pods(scope) if (p := pod_problem(pod))]
+    if not problems:
+        return None
+    pulls = [
+        pod
+        for pod, _ in problems
+        if any(
+            ((c.get("state") or {}).get("waiting") or {}).get("reason") in IMAGE_PULL_REASONS
+            for c in (pod.get("status") or {}).get("containerStatuses") or []
+        )
+    ]
+    if pulls:
+        image = scope.cluster.image
+        reason = "ImageUnavailable"
+        where = (
+            f"image {image} cannot be pulled by {', '.join(p['metadata']['name'] for p in pulls)}"
+        )
+        message = (
+            f"{where} (spec.image): push it to a registry the nodes can reach, or fix spec.image"
+            if scope.cluster.spec.image
+            else f"{where}: on Stateward's local cluster `stateward local build` builds the images"
+            " of PostgreSQL 15 and 17; elsewhere push the image to a registry the nodes can"
+            " reach, or set spec.image"
+        )
+    else:
+        reason = "InstancesNotRunning"
+        message = "; ".join(problem for _, problem in problems)
+    previous = cond.get_condition(scope.conditions, "Degraded") or {}
+    if previous.get("reason") != reason or previous.get("message") != message:
+        await scope.event(reason, message, warning=True)
+    scope.degraded.append((reason, message))
+    scope.requeue(UNSATISFIABLE_RECHECK)  # pod changes arrive by watch; this is a backstop
+    return f"instances cannot run: {reason}"
 
 
 # --- status ----------------------------------------------------------------------------------
