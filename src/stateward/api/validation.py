@@ -27,10 +27,11 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 import pydantic
+from lightkube.utils import quantity as lightkube_quantity
 
 from stateward.api.v1alpha1 import (
     MAX_REPLICAS,
@@ -358,32 +359,20 @@ def validate_cron(expr: str) -> list[str]:
 
 # --- quantities --------------------------------------------------------------------------
 
-_QUANTITY = re.compile(
-    r"(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
-    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?"
-)
-_BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
-_DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 
+def parse_quantity(value: object) -> Decimal | None:
+    """The value of a Kubernetes quantity ("10Gi", "500m", "1e3"), or None if it is not one.
 
-def parse_quantity(value: str) -> Decimal | None:
-    """The value of a Kubernetes quantity ("10Gi", "500m", "1e3"), or None if it is not
-    one (Kubernetes' ``resource.ParseQuantity`` grammar)."""
+    lightkube's parser (``lightkube.utils.quantity``), which raises where callers here want
+    None. Its grammar is Kubernetes' except at the edges: it lacks the ``n``/``u`` suffixes
+    and the upper-case ``E`` exponent, has ``Z``/``Y``/``Zi``/``Yi``, and rounds up to
+    thousandths."""
     if not isinstance(value, str):
         return None
-    match = _QUANTITY.fullmatch(value)
-    if match is None:
-        return None
     try:
-        number = Decimal(match["number"])
-    except InvalidOperation:  # pragma: no cover - the regex admits only decimals
+        return lightkube_quantity.parse_quantity(value)
+    except ValueError:
         return None
-    suffix = match["suffix"] or ""
-    if suffix in _BINARY:
-        return number * Decimal(1024 ** _BINARY[suffix])
-    if suffix in _DECIMAL:
-        return number.scaleb(_DECIMAL[suffix])
-    return number.scaleb(int(suffix[1:]))
 
 
 # --- the spec ----------------------------------------------------------------------------
