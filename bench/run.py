@@ -429,6 +429,25 @@ def wait_webhook(api: Api, timeout: float = 60) -> None:
     say("    (no validating webhook registered; creates bypass admission)")
 
 
+@dataclasses.dataclass(frozen=True)
+class _Counters:
+    """What phase 1 is measured from: taken just before the first create."""
+
+    metrics: dict[str, float]
+    operator_cpu: float
+    component_cpu: dict[str, float]
+    machine_busy: float
+    own_cpu: float
+
+    @classmethod
+    def take(cls, cluster: LocalCluster, pid: int, port: int) -> _Counters:
+        metrics = scrape(port)
+        operator_cpu, components = cpu_seconds(pid), component_cpu(cluster)
+        return cls(
+            metrics, operator_cpu, components, machine_busy_seconds(), cpu_seconds(os.getpid())
+        )
+
+
 class Run:
     def __init__(self, args: argparse.Namespace, clusters: int, replicas: int) -> None:
         self.args = args
@@ -488,9 +507,31 @@ class Run:
         return self.result
 
     def _measure(self, cluster: LocalCluster, operator: OperatorProcess, api: Api) -> None:
-        r, n, pid, port = self.result, self.n, operator.process.pid, operator.probe_port
-        names = [f"pg-{i:04d}" for i in range(n)]
+        """The four phases of the module docstring, in order, each recording into
+        ``self.result``; a run that does not converge stops after the first."""
+        names = [f"pg-{i:04d}" for i in range(self.n)]
         tracker = Tracker(names, self.replicas)
+        t0, t_converged = self._create_and_converge(cluster, operator, api, names, tracker)
+        if not tracker.all_converged():
+            self.result["note"] = f"not converged within {self.args.timeout:.0f}s"
+            return
+        t_ready = self._wait_ready(operator, api, tracker, t0)
+        w0, w1 = self._steady_state(operator)
+        self._single_changes(operator, api, names)
+        self._record_audit(cluster, t0, t_converged, t_ready, w0, w1)
+
+    def _create_and_converge(
+        self,
+        cluster: LocalCluster,
+        operator: OperatorProcess,
+        api: Api,
+        names: list[str],
+        tracker: Tracker,
+    ) -> tuple[float, float]:
+        """Phase 1: create every cluster concurrently, poll until all have converged (or the
+        deadline); records the creation and convergence measurements. Returns the start
+        and the end of the phase (epoch seconds)."""
+        r, n, pid, port = self.result, self.n, operator.process.pid, operator.probe_port
         created_at: dict[str, float] = {}
         lock = threading.Lock()
 
@@ -500,9 +541,7 @@ class Run:
             with lock:
                 created_at[name] = sent
 
-        metrics_before = scrape(port)
-        cpu_before, components_before = cpu_seconds(pid), component_cpu(cluster)
-        busy_before, own_before = machine_busy_seconds(), cpu_seconds(os.getpid())
+        before = _Counters.take(cluster, pid, port)
         t0 = time.time()
         pool = concurrent.futures.ThreadPoolExecutor(self.args.workers, thread_name_prefix="create")
         try:
@@ -529,9 +568,30 @@ class Run:
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
         t_converged = time.time()
-        converged = tracker.all_converged()
+        self._record_convergence(
+            cluster, operator, tracker, created_at, before, (t0, t_converged), int(max_depth)
+        )
+        say(
+            f"    converged {len(tracker.converged_at)}/{n} in {t_converged - t0:.0f}s"
+            + ("" if tracker.all_converged() else " (DEADLINE PASSED)")
+        )
+        return t0, t_converged
+
+    def _record_convergence(
+        self,
+        cluster: LocalCluster,
+        operator: OperatorProcess,
+        tracker: Tracker,
+        created_at: dict[str, float],
+        before: _Counters,
+        phase: tuple[float, float],
+        max_depth: int,
+    ) -> None:
+        """Latencies, CPU, memory and operator metrics of phase 1."""
+        r, pid, port = self.result, operator.process.pid, operator.probe_port
+        t0, t_converged = phase
         r["converged"] = len(tracker.converged_at)
-        if converged:
+        if tracker.all_converged():
             r["converge_seconds"] = round(max(tracker.converged_at.values()) - t0, 1)
         convergence = [tracker.converged_at[c] - created_at[c] for c in tracker.converged_at]
         r["cluster_latency_p50"] = round(percentile(convergence, 0.5), 1)
@@ -540,16 +600,16 @@ class Run:
         r["poll_lists"] = tracker.lists
         samples = scrape(port)
         r["rss_peak_converged_mib"] = proc_status_kib(pid, "VmHWM") / 1024
-        r["operator_cpu_converge_s"] = round(cpu_seconds(pid) - cpu_before, 1)
+        r["operator_cpu_converge_s"] = round(cpu_seconds(pid) - before.operator_cpu, 1)
         components_after = component_cpu(cluster)
         r["component_cpu_converge_s"] = {
             name: round(components_after.get(name, 0) - value, 1)
-            for name, value in components_before.items()
+            for name, value in before.component_cpu.items()
         }
-        r["bench_cpu_converge_s"] = round(cpu_seconds(os.getpid()) - own_before, 1)
+        r["bench_cpu_converge_s"] = round(cpu_seconds(os.getpid()) - before.own_cpu, 1)
         # What else ran on the machine meanwhile (other test runs share it): all busy CPU
         # time minus that of the processes of this run.
-        busy = machine_busy_seconds() - busy_before
+        busy = machine_busy_seconds() - before.machine_busy
         ours = (
             r["operator_cpu_converge_s"]
             + sum(r["component_cpu_converge_s"].values())
@@ -559,24 +619,22 @@ class Run:
         r["cpus_busy_converge"] = round(busy / max(t_converged - t0, 1e-9), 2)
         r["reconciles_converge"] = int(
             metric(samples, "stateward_reconcile_total")
-            - metric(metrics_before, "stateward_reconcile_total")
+            - metric(before.metrics, "stateward_reconcile_total")
         )
-        r["reconcile_mean_ms"] = _mean_ms(metrics_before, samples)
+        r["reconcile_mean_ms"] = _mean_ms(before.metrics, samples)
         r["leadership_losses_converge"] = leadership_losses(operator.log)
-        r["max_queue_depth"] = int(max_depth)
+        r["max_queue_depth"] = max_depth
         r["operator_writes_metric_converge"] = int(
             metric(samples, "stateward_api_writes_total")
-            - metric(metrics_before, "stateward_api_writes_total")
+            - metric(before.metrics, "stateward_api_writes_total")
         )
-        say(
-            f"    converged {len(tracker.converged_at)}/{n} in {t_converged - t0:.0f}s"
-            + ("" if converged else " (DEADLINE PASSED)")
-        )
-        if not converged:
-            r["note"] = f"not converged within {self.args.timeout:.0f}s"
-            return
 
-        # Every cluster Ready: that is the simulated pods (controller-manager, scheduler, kwok).
+    def _wait_ready(
+        self, operator: OperatorProcess, api: Api, tracker: Tracker, t0: float
+    ) -> float:
+        """Phase 2: every cluster Ready, which is the simulated pods (controller-manager,
+        scheduler, kwok), not the operator. Returns when it ended (epoch seconds)."""
+        r, n, pid, port = self.result, self.n, operator.process.pid, operator.probe_port
         ready_deadline = t0 + self.args.ready_timeout
         last_print = 0.0
         while not tracker.all_ready() and time.time() < ready_deadline:
@@ -592,9 +650,12 @@ class Run:
         if tracker.all_ready():
             r["ready_seconds"] = round(max(tracker.ready_at.values()) - t0, 1)
         say(f"    Ready {len(tracker.ready_at)}/{n} after {t_ready - t0:.0f}s")
+        return t_ready
 
-        # Steady state: nothing changes, full resyncs keep coming. Let the last status
-        # writes settle first.
+    def _steady_state(self, operator: OperatorProcess) -> tuple[float, float]:
+        """Phase 3: nothing changes, full resyncs keep coming; the window starts once the
+        last status writes have settled. Returns the window (epoch seconds)."""
+        r, pid, port = self.result, operator.process.pid, operator.probe_port
         time.sleep(self.args.settle)
         w_before = scrape(port)
         steady_cpu = cpu_seconds(pid)
@@ -617,32 +678,24 @@ class Run:
         r["steady_reconcile_mean_ms"] = _mean_ms(w_before, w_after)
         r["operator_cpu_steady_s"] = round(cpu_seconds(pid) - steady_cpu, 1)
         r["leadership_losses_steady"] = leadership_losses(operator.log) - losses_before
+        return w0, w1
 
-        # Single changes at scale: replicas + 1 on one cluster, until its StatefulSet says so.
+    def _single_changes(self, operator: OperatorProcess, api: Api, names: list[str]) -> None:
+        """Phase 4: single changes at scale, replicas + 1 on one cluster at a time, each
+        timed until its StatefulSet says so."""
+        r, pid = self.result, operator.process.pid
         latencies: list[float | None] = []
         for index in range(self.args.changes):
-            name = names[(index * 7919) % n]
-            wanted = self.replicas + 1
+            name = names[(index * 7919) % self.n]
             sent = time.time()
             try:
-                api.merge_patch(f"{PGC_PATH}/{name}", {"spec": {"replicas": wanted}})
+                api.merge_patch(f"{PGC_PATH}/{name}", {"spec": {"replicas": self.replicas + 1}})
             except httpx.HTTPError as error:  # e.g. the webhook is down while not leading
                 say(f"    change {index + 1}: the patch failed: {error}")
                 latencies.append(None)
                 continue
-            sts_path = f"{CHILD_PATHS['StatefulSet']}/{name}"
-            while True:
-                body: dict[str, Any] = {}
-                with contextlib.suppress(httpx.HTTPError):
-                    body = api.get(sts_path) or {}
-                if (body.get("spec") or {}).get("replicas") == wanted:
-                    latencies.append(time.time() - sent)
-                    break
-                if time.time() - sent > self.args.change_timeout:
-                    latencies.append(None)
-                    break
-                time.sleep(0.02)
-            took = latencies[-1]
+            took = self._wait_for_replicas(api, name, sent)
+            latencies.append(took)
             say(
                 f"    change {index + 1}/{self.args.changes}: {name} "
                 + (f"in {took:.2f}s" if took is not None else "NOT acted on in time")
@@ -653,6 +706,30 @@ class Run:
         r["rss_peak_mib"] = proc_status_kib(pid, "VmHWM") / 1024
         r["leadership_losses"] = leadership_losses(operator.log)
 
+    def _wait_for_replicas(self, api: Api, name: str, sent: float) -> float | None:
+        """Seconds from ``sent`` until the StatefulSet has the new replicas, or None."""
+        sts_path = f"{CHILD_PATHS['StatefulSet']}/{name}"
+        while True:
+            body: dict[str, Any] = {}
+            with contextlib.suppress(httpx.HTTPError):
+                body = api.get(sts_path) or {}
+            if (body.get("spec") or {}).get("replicas") == self.replicas + 1:
+                return time.time() - sent
+            if time.time() - sent > self.args.change_timeout:
+                return None
+            time.sleep(0.02)
+
+    def _record_audit(
+        self,
+        cluster: LocalCluster,
+        t0: float,
+        t_converged: float,
+        t_ready: float,
+        w0: float,
+        w1: float,
+    ) -> None:
+        """The operator's requests per phase, from the API server's audit log."""
+        r = self.result
         time.sleep(2)  # the audit log is written asynchronously to the response
         requests = operator_requests(cluster)
         r["audit_converge"] = summarize(requests, t0, t_converged)

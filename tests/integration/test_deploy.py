@@ -156,7 +156,7 @@ def test_make_deploy_gives_the_operator_every_right_it_uses(apiserver: LocalClus
         }
     )
     children = [
-        *specs.children(cluster, config_hash=config.config_hash(cluster)),
+        *specs.children(cluster, patroni_config=config.patroni_config(cluster)),
         secrets.superuser_secret(cluster, password="not-a-secret-1"),
         secrets.replication_secret(cluster, password="not-a-secret-2"),
         backup.backup_repository_pvc(cluster),

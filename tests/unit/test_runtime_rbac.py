@@ -51,7 +51,7 @@ def reconciler_writes() -> dict[str, set[str]]:
     """Kind -> the write verbs the reconciler sends for it (see controllers/postgrescluster.py)."""
     writes: dict[str, set[str]] = {}
     # apply_children: server-side apply, which is a patch that creates when absent.
-    for child in specs.children(CLUSTER, config_hash=config.config_hash(CLUSTER)):
+    for child in specs.children(CLUSTER, patroni_config=config.patroni_config(CLUSTER)):
         writes.setdefault(child["kind"], set()).update({"create", "patch"})
     # Created once: the Secrets, the backup repository claim, the final backup Job.
     for made in (

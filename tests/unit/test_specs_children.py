@@ -33,12 +33,14 @@ FULL_SPEC: dict[str, Any] = {
     "deletionPolicy": {"finalBackup": False, "persistentVolumeClaims": "Retain"},
 }
 
+HASHED = config.PatroniConfig(text="scope: demo\n", hash="h")
+
 CLUSTERS = {"minimal": make_cluster(), "full": make_cluster(**FULL_SPEC)}
 
 
 def built(cluster: PostgresCluster) -> list[dict[str, Any]]:
     return [
-        *specs.children(cluster, config_hash=config.config_hash(cluster)),
+        *specs.children(cluster, patroni_config=config.patroni_config(cluster)),
         secrets.superuser_secret(cluster, password=SUPERUSER_PASSWORD),
         secrets.replication_secret(cluster, password=REPLICATION_PASSWORD),
         backup.final_backup_job(cluster),
@@ -62,7 +64,7 @@ def kinds_and_names(objects: list[dict[str, Any]]) -> list[tuple[str, str]]:
 
 def test_children_in_apply_order_with_backup_schedule() -> None:
     cluster = make_cluster(backupSchedule="0 3 * * *")
-    assert kinds_and_names(specs.children(cluster, config_hash="h")) == [
+    assert kinds_and_names(specs.children(cluster, patroni_config=HASHED)) == [
         ("ServiceAccount", "demo-instance"),
         ("Role", "demo-instance"),
         ("RoleBinding", "demo-instance"),
@@ -77,21 +79,26 @@ def test_children_in_apply_order_with_backup_schedule() -> None:
 
 
 def test_no_cronjob_without_backup_schedule() -> None:
-    kinds = [obj["kind"] for obj in specs.children(make_cluster(), config_hash="h")]
+    kinds = [obj["kind"] for obj in specs.children(make_cluster(), patroni_config=HASHED)]
     assert "CronJob" not in kinds
     assert len(kinds) == 9
 
 
 def test_children_exclude_secrets_jobs_and_the_repository() -> None:
-    kinds = {obj["kind"] for obj in specs.children(make_cluster(**FULL_SPEC), config_hash="h")}
+    kinds = {
+        obj["kind"] for obj in specs.children(make_cluster(**FULL_SPEC), patroni_config=HASHED)
+    }
     assert not kinds & {"Secret", "Job", "PersistentVolumeClaim"}
 
 
-def test_children_pass_the_config_hash_to_the_pod_template() -> None:
-    objects = specs.children(make_cluster(), config_hash="feedbeef")
+def test_children_pass_the_config_text_and_hash_along() -> None:
+    rendered = config.PatroniConfig(text="scope: x\n", hash="feedbeef")
+    objects = specs.children(make_cluster(), patroni_config=rendered)
     (sts,) = [obj for obj in objects if obj["kind"] == "StatefulSet"]
     annotations = sts["spec"]["template"]["metadata"]["annotations"]
     assert annotations == {"stateward.io/config-hash": "feedbeef"}
+    (config_map,) = [obj for obj in objects if obj["kind"] == "ConfigMap"]
+    assert config_map["data"] == {"patroni.yaml": "scope: x\n"}
 
 
 @pytest.mark.parametrize("cluster", CLUSTERS.values(), ids=CLUSTERS.keys())

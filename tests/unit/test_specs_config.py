@@ -13,7 +13,7 @@ pytestmark = pytest.mark.unit
 
 def test_config_map() -> None:
     cluster = make_cluster()
-    config_map = config.config_map(cluster)
+    config_map = config.config_map(cluster, patroni_yaml=config.render(cluster))
     assert config_map["apiVersion"] == "v1"
     assert config_map["kind"] == "ConfigMap"
     assert config_map["metadata"] == {
@@ -33,7 +33,7 @@ def test_config_map_name_avoids_patronis_own_config_map() -> None:
 
 def test_config_map_is_invisible_to_patronis_label_selector() -> None:
     cluster = make_cluster()
-    labels = config.config_map(cluster)["metadata"]["labels"]
+    labels = config.config_map(cluster, patroni_yaml=config.render(cluster))["metadata"]["labels"]
     assert not meta.selector_labels(cluster).items() <= labels.items()
 
 

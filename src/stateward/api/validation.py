@@ -27,10 +27,11 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 import pydantic
+from lightkube.utils import quantity as lightkube_quantity
 
 from stateward.api.v1alpha1 import (
     MAX_REPLICAS,
@@ -179,10 +180,26 @@ class CronField:
     def step_regex(self) -> str:
         return "(?:" + _int_regex(1, self.high) + ")"
 
-    def regex(self) -> str:
+    def item_regex(self, *, capture: bool = False) -> str:
+        """One list element: ``*`` or ``a-b``, either with ``/n``, or ``a``. With ``capture``
+        the same pattern, group for group, with the parts named (``star``, ``low``, ``high``,
+        ``step``, ``value``): what :func:`validate_cron` parses with."""
+
+        def part(name: str, pattern: str) -> str:
+            return f"(?P<{name}>{pattern})" if capture else pattern
+
         value = self.value_regex()
-        item = f"(?:(?:[*]|{value}-{value})(?:/{self.step_regex()})?|{value})"
+        ranged = f"{part('star', '[*]')}|{part('low', value)}-{part('high', value)}"
+        return f"(?:(?:{ranged})(?:/{part('step', self.step_regex())})?|{part('value', value)})"
+
+    def regex(self) -> str:
+        """The whole field: a comma-separated list of :meth:`item_regex`."""
+        item = self.item_regex()
         return f"{item}(?:,{item})*"
+
+    def number(self, token: str) -> int:
+        """The value of a token :meth:`value_regex` matched: a number or a name."""
+        return int(token) if token.isdigit() else self.names[token.upper()]
 
     def describe(self) -> str:
         text = f"a number {self.low}-{self.high}"
@@ -230,8 +247,12 @@ def _int_regex(low: int, high: int) -> str:
 
 CRON_REGEX = "^" + " +".join(f"(?:{f.regex()})" for f in CRON_FIELDS) + "$"
 """The cron grammar as one regular expression, evaluated by the CRD in CEL (RE2). It checks
-syntax and per-field ranges; :func:`validate_cron` also checks reversed ranges and schedules
-that never fire. No backslashes and no single quotes, so it embeds in a CEL string as is."""
+syntax and per-field ranges; :func:`validate_cron` parses with the same patterns (named
+groups added) and also checks reversed ranges and schedules that never fire. No backslashes
+and no single quotes, so it embeds in a CEL string as is."""
+
+_CRON = re.compile(CRON_REGEX)
+_CRON_ITEMS = {f.name: re.compile(f.item_regex(capture=True)) for f in CRON_FIELDS}
 
 
 @dataclass
@@ -245,63 +266,68 @@ class _ParsedField:
 _NUMBER = re.compile(r"[0-9]{1,2}")
 
 
-def _parse_value(token: str, spec: CronField, errors: list[str]) -> int | None:
+def _explain_value(token: str, spec: CronField) -> list[str]:
     if _NUMBER.fullmatch(token):
         value = int(token)
         if spec.low <= value <= spec.high:
-            return value
+            return []
         hint = " (Sunday is 0 or SUN)" if spec.name == "day-of-week" and value == 7 else ""
-        errors.append(f"{spec.name}: {token} is out of range {spec.low}-{spec.high}{hint}")
-        return None
+        return [f"{spec.name}: {token} is out of range {spec.low}-{spec.high}{hint}"]
     if token.upper() in spec.names:
-        return spec.names[token.upper()]
+        return []
     if token == "?":  # noqa: S105 - not a password
-        errors.append(f'{spec.name}: "?" is not supported; use "*"')
+        return [f'{spec.name}: "?" is not supported; use "*"']
+    return [f'{spec.name}: "{token}" is not {spec.describe()}']
+
+
+def _explain_item(item: str, text: str, spec: CronField) -> list[str]:
+    """Why the field's item pattern refuses ``item`` (of field ``text``), for the user. Only
+    explains: what is accepted is decided by the pattern alone."""
+    if not item:
+        return [f'{spec.name}: empty list element in "{text}"']
+    base, slash, step_text = item.partition("/")
+    if slash:
+        if "/" in step_text:
+            return [f'{spec.name}: "{item}" has more than one "/"']
+        if not _NUMBER.fullmatch(step_text) or not 1 <= int(step_text) <= spec.high:
+            return [f'{spec.name}: step "{step_text}" in "{item}" must be a number 1-{spec.high}']
+    if base == "*":
+        explained = []
     else:
-        errors.append(f'{spec.name}: "{token}" is not {spec.describe()}')
-    return None
+        low_text, dash, high_text = base.partition("-")
+        if slash and not dash:
+            return [
+                f'{spec.name}: "{item}" has a step but no range; write "*/{step_text}" or '
+                f'"{low_text}-{spec.high}/{step_text}"'
+            ]
+        explained = _explain_value(low_text, spec)
+        if dash:
+            explained += _explain_value(high_text, spec)
+    return explained or [f'{spec.name}: "{item}" is not valid']
 
 
 def _parse_field(text: str, spec: CronField, errors: list[str]) -> _ParsedField | None:
     before = len(errors)
     parsed = _ParsedField(values=set(), star=False)
     for item in text.split(","):
-        if not item:
-            errors.append(f'{spec.name}: empty list element in "{text}"')
+        match = _CRON_ITEMS[spec.name].fullmatch(item)
+        if match is None:
+            errors.extend(_explain_item(item, text, spec))
             continue
-        base, slash, step_text = item.partition("/")
-        step = 1
-        if slash:
-            if "/" in step_text:
-                errors.append(f'{spec.name}: "{item}" has more than one "/"')
-                continue
-            if not _NUMBER.fullmatch(step_text) or not 1 <= int(step_text) <= spec.high:
+        step = int(match["step"] or 1)
+        if match["star"]:
+            low, high = spec.low, spec.high
+            parsed.star = parsed.star or step == 1
+        elif match["value"]:
+            low = high = spec.number(match["value"])
+        else:
+            low, high = spec.number(match["low"]), spec.number(match["high"])
+            if low > high:
                 errors.append(
-                    f'{spec.name}: step "{step_text}" in "{item}" must be a number 1-{spec.high}'
+                    f'{spec.name}: range "{item.partition("/")[0]}" is reversed ({low} > {high});'
+                    " ranges do not wrap around, use a list instead"
                 )
                 continue
-            step = int(step_text)
-        if base == "*":
-            parsed.values.update(range(spec.low, spec.high + 1, step))
-            parsed.star = parsed.star or step == 1
-            continue
-        low_text, dash, high_text = base.partition("-")
-        if slash and not dash:
-            errors.append(
-                f'{spec.name}: "{item}" has a step but no range; write "*/{step_text}" or '
-                f'"{low_text}-{spec.high}/{step_text}"'
-            )
-            continue
-        low = _parse_value(low_text, spec, errors)
-        high = _parse_value(high_text, spec, errors) if dash else low
-        if low is None or high is None:
-            continue
-        if low > high:
-            errors.append(
-                f'{spec.name}: range "{base}" is reversed ({low} > {high}); ranges do not '
-                "wrap around, use a list instead"
-            )
-            continue
         parsed.values.update(range(low, high + 1, step))
     return parsed if len(errors) == before else None
 
@@ -313,8 +339,10 @@ def _join_or(words: Sequence[str]) -> str:
 def validate_cron(expr: str) -> list[str]:
     """Problems with a 5-field cron expression, as user-facing messages (empty: valid).
 
-    Accepts exactly what :data:`CRON_REGEX` matches, minus reversed ranges and schedules
-    that can never fire."""
+    Accepts exactly what :data:`CRON_REGEX` matches (each list element is parsed with its
+    field's pattern from the same :class:`CronField` table), minus reversed ranges and
+    schedules that can never fire; the checks before the fields, and ``_explain_item``, only
+    choose the message for what the pattern refuses."""
     if not isinstance(expr, str):
         return [f'must be a string, e.g. "{CRON_EXAMPLE}"']
     if not expr.strip():
@@ -337,6 +365,8 @@ def validate_cron(expr: str) -> list[str]:
     ]
     if errors:
         return errors
+    if not _CRON.fullmatch(expr):  # pragma: no cover - every element matched its field's pattern
+        return [CRON_MESSAGE]
     days, months, weekdays = (p for p in parsed[2:] if p is not None)
     # Cron runs on a day when day-of-month AND day-of-week match if either is "*", and when
     # either matches otherwise; only in the first case can day-of-month rule out every day.
@@ -358,32 +388,20 @@ def validate_cron(expr: str) -> list[str]:
 
 # --- quantities --------------------------------------------------------------------------
 
-_QUANTITY = re.compile(
-    r"(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
-    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?"
-)
-_BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
-_DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 
+def parse_quantity(value: object) -> Decimal | None:
+    """The value of a Kubernetes quantity ("10Gi", "500m", "1e3"), or None if it is not one.
 
-def parse_quantity(value: str) -> Decimal | None:
-    """The value of a Kubernetes quantity ("10Gi", "500m", "1e3"), or None if it is not
-    one (Kubernetes' ``resource.ParseQuantity`` grammar)."""
+    lightkube's parser (``lightkube.utils.quantity``), which raises where callers here want
+    None. Its grammar is Kubernetes' except at the edges: it lacks the ``n``/``u`` suffixes
+    and the upper-case ``E`` exponent, has ``Z``/``Y``/``Zi``/``Yi``, and rounds up to
+    thousandths."""
     if not isinstance(value, str):
         return None
-    match = _QUANTITY.fullmatch(value)
-    if match is None:
-        return None
     try:
-        number = Decimal(match["number"])
-    except InvalidOperation:  # pragma: no cover - the regex admits only decimals
+        return lightkube_quantity.parse_quantity(value)
+    except ValueError:
         return None
-    suffix = match["suffix"] or ""
-    if suffix in _BINARY:
-        return number * Decimal(1024 ** _BINARY[suffix])
-    if suffix in _DECIMAL:
-        return number.scaleb(_DECIMAL[suffix])
-    return number.scaleb(int(suffix[1:]))
 
 
 # --- the spec ----------------------------------------------------------------------------

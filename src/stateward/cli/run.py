@@ -23,13 +23,21 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.core_v1 import Namespace
 
-from stateward.api import crd, v1alpha1
+from stateward.api import crd, manifests, v1alpha1
 from stateward.controllers.kube import PostgresClusterResource
 from stateward.local.cluster import Config, LocalCluster, free_port_base
 from stateward.specs import statefulset
 
 OPERATOR_NAMESPACE = "stateward-system"
-SAMPLE = Path(__file__).resolve().parents[3] / "config" / "samples" / "postgrescluster.yaml"
+
+
+def sample_cluster() -> dict[str, Any]:
+    """The sample PostgresCluster: the repository's ``config/samples`` file (users edit it),
+    or, where there is none (an installed wheel run outside a checkout), the generated one."""
+    path = manifests.default_root() / manifests.SAMPLE_PATH
+    text = path.read_text() if path.is_file() else manifests.sample_yaml()
+    sample: dict[str, Any] = yaml.safe_load(text)
+    return sample
 
 
 def say(message: str) -> None:
@@ -200,7 +208,7 @@ def run() -> int:
     operator = start_operator(cluster)
     cluster.adopt("operator", operator.process.pid, list(operator.argv), operator.log)
     try:
-        sample = yaml.safe_load(SAMPLE.read_text())
+        sample = sample_cluster()
         sample["metadata"].setdefault("namespace", "default")
         client.apply(codecs.from_dict(sample), field_manager="stateward-run", force=True)
         name = sample["metadata"]["name"]

@@ -313,7 +313,7 @@ async def apply_children(scope: Scope) -> str | None:
     if any(reason == "StorageClassNotFound" for reason, _ in scope.degraded):
         return None
     cluster = scope.cluster
-    desired = specs.children(cluster, config_hash=config_spec.config_hash(cluster))
+    desired = specs.children(cluster, patroni_config=config_spec.patroni_config(cluster))
     if foreign_repository(scope) is not None:
         for child in desired:
             if child["kind"] == "CronJob":

@@ -201,14 +201,14 @@ def configuration(
 
 def render(cluster: v1alpha1.PostgresCluster, *, labels: Mapping[str, str]) -> str:
     """``patroni.yaml`` for the instances of ``cluster``; deterministic for one input."""
+    return dump(configuration(cluster, labels=labels))
+
+
+def dump(document: Mapping[str, Any]) -> str:
+    """A :func:`configuration` document as ``patroni.yaml`` text."""
     # libyaml's emitter: rendering runs in every reconcile, and the pure-Python one was 90% of
     # a reconcile's CPU. Both emit the same text for this plain data.
-    return yaml.dump(
-        configuration(cluster, labels=labels),
-        Dumper=_DUMPER,
-        sort_keys=False,
-        default_flow_style=False,
-    )
+    return yaml.dump(dict(document), Dumper=_DUMPER, sort_keys=False, default_flow_style=False)
 
 
 _DUMPER: type[yaml.SafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)

@@ -1,6 +1,7 @@
 """Cluster binaries, built from the Go module proxy once and cached outside the repository.
 
-Each component is a small wrapper Go module under ``tools/`` that pins one upstream release:
+Each component is a small wrapper Go module under ``tools/`` (package data of
+``stateward.local``, installed with the wheel) that pins one upstream release:
 the control plane (Kubernetes, etcd), kwok for simulated nodes, and containerd, the CNI
 plugins and CoreDNS for real nodes. The build output lands in
 ``$STATEWARD_CACHE_DIR/bin/<component>-<version>/`` (default ``~/.cache/stateward``). Builds
@@ -191,11 +192,12 @@ def cache_dir() -> Path:
 
 
 def tools_dir() -> Path:
-    """The ``tools/`` folder with the wrapper modules (``$STATEWARD_TOOLS_DIR`` overrides)."""
+    """The ``tools/`` folder with the wrapper modules (``$STATEWARD_TOOLS_DIR`` overrides):
+    package data next to this module, so an installed wheel has them too."""
     configured = os.environ.get("STATEWARD_TOOLS_DIR")
     if configured:
         return Path(configured)
-    return Path(__file__).resolve().parents[3] / "tools"
+    return Path(__file__).resolve().parent / "tools"
 
 
 def component_dir(component: Component) -> Path:

@@ -284,21 +284,23 @@ _PACKAGE_SUFFIXES = (".py", ".pyi", ".typed", ".yaml")
 
 def source_dir() -> Path:
     """The checkout the images' stateward wheel is built from (``pyproject.toml``,
-    ``src/stateward``); ``$STATEWARD_SOURCE_DIR`` overrides."""
+    ``src/stateward``); ``$STATEWARD_SOURCE_DIR`` overrides. The checkout this module lives
+    in, by default: an installed wheel has none."""
     configured = os.environ.get("STATEWARD_SOURCE_DIR")
-    if configured:
-        return Path(configured)
-    return Path(__file__).resolve().parents[3]
+    return Path(configured) if configured else Path(__file__).resolve().parents[3]
+
+
+_NO_CHECKOUT = (
+    "the local images are built from a stateward source checkout (pyproject.toml, src/,"
+    " images/) and {root} is none: run from a checkout or set STATEWARD_SOURCE_DIR to one"
+)
 
 
 def _package_files(root: Path) -> list[str]:
     """Paths, relative to ``root``, of what builds the stateward wheel, sorted."""
     package = root / "src" / "stateward"
     if not (root / "pyproject.toml").is_file() or not package.is_dir():
-        raise errors.LocalClusterError(
-            f"the stateward images pack stateward from a source checkout, and {root} is none"
-            " (no pyproject.toml or src/stateward): set STATEWARD_SOURCE_DIR"
-        )
+        raise errors.LocalClusterError(_NO_CHECKOUT.format(root=root))
     found = ["pyproject.toml"]
     for parent, folders, names in os.walk(package):
         folders[:] = [name for name in folders if name != "__pycache__"]
@@ -608,11 +610,15 @@ class Archive:
 
 
 def images_dir() -> Path:
-    """The ``images/`` folder with the Containerfiles and sources (``$STATEWARD_IMAGES_DIR``)."""
+    """The ``images/`` folder with the Containerfiles and sources (``$STATEWARD_IMAGES_DIR``),
+    by default that of :func:`source_dir`; raises, saying so, when there is none."""
     configured = os.environ.get("STATEWARD_IMAGES_DIR")
     if configured:
         return Path(configured)
-    return Path(__file__).resolve().parents[3] / "images"
+    folder = source_dir() / "images"
+    if not folder.is_dir():
+        raise errors.LocalClusterError(_NO_CHECKOUT.format(root=source_dir()))
+    return folder
 
 
 def archive_dir() -> Path:

@@ -42,13 +42,14 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import httpx
 import yaml
+from lightkube.utils import quantity as lightkube_quantity
 
 PROVISIONER = "stateward.io/local"
 STORAGE_CLASS = "stateward-local"
@@ -89,35 +90,17 @@ def storage_class(default: bool = False) -> Object:
 
 # --- quantities -----------------------------------------------------------------------------
 
-_QUANTITY = re.compile(
-    r"(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
-    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?"
-)
-_BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
-_DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
-
 
 def parse_quantity(value: object) -> Decimal | None:
-    """The value of a Kubernetes quantity ("10Gi", "500M", "1e3"), or None if not one.
-
-    (``stateward.api.validation`` has the same parser, but the ``local`` layer may not import
-    the API layer.)
-    """
+    """The value of a Kubernetes quantity ("10Gi", "500M", "1e3"), or None if not one:
+    lightkube's parser, None instead of its ValueError. (``stateward.api.validation`` wraps it
+    the same way, but the ``local`` layer may not import the API layer.)"""
     if not isinstance(value, str):
         return None
-    match = _QUANTITY.fullmatch(value.strip())
-    if match is None:
-        return None
     try:
-        number = Decimal(match["number"])
-    except InvalidOperation:  # pragma: no cover - the regex admits only decimals
+        return lightkube_quantity.parse_quantity(value)
+    except ValueError:
         return None
-    suffix = match["suffix"] or ""
-    if suffix in _BINARY:
-        return number * Decimal(1024 ** _BINARY[suffix])
-    if suffix in _DECIMAL:
-        return number.scaleb(_DECIMAL[suffix])
-    return number.scaleb(int(suffix[1:]))
 
 
 def quantity_greater(left: object, right: object) -> bool:

@@ -461,6 +461,24 @@ def _check_port(address: str, port: int, flag: str) -> None:
             ) from None
 
 
+CHATTY_LOGGERS = (
+    # lightkube 1.0 speaks HTTP through httpx2 (its fork of httpx, a separate distribution),
+    # which logs every request at INFO under the logger "httpx2"; leases alone would drown
+    # the log. The name is httpx2's, not a typo: quieting "httpx" alone misses every API call.
+    "httpx2",
+    # Our own direct HTTP calls (controllers/kube.py) use httpx, which logs the same way.
+    "httpx",
+    # Kopf reports every successful event handler at INFO; ours only record observations.
+    "kopf.objects",
+)
+"""Loggers raised to WARNING when the operator runs."""
+
+
+def quiet_chatty_loggers() -> None:
+    for name in CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def run(options: Options) -> int:
     """Run until SIGINT/SIGTERM (exit 0) or lost leadership (exit 1). Raises StartupError,
     with a message naming the flag to change, when it cannot start."""
@@ -476,11 +494,7 @@ def run(options: Options) -> int:
         )
     )
     logging.basicConfig(level=os.environ.get("STATEWARD_LOG_LEVEL", "INFO"), handlers=[handler])
-    # The HTTP client logs every request at INFO; leases alone would drown the log.
-    logging.getLogger("httpx2").setLevel(logging.WARNING)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    # Kopf reports every successful event handler at INFO; ours only record observations.
-    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    quiet_chatty_loggers()
 
     async def main() -> int:
         config = KubeConfig.from_env()

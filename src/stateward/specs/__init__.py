@@ -10,11 +10,13 @@ from stateward.api import v1alpha1
 from stateward.specs import backup, config, meta, pdb, rbac, services, statefulset
 
 
-def children(cluster: v1alpha1.PostgresCluster, *, config_hash: str) -> list[meta.Object]:
+def children(
+    cluster: v1alpha1.PostgresCluster, *, patroni_config: config.PatroniConfig
+) -> list[meta.Object]:
     """Every owned child desired for ``cluster``, in apply order.
 
-    ``config_hash`` is ``config.config_hash(cluster)``, or the hash of the configuration the
-    pods should run; it goes into the pod template.
+    ``patroni_config`` is ``config.patroni_config(cluster)``, built once per reconcile: its
+    text goes into the ConfigMap, its hash into the pod template.
 
     Not included: the Secrets (created once, with generated passwords), the final backup Job
     (created by the finalizer) and the backup repository PVC (not owned).
@@ -23,12 +25,12 @@ def children(cluster: v1alpha1.PostgresCluster, *, config_hash: str) -> list[met
         rbac.service_account(cluster),
         rbac.role(cluster),
         rbac.role_binding(cluster),
-        config.config_map(cluster),
+        config.config_map(cluster, patroni_yaml=patroni_config.text),
         services.headless_service(cluster),
         services.primary_service(cluster),
         services.replicas_service(cluster),
         pdb.pod_disruption_budget(cluster),
-        statefulset.statefulset(cluster, config_hash=config_hash),
+        statefulset.statefulset(cluster, config_hash=patroni_config.hash),
     ]
     if cluster.spec.backup_schedule is not None:
         objects.append(backup.backup_cronjob(cluster))
