@@ -247,6 +247,15 @@ def test_three_instances_replicate_and_a_replica_takes_over_when_the_primary_pod
         what=f"status.primaryPod to follow the promotion to {promoted}",
         timeout=60,
     )
+    # The operator tells the user what happened, in status and an Event.
+    failover = wait_for(
+        lambda: status_of(client, ns, "trio").get("lastFailover"),
+        what="status.lastFailover",
+        timeout=60,
+    )
+    assert (failover["fromPod"], failover["toPod"]) == (primary, promoted)
+    assert failover.get("timeline", 0) >= 2
+    assert "Failover" in event_reasons(client, ns)
     # psql prints every statement's result, so write and count in separate calls.
     assert sql(real_cluster, ns, promoted, "insert into t values (101)") == "INSERT 0 1"
     assert sql(real_cluster, ns, promoted, "select count(*) from t") == "101"

@@ -241,6 +241,7 @@ def test_status_is_complete(schema: dict[str, Any]) -> None:
         "pendingRestart",
         "instances",
         "switchover",
+        "lastFailover",
     }
     assert "required" not in status
     condition = at(schema, "status.conditions.[]")

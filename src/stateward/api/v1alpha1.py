@@ -234,6 +234,22 @@ class SwitchoverStatus(_Model):
     message: str = ""
 
 
+class FailoverStatus(_Model):
+    """An unplanned change of primary: Patroni promoted a replica after the primary was lost."""
+
+    from_pod: str
+    """The primary that was lost."""
+
+    to_pod: str
+    """The replica Patroni promoted."""
+
+    detected_at: str
+    """When the operator saw the new primary."""
+
+    timeline: int | None = None
+    """The new primary's timeline."""
+
+
 class PostgresClusterStatus(_Model):
     """The observed state of a PostgreSQL cluster."""
 
@@ -271,6 +287,9 @@ class PostgresClusterStatus(_Model):
 
     switchover: SwitchoverStatus | None = None
     """The running or last switchover."""
+
+    last_failover: FailoverStatus | None = None
+    """The last failover the operator saw."""
 
 
 class PostgresCluster(_Model):

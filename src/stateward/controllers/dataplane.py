@@ -164,6 +164,34 @@ class DataPlane:
             scope.requeue(RECHECK * 2)
         return None
 
+    # --- failover ------------------------------------------------------------------------
+
+    async def report_failover(self, scope: Scope) -> str | None:
+        """A change of primary nobody planned is Patroni's failover: say so in an Event and
+        ``status.lastFailover``. (A switchover in progress from the same primary is planned.)"""
+        previous = (scope.body.get("status") or {}).get("primaryPod")
+        leader = m.primary(scope.members)
+        if previous is None or leader is None or leader.name == previous:
+            return None
+        current = scope.switchover or {}
+        if current.get("phase") == RUNNING and current.get("fromPod") == previous:
+            return None
+        record: dict[str, Any] = {
+            "fromPod": previous,
+            "toPod": leader.name,
+            "detectedAt": scope.now,
+        }
+        if leader.timeline:
+            record["timeline"] = leader.timeline
+        scope.last_failover = record
+        timeline = f" (timeline {leader.timeline})" if leader.timeline else ""
+        await scope.event(
+            "Failover",
+            f"Primary {previous} was lost; Patroni promoted {leader.name}{timeline}",
+            warning=True,
+        )
+        return f"failover from {previous} to {leader.name}"
+
     # --- switchover ----------------------------------------------------------------------
 
     async def run_switchover(self, scope: Scope) -> str | None:

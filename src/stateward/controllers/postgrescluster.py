@@ -76,6 +76,8 @@ class Scope:
     progressing: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     switchover: dict[str, Any] | None = None
     """``status.switchover``: read at the start, updated by the switchover phases."""
+    last_failover: dict[str, Any] | None = None
+    """``status.lastFailover``: read at the start, replaced when a failover is seen."""
     sync: frozenset[str] = frozenset()
     """The synchronous standbys, as Patroni last recorded them."""
     scale_down_to: int | None = None
@@ -149,6 +151,7 @@ class Reconciler:
             conditions=[dict(c) for c in (body.get("status") or {}).get("conditions") or []],
             final_backup_attempts=(body.get("status") or {}).get("finalBackupAttempts"),
             switchover=(body.get("status") or {}).get("switchover"),
+            last_failover=(body.get("status") or {}).get("lastFailover"),
         )
         deleting = bool(body["metadata"].get("deletionTimestamp"))
         phases: list[Phase] = (
@@ -162,6 +165,7 @@ class Reconciler:
                 remove_backup_cronjob,
                 ensure_backup_repository,
                 expand_volumes,
+                self.data_plane.report_failover,
                 self.data_plane.apply_configuration,
                 self.data_plane.observe_sync,
                 self.data_plane.run_switchover,
@@ -918,6 +922,7 @@ async def write_status(scope: Scope, *, deleting: bool) -> None:
         "pendingRestart": sorted(x.name for x in scope.members if x.pending_restart) or None,
         "instances": instances or None,
         "switchover": scope.switchover,
+        "lastFailover": scope.last_failover,
     }
     status = {k: v for k, v in status.items() if v is not None}
     if status == {k: v for k, v in current.items() if k in status} and set(current) <= set(status):
