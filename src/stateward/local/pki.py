@@ -81,6 +81,7 @@ class Authority:
                 ),
                 critical=True,
             )
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
             .sign(key, hashes.SHA256())
         )
         _write_key(key_path, key)
@@ -110,6 +111,15 @@ class Authority:
             .not_valid_after(now + VALIDITY)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            # Python 3.13's default TLS context verifies strictly (VERIFY_X509_STRICT) and
+            # refuses a chain without key identifiers: Patroni on trixie is such a client.
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(
+                    self._cert.public_key()  # type: ignore[arg-type]
+                ),
+                False,
+            )
         )
         if hosts:
             names: list[x509.GeneralName] = []
