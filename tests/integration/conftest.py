@@ -135,6 +135,30 @@ def wait_phase(
     )
 
 
+def wait_condition(
+    kube: Client,
+    name: str,
+    namespace: str,
+    type: str,
+    reason: str | None = None,
+    status: str | None = None,
+    timeout: float = 60,
+) -> dict[str, Any]:
+    """Wait until the cluster has condition ``type`` (with ``reason`` and ``status`` when
+    given); the cluster as it was then."""
+
+    def matches() -> dict[str, Any] | None:
+        obj = get_pgc(kube, name, namespace)
+        found = condition(obj, type)
+        wanted = {"reason": reason, "status": status}
+        if found and all(v is None or found.get(k) == v for k, v in wanted.items()):
+            return obj
+        return None
+
+    wanted = "/".join(part for part in (type, status, reason) if part is not None)
+    return wait_for(matches, what=f"{name} to have condition {wanted}", timeout=timeout)
+
+
 def gone(kube: Client, resource: Any, name: str, namespace: str) -> bool:
     try:
         kube.get(resource, name, namespace=namespace)

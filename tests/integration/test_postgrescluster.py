@@ -36,6 +36,7 @@ from tests.integration.conftest import (
     gone,
     metric,
     pgc_body,
+    wait_condition,
     wait_phase,
 )
 from tests.support.kwok import SIMULATED_FAILURE_SUFFIX
@@ -508,15 +509,7 @@ def test_failing_final_backup_keeps_the_cluster_and_retries(
         timeout=90,
     )
     kube.delete(PostgresClusterResource, name, namespace=namespace)
-    failed = wait_for(
-        lambda: (
-            (obj := get_pgc(kube, name, namespace))
-            and condition(obj, "FinalBackup").get("reason") == "Failed"
-            and obj
-        ),
-        what="the final backup to be reported failed",
-        timeout=90,
-    )
+    failed = wait_condition(kube, name, namespace, "FinalBackup", reason="Failed", timeout=90)
     assert failed["metadata"]["deletionTimestamp"]
     assert failed["status"]["phase"] == "Deleting"
     assert "finalBackup=false" in condition(failed, "FinalBackup")["message"]
@@ -556,14 +549,7 @@ def test_a_failing_reconcile_is_reported_in_status_and_events_and_cleared_on_suc
         what="the quota controller to account the quota",
     )
     name = make_cluster()
-    failing = wait_for(
-        lambda: (
-            (obj := get_pgc(kube, name, namespace))
-            and condition(obj, "Degraded").get("reason") == "ReconcileFailed"
-            and obj
-        ),
-        what="the refused write to be reported as Degraded/ReconcileFailed",
-    )
+    failing = wait_condition(kube, name, namespace, "Degraded", reason="ReconcileFailed")
     message = condition(failing, "Degraded")["message"]
     assert "exceeded quota" in message and "no-services" in message
     assert failing["status"]["phase"] == "Failing"
@@ -575,15 +561,7 @@ def test_a_failing_reconcile_is_reported_in_status_and_events_and_cleared_on_suc
     assert "exceeded quota" in warnings[0]
     # The cause goes away: the next reconcile succeeds and clears the condition.
     kube.delete(ResourceQuota, "no-services", namespace=namespace)
-    cleared = wait_for(
-        lambda: (
-            (obj := get_pgc(kube, name, namespace))
-            and condition(obj, "Degraded").get("status") == "False"
-            and obj
-        ),
-        what="Degraded to clear once the write succeeds",
-        timeout=120,
-    )
+    cleared = wait_condition(kube, name, namespace, "Degraded", status="False", timeout=120)
     assert cleared["status"]["phase"] != "Failing"
     assert kube.get(Service, f"{name}-primary", namespace=namespace)
 
@@ -618,14 +596,8 @@ def test_a_recreated_cluster_does_not_write_into_the_earlier_clusters_backup_rep
     # A new cluster of that name: the repository is refused, scheduled backups suspended.
     make_cluster(name, backupSchedule="0 3 * * *", deletionPolicy={"finalBackup": False})
     second_uid = get_pgc(kube, name, namespace)["metadata"]["uid"]
-    refused = wait_for(
-        lambda: (
-            (obj := get_pgc(kube, name, namespace))
-            and condition(obj, "Degraded").get("reason") == "BackupRepositoryForeign"
-            and obj
-        ),
-        what="the foreign repository to be reported",
-        timeout=90,
+    refused = wait_condition(
+        kube, name, namespace, "Degraded", reason="BackupRepositoryForeign", timeout=90
     )
     message = condition(refused, "Degraded")["message"]
     assert first_uid in message and f"stateward.io/cluster-uid={second_uid}" in message
@@ -645,10 +617,7 @@ def test_a_recreated_cluster_does_not_write_into_the_earlier_clusters_backup_rep
         what="scheduled backups to resume after adoption",
         timeout=90,
     )
-    wait_for(
-        lambda: condition(get_pgc(kube, name, namespace), "Degraded").get("status") == "False",
-        what="Degraded to clear after adoption",
-    )
+    wait_condition(kube, name, namespace, "Degraded", status="False")
 
 
 def test_invalid_specs_are_refused_with_the_field_named(
