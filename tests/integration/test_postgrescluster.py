@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 from lightkube import ApiError, Client, codecs
+from lightkube.models.core_v1 import ResourceRequirements
 from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.batch_v1 import CronJob
 from lightkube.resources.core_v1 import (
@@ -31,6 +32,7 @@ from stateward.cli.run import OperatorProcess, PostgresClusterResource
 from stateward.local.cluster import LocalCluster
 from tests.integration.conftest import (
     AuditLog,
+    assert_no_writes_at_rest,
     condition,
     get_pgc,
     gone,
@@ -413,32 +415,68 @@ def test_converged_cluster_makes_zero_writes(
     sts = kube.get(StatefulSet, name, namespace=namespace)
     template = sts.spec.volumeClaimTemplates[0]  # type: ignore[index, union-attr]
     assert template.spec.resources.requests["storage"] == "1Gi"  # type: ignore[index, union-attr]
-    # Let in-flight follow-ups (the status write after Ready, child events) drain: wait until
-    # two full resyncs have passed with no new write for this namespace.
-    baseline = len(audit.writes(namespace=namespace))
-    for _ in range(3):
-        reconciles = metric(operator.probe_port, "stateward_reconcile_total")
-        wait_for(
-            lambda r=reconciles: metric(operator.probe_port, "stateward_reconcile_total") >= r + 2,
-            what="a resync",
-            timeout=30,
+    assert_no_writes_at_rest(audit, operator, namespace)
+
+
+def test_cleared_limits_are_removed_from_the_statefulset_then_nothing_is_written(
+    kube: Client,
+    namespace: str,
+    make_cluster: MakeCluster,
+    audit: AuditLog,
+    operator: OperatorProcess,
+) -> None:
+    requests = {"cpu": "250m", "memory": "256Mi"}
+    name = make_cluster(resources={"requests": requests, "limits": {"cpu": "1", "memory": "1Gi"}})
+
+    def resources() -> Any:
+        sts = kube.get(StatefulSet, name, namespace=namespace)
+        return sts.spec.template.spec.containers[0].resources  # type: ignore[union-attr]
+
+    wait_for(
+        lambda: resources().limits == {"cpu": "1", "memory": "1Gi"},
+        what="the StatefulSet to carry the limits",
+        timeout=60,
+    )
+    wait_phase(kube, name, namespace, "Ready", timeout=90)
+    # The old StatefulSet contains everything the new spec asks for: only the applied hash
+    # says that the limits are no longer ours to set.
+    patch_cluster(kube, name, namespace, {"spec": {"resources": {"limits": None}}})
+    assert "limits" not in get_pgc(kube, name, namespace)["spec"]["resources"]
+    wait_for(
+        lambda: not resources().limits,
+        what="the limits to be removed from the StatefulSet",
+        timeout=60,
+    )
+    assert resources().requests == requests
+    wait_for(
+        lambda: any(
+            e.startswith("Updated: ") and f"StatefulSet {name} (fields no longer desired)" in e
+            for e in events(kube, namespace, name)
+        ),
+        what="the Updated Event to say why the StatefulSet was applied",
+    )
+
+    # The new pod template rolls the pods; once they all run it, the cluster is at rest.
+    def rolled() -> bool:
+        pods = list(
+            kube.list(Pod, namespace=namespace, labels={"app.kubernetes.io/component": "instance"})
         )
-        now = len(audit.writes(namespace=namespace))
-        if now == baseline:
-            break
-        baseline = now
-    start = baseline
-    for _ in range(3):
-        reconciles = metric(operator.probe_port, "stateward_reconcile_total")
-        wait_for(
-            lambda r=reconciles: metric(operator.probe_port, "stateward_reconcile_total") >= r + 1,
-            what="another resync",
-            timeout=30,
+        return len(pods) == 3 and all(
+            not (p.spec.containers[0].resources or ResourceRequirements()).limits  # type: ignore[union-attr]
+            and not p.metadata.deletionTimestamp  # type: ignore[union-attr]
+            for p in pods
         )
-    extra = audit.writes(namespace=namespace)[start:]
-    assert extra == [], [
-        (e["verb"], e["objectRef"].get("resource"), e["objectRef"].get("name")) for e in extra
-    ]
+
+    wait_for(rolled, what="every pod to run without limits", timeout=120)
+    wait_for(
+        lambda: (
+            (obj := get_pgc(kube, name, namespace))["status"].get("phase") == "Ready"
+            and obj["status"].get("observedGeneration") == obj["metadata"]["generation"]
+        ),
+        what="the status to describe the new generation, Ready",
+        timeout=60,
+    )
+    assert_no_writes_at_rest(audit, operator, namespace)
 
 
 def test_delete_runs_final_backup_then_removes_volumes(
