@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -133,6 +134,72 @@ def wait_phase(
         what=f"{name} to reach phase {phase}",
         timeout=timeout,
     )
+
+
+def wait_condition(
+    kube: Client,
+    name: str,
+    namespace: str,
+    type: str,
+    reason: str | None = None,
+    status: str | None = None,
+    timeout: float = 60,
+) -> dict[str, Any]:
+    """Wait until the cluster has condition ``type`` (with ``reason`` and ``status`` when
+    given); the cluster as it was then."""
+
+    def matches() -> dict[str, Any] | None:
+        obj = get_pgc(kube, name, namespace)
+        found = condition(obj, type)
+        wanted = {"reason": reason, "status": status}
+        if found and all(v is None or found.get(k) == v for k, v in wanted.items()):
+            return obj
+        return None
+
+    wanted = "/".join(part for part in (type, status, reason) if part is not None)
+    return wait_for(matches, what=f"{name} to have condition {wanted}", timeout=timeout)
+
+
+def wait_resyncs(operator: OperatorProcess, count: int = 1) -> None:
+    """Wait until ``count`` resync periods have passed and been worked off: every cluster was
+    enqueued again since, the counter moved and the queue is empty."""
+    start = time.monotonic()
+    reconciles = metric(operator.probe_port, "stateward_reconcile_total")
+
+    def passed() -> bool:
+        return (
+            time.monotonic() - start >= count * RESYNC_SECONDS
+            and metric(operator.probe_port, "stateward_reconcile_total") >= reconciles + count
+            and metric(operator.probe_port, "stateward_workqueue_depth") == 0
+        )
+
+    wait_for(passed, what=f"{count} resyncs", timeout=30 + 3 * count * RESYNC_SECONDS)
+
+
+def _described(entries: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    return [
+        (e["verb"], e["objectRef"].get("resource"), e["objectRef"].get("name")) for e in entries
+    ]
+
+
+def assert_no_writes_at_rest(
+    audit: AuditLog, operator: OperatorProcess, namespace: str, *, settle: float = 90
+) -> None:
+    """Once the operator's writes in ``namespace`` have stopped (two resyncs without one,
+    within ``settle`` seconds), three more resyncs must not write anything there."""
+    deadline = time.monotonic() + settle
+    baseline = len(audit.writes(namespace=namespace))
+    while True:
+        wait_resyncs(operator, 2)
+        now = audit.writes(namespace=namespace)
+        if len(now) == baseline:
+            break
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still writing after {settle:.0f}s: {_described(now[baseline:])}")
+        baseline = len(now)
+    wait_resyncs(operator, 3)
+    extra = audit.writes(namespace=namespace)[baseline:]
+    assert extra == [], _described(extra)
 
 
 def gone(kube: Client, resource: Any, name: str, namespace: str) -> bool:

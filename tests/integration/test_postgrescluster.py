@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 from lightkube import ApiError, Client, codecs
+from lightkube.models.core_v1 import ResourceRequirements
 from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.batch_v1 import CronJob
 from lightkube.resources.core_v1 import (
@@ -31,11 +32,13 @@ from stateward.cli.run import OperatorProcess, PostgresClusterResource
 from stateward.local.cluster import LocalCluster
 from tests.integration.conftest import (
     AuditLog,
+    assert_no_writes_at_rest,
     condition,
     get_pgc,
     gone,
     metric,
     pgc_body,
+    wait_condition,
     wait_phase,
 )
 from tests.support.kwok import SIMULATED_FAILURE_SUFFIX
@@ -412,32 +415,68 @@ def test_converged_cluster_makes_zero_writes(
     sts = kube.get(StatefulSet, name, namespace=namespace)
     template = sts.spec.volumeClaimTemplates[0]  # type: ignore[index, union-attr]
     assert template.spec.resources.requests["storage"] == "1Gi"  # type: ignore[index, union-attr]
-    # Let in-flight follow-ups (the status write after Ready, child events) drain: wait until
-    # two full resyncs have passed with no new write for this namespace.
-    baseline = len(audit.writes(namespace=namespace))
-    for _ in range(3):
-        reconciles = metric(operator.probe_port, "stateward_reconcile_total")
-        wait_for(
-            lambda r=reconciles: metric(operator.probe_port, "stateward_reconcile_total") >= r + 2,
-            what="a resync",
-            timeout=30,
+    assert_no_writes_at_rest(audit, operator, namespace)
+
+
+def test_cleared_limits_are_removed_from_the_statefulset_then_nothing_is_written(
+    kube: Client,
+    namespace: str,
+    make_cluster: MakeCluster,
+    audit: AuditLog,
+    operator: OperatorProcess,
+) -> None:
+    requests = {"cpu": "250m", "memory": "256Mi"}
+    name = make_cluster(resources={"requests": requests, "limits": {"cpu": "1", "memory": "1Gi"}})
+
+    def resources() -> Any:
+        sts = kube.get(StatefulSet, name, namespace=namespace)
+        return sts.spec.template.spec.containers[0].resources  # type: ignore[union-attr]
+
+    wait_for(
+        lambda: resources().limits == {"cpu": "1", "memory": "1Gi"},
+        what="the StatefulSet to carry the limits",
+        timeout=60,
+    )
+    wait_phase(kube, name, namespace, "Ready", timeout=90)
+    # The old StatefulSet contains everything the new spec asks for: only the applied hash
+    # says that the limits are no longer ours to set.
+    patch_cluster(kube, name, namespace, {"spec": {"resources": {"limits": None}}})
+    assert "limits" not in get_pgc(kube, name, namespace)["spec"]["resources"]
+    wait_for(
+        lambda: not resources().limits,
+        what="the limits to be removed from the StatefulSet",
+        timeout=60,
+    )
+    assert resources().requests == requests
+    wait_for(
+        lambda: any(
+            e.startswith("Updated: ") and f"StatefulSet {name} (fields no longer desired)" in e
+            for e in events(kube, namespace, name)
+        ),
+        what="the Updated Event to say why the StatefulSet was applied",
+    )
+
+    # The new pod template rolls the pods; once they all run it, the cluster is at rest.
+    def rolled() -> bool:
+        pods = list(
+            kube.list(Pod, namespace=namespace, labels={"app.kubernetes.io/component": "instance"})
         )
-        now = len(audit.writes(namespace=namespace))
-        if now == baseline:
-            break
-        baseline = now
-    start = baseline
-    for _ in range(3):
-        reconciles = metric(operator.probe_port, "stateward_reconcile_total")
-        wait_for(
-            lambda r=reconciles: metric(operator.probe_port, "stateward_reconcile_total") >= r + 1,
-            what="another resync",
-            timeout=30,
+        return len(pods) == 3 and all(
+            not (p.spec.containers[0].resources or ResourceRequirements()).limits  # type: ignore[union-attr]
+            and not p.metadata.deletionTimestamp  # type: ignore[union-attr]
+            for p in pods
         )
-    extra = audit.writes(namespace=namespace)[start:]
-    assert extra == [], [
-        (e["verb"], e["objectRef"].get("resource"), e["objectRef"].get("name")) for e in extra
-    ]
+
+    wait_for(rolled, what="every pod to run without limits", timeout=120)
+    wait_for(
+        lambda: (
+            (obj := get_pgc(kube, name, namespace))["status"].get("phase") == "Ready"
+            and obj["status"].get("observedGeneration") == obj["metadata"]["generation"]
+        ),
+        what="the status to describe the new generation, Ready",
+        timeout=60,
+    )
+    assert_no_writes_at_rest(audit, operator, namespace)
 
 
 def test_delete_runs_final_backup_then_removes_volumes(
@@ -508,15 +547,7 @@ def test_failing_final_backup_keeps_the_cluster_and_retries(
         timeout=90,
     )
     kube.delete(PostgresClusterResource, name, namespace=namespace)
-    failed = wait_for(
-        lambda: (
-            (obj := get_pgc(kube, name, namespace))
-            and condition(obj, "FinalBackup").get("reason") == "Failed"
-            and obj
-        ),
-        what="the final backup to be reported failed",
-        timeout=90,
-    )
+    failed = wait_condition(kube, name, namespace, "FinalBackup", reason="Failed", timeout=90)
     assert failed["metadata"]["deletionTimestamp"]
     assert failed["status"]["phase"] == "Deleting"
     assert "finalBackup=false" in condition(failed, "FinalBackup")["message"]
@@ -556,14 +587,7 @@ def test_a_failing_reconcile_is_reported_in_status_and_events_and_cleared_on_suc
         what="the quota controller to account the quota",
     )
     name = make_cluster()
-    failing = wait_for(
-        lambda: (
-            (obj := get_pgc(kube, name, namespace))
-            and condition(obj, "Degraded").get("reason") == "ReconcileFailed"
-            and obj
-        ),
-        what="the refused write to be reported as Degraded/ReconcileFailed",
-    )
+    failing = wait_condition(kube, name, namespace, "Degraded", reason="ReconcileFailed")
     message = condition(failing, "Degraded")["message"]
     assert "exceeded quota" in message and "no-services" in message
     assert failing["status"]["phase"] == "Failing"
@@ -575,15 +599,7 @@ def test_a_failing_reconcile_is_reported_in_status_and_events_and_cleared_on_suc
     assert "exceeded quota" in warnings[0]
     # The cause goes away: the next reconcile succeeds and clears the condition.
     kube.delete(ResourceQuota, "no-services", namespace=namespace)
-    cleared = wait_for(
-        lambda: (
-            (obj := get_pgc(kube, name, namespace))
-            and condition(obj, "Degraded").get("status") == "False"
-            and obj
-        ),
-        what="Degraded to clear once the write succeeds",
-        timeout=120,
-    )
+    cleared = wait_condition(kube, name, namespace, "Degraded", status="False", timeout=120)
     assert cleared["status"]["phase"] != "Failing"
     assert kube.get(Service, f"{name}-primary", namespace=namespace)
 
@@ -618,14 +634,8 @@ def test_a_recreated_cluster_does_not_write_into_the_earlier_clusters_backup_rep
     # A new cluster of that name: the repository is refused, scheduled backups suspended.
     make_cluster(name, backupSchedule="0 3 * * *", deletionPolicy={"finalBackup": False})
     second_uid = get_pgc(kube, name, namespace)["metadata"]["uid"]
-    refused = wait_for(
-        lambda: (
-            (obj := get_pgc(kube, name, namespace))
-            and condition(obj, "Degraded").get("reason") == "BackupRepositoryForeign"
-            and obj
-        ),
-        what="the foreign repository to be reported",
-        timeout=90,
+    refused = wait_condition(
+        kube, name, namespace, "Degraded", reason="BackupRepositoryForeign", timeout=90
     )
     message = condition(refused, "Degraded")["message"]
     assert first_uid in message and f"stateward.io/cluster-uid={second_uid}" in message
@@ -645,10 +655,7 @@ def test_a_recreated_cluster_does_not_write_into_the_earlier_clusters_backup_rep
         what="scheduled backups to resume after adoption",
         timeout=90,
     )
-    wait_for(
-        lambda: condition(get_pgc(kube, name, namespace), "Degraded").get("status") == "False",
-        what="Degraded to clear after adoption",
-    )
+    wait_condition(kube, name, namespace, "Degraded", status="False")
 
 
 def test_invalid_specs_are_refused_with_the_field_named(

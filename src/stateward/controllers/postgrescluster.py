@@ -25,8 +25,8 @@ from stateward import specs
 from stateward.api import v1alpha1, validation
 from stateward.api.v1alpha1 import PostgresCluster
 from stateward.controllers import conditions as cond
+from stateward.controllers import diff
 from stateward.controllers.dataplane import DataPlane, start_switchover
-from stateward.controllers.diff import differences
 from stateward.controllers.kube import Body, Kube, Ref
 from stateward.controllers.members import Member, instances, member
 from stateward.controllers.queue import Outcome
@@ -309,7 +309,8 @@ async def check_storage_class(scope: Scope) -> str | None:
 
 
 async def apply_children(scope: Scope) -> str | None:
-    """Apply every child whose observed state does not contain the desired one.
+    """Apply every child whose observed state does not contain the desired one, or that was
+    last applied from another desired object (a field we stopped setting is pruned so).
 
     The applies are independent of each other, so they go out concurrently; one Event names
     everything created and one everything repaired, instead of one Event per object.
@@ -326,14 +327,19 @@ async def apply_children(scope: Scope) -> str | None:
     created: list[str] = []
     updated: list[str] = []
     pending: list[Body] = []
-    for child in desired:
-        kind, name = child["kind"], child["metadata"]["name"]
+    for built in desired:
+        kind, name = built["kind"], built["metadata"]["name"]
+        # A removal from the immutable fields could never be applied; those change by
+        # recreation, which containment detects.
+        child = diff.stamped(
+            built, exclude=IMMUTABLE_STATEFULSET_FIELDS if kind == "StatefulSet" else ()
+        )
         observed = scope.observed(kind, name)
         if observed is None:
             created.append(f"{kind} {name}")
             pending.append(child)
             continue
-        drift = sorted(set(differences(observed, child)))
+        drift = diff.drift(observed, child)
         if not drift:
             continue
         if kind == "StatefulSet" and any(

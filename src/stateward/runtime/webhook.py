@@ -30,7 +30,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Secret
 
 from stateward.api import v1alpha1, validation
-from stateward.controllers.diff import differences
+from stateward.controllers import diff
 from stateward.controllers.kube import Kube
 from stateward.local import pki
 
@@ -202,11 +202,11 @@ async def ensure_certificate(client: AsyncClient, endpoint: Endpoint) -> Certifi
 
 async def ensure_configuration(kube: Kube, endpoint: Endpoint, certificate: Certificate) -> bool:
     """Point the webhook configuration at us (leader only). True if it had to be written."""
-    desired = webhook_configuration(endpoint, certificate.ca)
+    desired = diff.stamped(webhook_configuration(endpoint, certificate.ca))
     observed = await kube.get(
         "admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration", "", CONFIGURATION_NAME
     )
-    if observed is not None and not differences(observed, desired):
+    if observed is not None and not diff.drift(observed, desired):
         return False
     await kube.apply(desired)
     return True

@@ -26,6 +26,9 @@ CLUSTER_UID_LABEL: Final = "stateward.io/cluster-uid"
 it, so a later cluster of the same name does not silently write into an older lineage."""
 
 CONFIG_HASH_ANNOTATION: Final = "stateward.io/config-hash"
+APPLIED_HASH_ANNOTATION: Final = "stateward.io/applied-hash"
+"""On every applied child: the hash of the object we last applied, so a field we stopped
+setting is noticed (containment alone cannot see a removal) and server-side apply prunes it."""
 
 APP_NAME: Final = "postgresql"
 MANAGER: Final = "stateward"
