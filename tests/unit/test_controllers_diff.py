@@ -25,7 +25,7 @@ from stateward.controllers.diff import (
     stamped,
 )
 from stateward.controllers.postgrescluster import IMMUTABLE_STATEFULSET_FIELDS
-from stateward.specs import meta
+from stateward.specs import config, meta
 from tests.support import clusters
 
 pytestmark = pytest.mark.unit
@@ -115,7 +115,7 @@ def stored(applied: dict[str, Any]) -> dict[str, Any]:
 def stamp_all(cluster: PostgresCluster) -> dict[str, dict[str, Any]]:
     """Every child as the reconciler applies it, by kind and name."""
     result = {}
-    for child in specs.children(cluster, config_hash="c0ffee"):
+    for child in specs.children(cluster, patroni_config=config.patroni_config(cluster)):
         exclude = IMMUTABLE_STATEFULSET_FIELDS if child["kind"] == "StatefulSet" else ()
         result[f"{child['kind']} {child['metadata']['name']}"] = stamped(child, exclude=exclude)
     return result
@@ -311,10 +311,12 @@ def test_the_hash_is_the_same_in_every_process() -> None:
     script = (
         "from stateward.controllers.diff import stamped;"
         "from stateward import specs;"
+        "from stateward.specs import config;"
         "from tests.support import clusters;"
         "c = clusters.make_cluster(backupSchedule='0 3 * * *', resources={'limits': {'cpu': '1'}},"
         " postgresql={'parameters': {'a': '1', 'b': '2', 'c': '3'}});"
-        "print([stamped(x)['metadata']['annotations'] for x in specs.children(c, config_hash='h')])"
+        "p = config.patroni_config(c);"
+        "print([stamped(x)['metadata']['annotations'] for x in specs.children(c, patroni_config=p)])"
     )
     outputs = {
         subprocess.run(
