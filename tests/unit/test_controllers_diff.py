@@ -316,7 +316,8 @@ def test_the_hash_is_the_same_in_every_process() -> None:
         "c = clusters.make_cluster(backupSchedule='0 3 * * *', resources={'limits': {'cpu': '1'}},"
         " postgresql={'parameters': {'a': '1', 'b': '2', 'c': '3'}});"
         "p = config.patroni_config(c);"
-        "print([stamped(x)['metadata']['annotations'] for x in specs.children(c, patroni_config=p)])"
+        "print([stamped(x)['metadata']['annotations']"
+        " for x in specs.children(c, patroni_config=p)])"
     )
     outputs = {
         subprocess.run(
