@@ -16,19 +16,26 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from lightkube import Client, codecs
+from lightkube.models.authorization_v1 import ResourceAttributes, SelfSubjectAccessReviewSpec
 from lightkube.resources.apps_v1 import StatefulSet
+from lightkube.resources.authentication_v1 import SelfSubjectReview
+from lightkube.resources.authorization_v1 import SelfSubjectAccessReview
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Namespace, Service
+from lightkube.resources.rbac_authorization_v1 import RoleBinding
 
 from stateward.cli.run import (
+    LOCAL_BINDING,
     OPERATOR_NAMESPACE,
     OperatorProcess,
     PostgresClusterResource,
+    admin_client,
     ensure_namespace,
+    grant_operator,
     install_crds,
     start_operator,
 )
-from stateward.local.cluster import LocalCluster
+from stateward.local.cluster import OPERATOR_USER, LocalCluster
 from tests.conftest import client_for
 from tests.integration.conftest import AuditLog, metric, pgc_body, wait_leading
 from tests.support.waiting import wait_for
@@ -60,7 +67,9 @@ def _launch(
     cluster: LocalCluster, started: list[OperatorProcess], identity: str
 ) -> OperatorProcess:
     handle = start_operator(
-        cluster, extra=[f"--identity={identity}", *FAST_LEASE], name=f"operator-{identity}"
+        cluster,
+        extra=[f"--identity={identity}", *FAST_LEASE],
+        name=f"operator-{identity}",
     )
     started.append(handle)
     return handle
@@ -276,12 +285,15 @@ def test_the_operator_creates_its_lease_namespace_when_it_is_missing(
     apiserver: LocalCluster, bare: Client, operators: list[OperatorProcess]
 ) -> None:
     # The kubebuilder habit: `make install` (CRDs only), then the operator on a workstation,
-    # with no namespace made by `make deploy`.
+    # with no namespace made by `make deploy` — by the cluster admin who ran `make install`
+    # (the operator user, holding only the generated roles, may not create namespaces).
     namespace = f"stateward-{uuid.uuid4().hex[:8]}"
     handle = start_operator(
         apiserver,
-        extra=["--identity=fresh", f"--namespace={namespace}", *FAST_LEASE],
+        extra=["--identity=fresh", *FAST_LEASE],
         name="operator-fresh-namespace",
+        namespace=namespace,
+        kubeconfig=apiserver.kubeconfig,
     )
     operators.append(handle)
     try:
@@ -291,3 +303,67 @@ def test_the_operator_creates_its_lease_namespace_when_it_is_missing(
     finally:
         handle.stop()
         bare.delete(Namespace, namespace)
+
+
+# --- the operator's identity: an ordinary user holding only the generated roles -----------
+
+
+def _operator_client(cluster: LocalCluster) -> Client:
+    return client_for(cluster, kubeconfig=cluster.state_dir / "operator.kubeconfig")
+
+
+def _may(client: Client, verb: str, resource: str, group: str = "", namespace: str = "") -> bool:
+    review = client.create(
+        SelfSubjectAccessReview(
+            spec=SelfSubjectAccessReviewSpec(
+                resourceAttributes=ResourceAttributes(
+                    verb=verb, resource=resource, group=group, namespace=namespace or None
+                )
+            )
+        )
+    )
+    return bool(review.status and review.status.allowed)
+
+
+def test_the_operator_user_is_not_a_cluster_admin(
+    apiserver: LocalCluster, bare: Client, operators: list[OperatorProcess]
+) -> None:
+    handle = _launch(apiserver, operators, "ordinary")
+    wait_leading(handle)
+    as_operator = _operator_client(apiserver)
+
+    review = as_operator.create(SelfSubjectReview())
+    user = review.status.userInfo if review.status else None
+    assert user is not None and user.username == OPERATOR_USER
+    assert "system:masters" not in (user.groups or [])
+    # What the generated roles grant, and nothing past them.
+    assert _may(as_operator, "patch", "postgresclusters/status", "stateward.io", "anywhere")
+    assert _may(as_operator, "update", "leases", "coordination.k8s.io", OPERATOR_NAMESPACE)
+    assert not _may(as_operator, "update", "leases", "coordination.k8s.io", "kube-node-lease")
+    assert not _may(as_operator, "create", "clusterroles", "rbac.authorization.k8s.io")
+    assert not _may(as_operator, "create", "namespaces")
+    assert not _may(as_operator, "delete", "nodes")
+    assert not _may(as_operator, "impersonate", "users")
+    assert not _may(as_operator, "create", "pods", namespace="default")
+
+
+def test_a_permission_taken_from_the_operator_fails_it_visibly(
+    apiserver: LocalCluster, bare: Client, operators: list[OperatorProcess]
+) -> None:
+    # Without system:masters, the bindings are all the operator holds: take the Lease rule
+    # away and it must stop leading, saying why; give it back and it leads again.
+    handle = _launch(apiserver, operators, "trimmed")
+    wait_leading(handle)
+    bare.delete(RoleBinding, LOCAL_BINDING, namespace=OPERATOR_NAMESPACE)
+    try:
+        wait_for(
+            lambda: (
+                metric(handle.probe_port, "stateward_leader") == 0
+                and f'User "{OPERATOR_USER}" cannot' in handle.log.read_text()
+            ),
+            what="the operator to lose the Lease to a 403",
+        )
+        assert "forbidden" in handle.log.read_text()
+    finally:
+        grant_operator(admin_client(apiserver))
+    wait_leading(handle)
