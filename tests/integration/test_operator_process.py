@@ -7,28 +7,41 @@ tests that share the full control plane.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import signal
+import socket
+import ssl
 import time
 import uuid
 from collections.abc import Iterator
 
 import httpx
 import pytest
-from lightkube import Client, codecs
+from lightkube import ApiError, Client, codecs
+from lightkube.models.authorization_v1 import ResourceAttributes, SelfSubjectAccessReviewSpec
+from lightkube.resources.admissionregistration_v1 import ValidatingWebhookConfiguration
 from lightkube.resources.apps_v1 import StatefulSet
+from lightkube.resources.authentication_v1 import SelfSubjectReview
+from lightkube.resources.authorization_v1 import SelfSubjectAccessReview
 from lightkube.resources.coordination_v1 import Lease
-from lightkube.resources.core_v1 import Namespace, Service
+from lightkube.resources.core_v1 import Event, Namespace, Secret, Service
+from lightkube.resources.rbac_authorization_v1 import RoleBinding
 
 from stateward.cli.run import (
+    LOCAL_BINDING,
     OPERATOR_NAMESPACE,
     OperatorProcess,
     PostgresClusterResource,
+    admin_client,
     ensure_namespace,
+    grant_operator,
     install_crds,
     start_operator,
 )
-from stateward.local.cluster import LocalCluster
+from stateward.local.cluster import OPERATOR_USER, LocalCluster
+from stateward.runtime import webhook
 from tests.conftest import client_for
 from tests.integration.conftest import AuditLog, metric, pgc_body, wait_leading
 from tests.support.waiting import wait_for
@@ -36,6 +49,8 @@ from tests.support.waiting import wait_for
 pytestmark = pytest.mark.integration
 
 FAST_LEASE = ["--lease-duration=6", "--renew-deadline=4", "--retry-period=1"]
+# The webhook certificate's Secret is re-read every second instead of every 30.
+FAST_CERTIFICATE = ["--webhook-certificate-interval=1"]
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +75,9 @@ def _launch(
     cluster: LocalCluster, started: list[OperatorProcess], identity: str
 ) -> OperatorProcess:
     handle = start_operator(
-        cluster, extra=[f"--identity={identity}", *FAST_LEASE], name=f"operator-{identity}"
+        cluster,
+        extra=[f"--identity={identity}", *FAST_LEASE, *FAST_CERTIFICATE],
+        name=f"operator-{identity}",
     )
     started.append(handle)
     return handle
@@ -276,12 +293,15 @@ def test_the_operator_creates_its_lease_namespace_when_it_is_missing(
     apiserver: LocalCluster, bare: Client, operators: list[OperatorProcess]
 ) -> None:
     # The kubebuilder habit: `make install` (CRDs only), then the operator on a workstation,
-    # with no namespace made by `make deploy`.
+    # with no namespace made by `make deploy` — by the cluster admin who ran `make install`
+    # (the operator user, holding only the generated roles, may not create namespaces).
     namespace = f"stateward-{uuid.uuid4().hex[:8]}"
     handle = start_operator(
         apiserver,
-        extra=["--identity=fresh", f"--namespace={namespace}", *FAST_LEASE],
+        extra=["--identity=fresh", *FAST_LEASE],
         name="operator-fresh-namespace",
+        namespace=namespace,
+        kubeconfig=apiserver.kubeconfig,
     )
     operators.append(handle)
     try:
@@ -291,3 +311,180 @@ def test_the_operator_creates_its_lease_namespace_when_it_is_missing(
     finally:
         handle.stop()
         bare.delete(Namespace, namespace)
+
+
+# --- the operator's identity: an ordinary user holding only the generated roles -----------
+
+
+def _operator_client(cluster: LocalCluster) -> Client:
+    return client_for(cluster, kubeconfig=cluster.state_dir / "operator.kubeconfig")
+
+
+def _may(client: Client, verb: str, resource: str, group: str = "", namespace: str = "") -> bool:
+    review = client.create(
+        SelfSubjectAccessReview(
+            spec=SelfSubjectAccessReviewSpec(
+                resourceAttributes=ResourceAttributes(
+                    verb=verb, resource=resource, group=group, namespace=namespace or None
+                )
+            )
+        )
+    )
+    return bool(review.status and review.status.allowed)
+
+
+def test_the_operator_user_is_not_a_cluster_admin(
+    apiserver: LocalCluster, bare: Client, operators: list[OperatorProcess]
+) -> None:
+    handle = _launch(apiserver, operators, "ordinary")
+    wait_leading(handle)
+    as_operator = _operator_client(apiserver)
+
+    review = as_operator.create(SelfSubjectReview())
+    user = review.status.userInfo if review.status else None
+    assert user is not None and user.username == OPERATOR_USER
+    assert "system:masters" not in (user.groups or [])
+    # What the generated roles grant, and nothing past them.
+    assert _may(as_operator, "patch", "postgresclusters/status", "stateward.io", "anywhere")
+    assert _may(as_operator, "update", "leases", "coordination.k8s.io", OPERATOR_NAMESPACE)
+    assert not _may(as_operator, "update", "leases", "coordination.k8s.io", "kube-node-lease")
+    assert not _may(as_operator, "create", "clusterroles", "rbac.authorization.k8s.io")
+    assert not _may(as_operator, "create", "namespaces")
+    assert not _may(as_operator, "delete", "nodes")
+    assert not _may(as_operator, "impersonate", "users")
+    assert not _may(as_operator, "create", "pods", namespace="default")
+
+
+def test_a_permission_taken_from_the_operator_fails_it_visibly(
+    apiserver: LocalCluster, bare: Client, operators: list[OperatorProcess]
+) -> None:
+    # Without system:masters, the bindings are all the operator holds: take the Lease rule
+    # away and it must stop leading, saying why; give it back and it leads again.
+    handle = _launch(apiserver, operators, "trimmed")
+    wait_leading(handle)
+    bare.delete(RoleBinding, LOCAL_BINDING, namespace=OPERATOR_NAMESPACE)
+    try:
+        # The log is JSON: the API server's quotes around the user name come escaped.
+        refusal = f'forbidden: User \\"{OPERATOR_USER}\\" cannot get resource \\"leases\\"'
+        wait_for(
+            lambda: (
+                metric(handle.probe_port, "stateward_leader") == 0
+                and refusal in handle.log.read_text()
+            ),
+            what="the operator to lose the Lease to a 403",
+        )
+    finally:
+        grant_operator(admin_client(apiserver))
+    wait_leading(handle)
+
+
+# --- the webhook certificate: reloaded when the Secret changes, mismatch reported -----------
+
+
+def _served_fingerprint(handle: OperatorProcess) -> str | None:
+    """SHA-256 of the certificate the operator's webhook port presents, by a TLS handshake."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # we read the certificate, we do not trust it
+    try:
+        with (
+            socket.create_connection(("127.0.0.1", handle.webhook_port), timeout=5) as raw,
+            context.wrap_socket(raw) as tls,
+        ):
+            der = tls.getpeercert(binary_form=True)
+    except (OSError, ssl.SSLError):
+        return None
+    return hashlib.sha256(der).hexdigest() if der else None
+
+
+def _replace_certificate(client: Client, certificate: webhook.Certificate) -> None:
+    secret = client.get(Secret, webhook.CERT_SECRET, namespace=OPERATOR_NAMESPACE)
+    secret.data = certificate.secret_data()
+    client.replace(secret)
+
+
+def _serves(handle: OperatorProcess, certificate: webhook.Certificate, *, matching: bool) -> bool:
+    mismatch = metric(handle.probe_port, "stateward_webhook_certificate_mismatch")
+    return _served_fingerprint(handle) == certificate.fingerprint and mismatch == (
+        0 if matching else 1
+    )
+
+
+def test_the_webhook_serves_a_replaced_certificate_and_reports_one_it_cannot_serve(
+    apiserver: LocalCluster, bare: Client, operators: list[OperatorProcess]
+) -> None:
+    handle = _launch(apiserver, operators, "certs")
+    wait_leading(handle)
+    hosts = ("127.0.0.1", "localhost")  # start_operator's --webhook-host=127.0.0.1
+    secret = bare.get(Secret, webhook.CERT_SECRET, namespace=OPERATOR_NAMESPACE)
+    started_with = webhook.Certificate.from_secret(secret)
+    assert started_with is not None
+    wait_for(
+        lambda: _serves(handle, started_with, matching=True),
+        what="the webhook to serve the Secret's certificate",
+    )
+
+    # Another replica (or a person) rotates the certificate: CA and serving pair both new.
+    rotated = webhook.make_certificate(hosts)
+    _replace_certificate(bare, rotated)
+    wait_for(
+        lambda: _serves(handle, rotated, matching=True),
+        what="the webhook to serve the rotated certificate",
+        timeout=60,
+    )
+    assert metric(handle.probe_port, "stateward_webhook_certificate_reloads_total") >= 1
+
+    # The leader points the API server at the new CA, and admission works through it: the
+    # API server calls the webhook, trusts the new certificate, and the webhook refuses a
+    # schedule that never fires (failurePolicy Ignore would admit it on a TLS failure).
+    def ca_bundle() -> bytes:
+        found = bare.get(ValidatingWebhookConfiguration, webhook.CONFIGURATION_NAME)
+        (hook,) = found.webhooks or []
+        return base64.b64decode(hook.clientConfig.caBundle or "")
+
+    wait_for(lambda: ca_bundle() == rotated.ca, what="the webhook configuration's new CA")
+    namespace = _new_namespace(bare)
+
+    def refused_by_the_webhook() -> bool:
+        body = pgc_body("feb30", namespace, backupSchedule="0 0 30 2 *")
+        try:
+            bare.create(codecs.from_dict(body), dry_run=True)
+        except ApiError as error:
+            return "admission webhook" in str(error.status.message)
+        return False
+
+    wait_for(refused_by_the_webhook, what="admission through the rotated certificate")
+
+    # A certificate this replica cannot serve (not for its hosts): it keeps the one it has,
+    # writes nothing, and says so (gauge, Warning Event on the Secret).
+    foreign = webhook.make_certificate(("stateward-webhook.elsewhere.svc",))
+    _replace_certificate(bare, foreign)
+    try:
+        wait_for(
+            lambda: _serves(handle, rotated, matching=False),
+            what="the mismatch to be reported while the previous certificate is served",
+            timeout=60,
+        )
+
+        def warned() -> bool:
+            return any(
+                event.reason == "WebhookCertificateMismatch"
+                and event.type == "Warning"
+                and event.involvedObject.name == webhook.CERT_SECRET
+                and foreign.fingerprint is not None
+                and foreign.fingerprint in (event.message or "")
+                for event in bare.list(Event, namespace=OPERATOR_NAMESPACE)
+            )
+
+        wait_for(warned, what="a Warning Event about the mismatch")
+        stored = webhook.Certificate.from_secret(
+            bare.get(Secret, webhook.CERT_SECRET, namespace=OPERATOR_NAMESPACE)
+        )
+        assert stored == foreign  # not fought over
+    finally:
+        _replace_certificate(bare, rotated)
+    wait_for(
+        lambda: _serves(handle, rotated, matching=True),
+        what="the mismatch to clear once the Secret is servable again",
+        timeout=60,
+    )

@@ -108,3 +108,19 @@ def test_no_go_toolchain_is_one_clear_error(
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(LocalClusterError, match="Go toolchain is not on PATH"):
         binaries.build(binaries.KWOK, progress=lambda _: None)
+
+
+def test_the_local_authority_keeps_its_ca_on_disk_and_signs_with_it(tmp_path: Path) -> None:
+    from cryptography import x509
+
+    from stateward.local import pki as local_pki
+
+    first = local_pki.Authority(tmp_path)
+    again = local_pki.Authority(tmp_path)  # loaded, not made anew
+    pair = again.issue("user", common_name="someone", groups=("team",))
+    ca = x509.load_pem_x509_certificate(first.cert_path.read_bytes())
+    issued = x509.load_pem_x509_certificate(pair.cert.read_bytes())
+    issued.verify_directly_issued_by(ca)
+    assert issued.subject.rfc4514_string() == "O=team,CN=someone"
+    assert oct(pair.key.stat().st_mode & 0o777) == "0o600"
+    assert oct((tmp_path / "ca.key").stat().st_mode & 0o777) == "0o600"

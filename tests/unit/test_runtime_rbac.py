@@ -300,3 +300,22 @@ def test_operator_pods_run_restricted() -> None:
     assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
     assert "emptyDir" in next(v for v in pod["volumes"] if v["name"] == "tmp")
     assert {"requests", "limits"} <= set(container["resources"])
+
+
+def test_bindings_give_a_subject_exactly_the_generated_roles() -> None:
+    user = {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "someone"}
+    cluster_binding, lease_binding = rbac.bindings(user, name="local", namespace="ops")
+    assert cluster_binding["kind"] == "ClusterRoleBinding"
+    assert cluster_binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": rbac.cluster_role()["metadata"]["name"],
+    }
+    assert lease_binding["kind"] == "RoleBinding"
+    assert lease_binding["metadata"]["namespace"] == "ops"
+    assert lease_binding["roleRef"]["name"] == rbac.leader_election_role("ops")["metadata"]["name"]
+    assert cluster_binding["subjects"] == lease_binding["subjects"] == [user]
+    # The Role for another namespace differs from config/'s only in its namespace.
+    elsewhere = rbac.leader_election_role("ops")
+    assert elsewhere["metadata"]["namespace"] == "ops"
+    assert elsewhere["rules"] == rbac.leader_election_role()["rules"]

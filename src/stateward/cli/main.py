@@ -133,6 +133,7 @@ def _operator(args: argparse.Namespace) -> int:
         webhook_host=args.webhook_host,
         webhook_service=args.webhook_service,
         webhooks=not args.no_webhooks,
+        webhook_certificate_interval=args.webhook_certificate_interval,
     )
     try:
         return operator.run(options)
@@ -181,6 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--webhook-service",
         default=None,
         help="in-cluster: the Service (in --namespace) the API server reaches the webhook by",
+    )
+    op.add_argument(
+        "--webhook-certificate-interval",
+        type=float,
+        default=30.0,
+        help="seconds between re-reads of the webhook certificate's Secret (default 30)",
     )
     op.add_argument("--no-webhooks", action="store_true", help="serve no admission webhook")
     op.set_defaults(handler=_operator)

@@ -19,16 +19,23 @@ from typing import Any
 import yaml
 from lightkube import ApiError, Client, codecs
 from lightkube.config.kubeconfig import KubeConfig
+from lightkube.models.authorization_v1 import ResourceAttributes, SubjectAccessReviewSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+from lightkube.resources.authorization_v1 import SubjectAccessReview
 from lightkube.resources.core_v1 import Namespace
 
 from stateward.api import crd, manifests, v1alpha1
 from stateward.controllers.kube import PostgresClusterResource
-from stateward.local.cluster import Config, LocalCluster, free_port_base
+from stateward.local.cluster import OPERATOR_USER, Config, LocalCluster, free_port_base
+from stateward.runtime import rbac
 from stateward.specs import statefulset
 
 OPERATOR_NAMESPACE = "stateward-system"
+LOCAL_BINDING = "stateward-operator-local"
+"""The (Cluster)RoleBindings that give the local operator user the generated roles. Not
+``config/``'s names: those bind the ServiceAccount, and ``make deploy`` on the local cluster
+must not take our subject away (or we its)."""
 
 
 def sample_cluster() -> dict[str, Any]:
@@ -66,6 +73,43 @@ def ensure_namespace(client: Client, name: str) -> None:
         client.create(Namespace(metadata=ObjectMeta(name=name)))
 
 
+def grant_operator(client: Client, namespace: str = OPERATOR_NAMESPACE) -> None:
+    """Bind the local operator user to the generated ClusterRole and leader-election Role.
+
+    The user's certificate carries no group (``local/cluster.py``), so these bindings are all
+    it holds besides what every authenticated user has: a permission missing from
+    ``runtime/rbac.py`` fails on the local cluster as it would in a deployment. Returns once
+    the API server's authorizer grants the Lease, the last rule to arrive.
+    """
+    ensure_namespace(client, namespace)
+    subject = {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": OPERATOR_USER}
+    for document in (
+        rbac.cluster_role(),
+        rbac.leader_election_role(namespace),
+        *rbac.bindings(subject, name=LOCAL_BINDING, namespace=namespace),
+    ):
+        client.apply(codecs.from_dict(document), field_manager="stateward-local", force=True)
+    review = SubjectAccessReview(
+        spec=SubjectAccessReviewSpec(
+            user=OPERATOR_USER,
+            resourceAttributes=ResourceAttributes(
+                group="coordination.k8s.io", resource="leases", verb="update", namespace=namespace
+            ),
+        )
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        answer = client.create(review)
+        if answer.status is not None and answer.status.allowed:
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"the operator's RoleBinding in {namespace} did not take effect within 30s")
+
+
+def admin_client(cluster: LocalCluster) -> Client:
+    return Client(KubeConfig.from_file(cluster.kubeconfig), field_manager="stateward-run")
+
+
 @dataclasses.dataclass
 class OperatorProcess:
     process: subprocess.Popen[bytes]
@@ -85,12 +129,25 @@ class OperatorProcess:
 
 
 def start_operator(
-    cluster: LocalCluster, *, extra: list[str] | None = None, name: str = "operator"
+    cluster: LocalCluster,
+    *,
+    extra: list[str] | None = None,
+    name: str = "operator",
+    namespace: str = OPERATOR_NAMESPACE,
+    kubeconfig: Path | None = None,
 ) -> OperatorProcess:
-    """The operator as a child process, as user ``stateward-operator``, on free ports."""
+    """The operator as a child process on free ports, as user ``stateward-operator`` holding
+    only the generated roles (:func:`grant_operator`, done here so that every way of starting
+    the local operator — ``make run``, the tests, the benchmark — goes through it).
+
+    ``kubeconfig`` runs it as another user instead, with no grant: the workstation case of a
+    cluster admin running the operator after ``make install``.
+    """
+    if kubeconfig is None:
+        grant_operator(admin_client(cluster), namespace)
+        kubeconfig = cluster.state_dir / "operator.kubeconfig"
     log_path = cluster.state_dir / "logs" / f"{name}.log"
     log = log_path.open("ab")
-    kubeconfig = cluster.state_dir / "operator.kubeconfig"
     base = free_port_base(count=2)
     argv = [
         sys.executable,
@@ -98,7 +155,7 @@ def start_operator(
         "stateward",
         "operator",
         f"--kubeconfig={kubeconfig}",
-        f"--namespace={OPERATOR_NAMESPACE}",
+        f"--namespace={namespace}",
         "--probe-address=127.0.0.1",
         f"--probe-port={base}",
         "--webhook-address=127.0.0.1",
@@ -200,7 +257,7 @@ def run() -> int:
         cluster.up(progress=say)
     else:
         say(f"==> Using the running local cluster ({cluster.kubeconfig})")
-    client = Client(KubeConfig.from_file(cluster.kubeconfig), field_manager="stateward-run")
+    client = admin_client(cluster)
     say("==> Installing the PostgresCluster CRD")
     install_crds(client)
     ensure_namespace(client, OPERATOR_NAMESPACE)

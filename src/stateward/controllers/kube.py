@@ -193,31 +193,41 @@ class Kube:
         self, involved: Body, *, reason: str, message: str, warning: bool = False
     ) -> None:
         """Record a core/v1 Event on ``involved``. Messages never carry secret values."""
-        metadata = involved["metadata"]
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {
-                "name": f"{metadata['name']}.{uuid.uuid4().hex[:12]}",
-                "namespace": metadata.get("namespace", "default"),
-            },
-            "involvedObject": {
-                "apiVersion": involved["apiVersion"],
-                "kind": involved["kind"],
-                "name": metadata["name"],
-                "namespace": metadata.get("namespace"),
-                "uid": metadata.get("uid"),
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": "Warning" if warning else "Normal",
-            "source": {"component": self.component},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        await self.create(body)
+        await self.create(
+            event_body(
+                involved, reason=reason, message=message, warning=warning, component=self.component
+            )
+        )
+
+
+def event_body(
+    involved: Body, *, reason: str, message: str, warning: bool = False, component: str
+) -> Body:
+    """A core/v1 Event about ``involved`` (pure). Messages never carry secret values."""
+    metadata = involved["metadata"]
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {
+            "name": f"{metadata['name']}.{uuid.uuid4().hex[:12]}",
+            "namespace": metadata.get("namespace", "default"),
+        },
+        "involvedObject": {
+            "apiVersion": involved["apiVersion"],
+            "kind": involved["kind"],
+            "name": metadata["name"],
+            "namespace": metadata.get("namespace"),
+            "uid": metadata.get("uid"),
+        },
+        "reason": reason,
+        "message": message[:1024],
+        "type": "Warning" if warning else "Normal",
+        "source": {"component": component},
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
 
 
 def _to_dict(obj: Any) -> Body:

@@ -355,10 +355,19 @@ async def apply_children(scope: Scope) -> str | None:
         updated.append(f"{kind} {name} ({', '.join(drift[:5])})")
         pending.append(child)
     # Keep what succeeded even when one apply fails: the store must not forget a write that
-    # happened, or the next reconcile would see drift that is not there.
-    results = await asyncio.gather(
-        *(scope.kube.apply(child) for child in pending), return_exceptions=True
+    # happened, or the next reconcile would see drift that is not there. RoleBindings go
+    # second: the API server lets a user without `bind` create one only after checking it
+    # holds every right of the bound Role, so the Role must exist first (sent together, the
+    # binding was refused with a NotFound on every new cluster's first reconcile).
+    waves = (
+        [child for child in pending if child["kind"] != "RoleBinding"],
+        [child for child in pending if child["kind"] == "RoleBinding"],
     )
+    results: list[Body | BaseException] = []
+    for wave in waves:
+        results += await asyncio.gather(
+            *(scope.kube.apply(child) for child in wave), return_exceptions=True
+        )
     failures = [r for r in results if isinstance(r, BaseException)]
     for applied in results:
         if not isinstance(applied, BaseException):

@@ -630,7 +630,9 @@ class LocalCluster:
         pki.service_account_key(self.pki_dir / "service-account.key")
         users = {
             "admin": (ADMIN_USER, ("system:masters",)),
-            "operator": (OPERATOR_USER, ("system:masters",)),
+            # No group: the operator holds only what `stateward.cli.run.grant_operator` binds
+            # to it, the generated roles of config/rbac, so a missing right fails locally.
+            "operator": (OPERATOR_USER, ()),
             "controller-manager": ("system:kube-controller-manager", ()),
             "scheduler": ("system:kube-scheduler", ()),
             "kwok": ("kwok-controller", ("system:masters",)),

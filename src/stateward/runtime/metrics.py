@@ -46,3 +46,19 @@ WATCHED_OBJECTS = Gauge(
     "Objects held in the operator's observation store",
     registry=REGISTRY,
 )
+WEBHOOK_CERT_MISMATCH = Gauge(
+    "stateward_webhook_certificate_mismatch",
+    "1 while the certificate this replica's webhook port serves (read back by a TLS handshake)"
+    " differs from the one in the Secret stateward-webhook-cert",
+    registry=REGISTRY,
+)
+WEBHOOK_CERT_EXPIRY = Gauge(
+    "stateward_webhook_certificate_expiry_timestamp_seconds",
+    "When the certificate this replica's webhook serves expires (Unix time)",
+    registry=REGISTRY,
+)
+WEBHOOK_CERT_RELOADS = Counter(
+    "stateward_webhook_certificate_reloads_total",
+    "Times a changed certificate from the Secret was loaded into the running webhook",
+    registry=REGISTRY,
+)

@@ -83,6 +83,7 @@ class Options:
     webhook_host: str | None = None
     webhook_service: str | None = None
     webhooks: bool = True
+    webhook_certificate_interval: float = 30.0
 
 
 class Operator:
@@ -116,6 +117,7 @@ class Operator:
         )
         self.certificate: webhook.Certificate | None = None
         self.admission: webhook.AdmissionServer | None = None
+        self.certificate_monitor: webhook.CertificateMonitor | None = None
 
     async def _reconcile(self, key: tuple[str, str]) -> Outcome:
         started = time.monotonic()
@@ -235,6 +237,32 @@ class Operator:
         )
         await self.admission.start()
         logger.info("admission webhook serving on port %d", self.options.webhook_port)
+        self.certificate_monitor = webhook.CertificateMonitor(
+            self.client,
+            self.endpoint,
+            self.admission,
+            identity=self.elector.identity,
+            on_change=self._certificate_changed,
+        )
+        await self.certificate_monitor.check()
+
+    async def _watch_certificate(self, stop: asyncio.Event) -> None:
+        """Re-read the webhook certificate's Secret periodically, in every replica: another
+        replica may have renewed it, and a replica serving a stale one fails silently."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.options.webhook_certificate_interval)
+            if stop.is_set() or self.certificate_monitor is None:
+                return
+            try:
+                await self.certificate_monitor.check()
+            except Exception:  # the next check tries again; the gauge keeps its verdict
+                logger.exception("the webhook certificate check failed")
+
+    async def _certificate_changed(self, certificate: webhook.Certificate) -> None:
+        self.certificate = certificate
+        if self.elector.is_leader():
+            await self._ensure_webhook_configuration()
 
     # --- Kopf -----------------------------------------------------------------------------
 
@@ -300,8 +328,10 @@ class Operator:
         again. Returns 0 on a requested stop, 1 if Kopf itself failed."""
         await self._ensure_namespace()
         probes = await self._start_probes()
+        watch_certificate: asyncio.Task[None] | None = None
         if self.options.webhooks:
             await self._start_admission(stop)
+            watch_certificate = asyncio.create_task(self._watch_certificate(stop))
         election = asyncio.create_task(self.elector.run(stop))
         try:
             while not stop.is_set():
@@ -317,6 +347,10 @@ class Operator:
             stop.set()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(election, 5)
+            if watch_certificate is not None:
+                watch_certificate.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await watch_certificate
             if self.admission is not None:
                 await self.admission.stop()
             await probes.cleanup()

@@ -35,6 +35,7 @@ __all__ = [
     "NAMESPACE",
     "SERVICE_ACCOUNT",
     "WEBHOOK_CONFIGURATION",
+    "bindings",
     "cluster_role",
     "leader_election_role",
     "rendered",
@@ -141,7 +142,7 @@ def cluster_role() -> dict[str, Any]:
     }
 
 
-def leader_election_role() -> dict[str, Any]:
+def leader_election_role(namespace: str = NAMESPACE) -> dict[str, Any]:
     """The Role for the leader Lease, in the operator's own namespace only.
 
     A ClusterRole would let the operator rewrite any Lease, including the node heartbeats
@@ -152,9 +153,39 @@ def leader_election_role() -> dict[str, Any]:
     return {
         "apiVersion": RBAC_API_VERSION,
         "kind": "Role",
-        "metadata": {"name": LEADER_ELECTION_ROLE, "namespace": NAMESPACE},
+        "metadata": {"name": LEADER_ELECTION_ROLE, "namespace": namespace},
         "rules": rules.rules(),
     }
+
+
+def bindings(
+    subject: dict[str, str], *, name: str, namespace: str = NAMESPACE
+) -> list[dict[str, Any]]:
+    """A ClusterRoleBinding to :func:`cluster_role` and a RoleBinding to
+    :func:`leader_election_role` in ``namespace``, both named ``name``, for ``subject``.
+
+    ``config/rbac`` binds the ServiceAccount by hand-written YAML; the local cluster
+    (``stateward.cli.run.grant_operator``) binds its operator *user* with these, so the
+    operator on the local cluster holds exactly what a deployed one holds.
+    """
+    labels = {"app.kubernetes.io/name": "stateward", "app.kubernetes.io/component": "operator"}
+    role_group = RBAC_API_VERSION.split("/", 1)[0]
+    return [
+        {
+            "apiVersion": RBAC_API_VERSION,
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": name, "labels": labels},
+            "roleRef": {"apiGroup": role_group, "kind": "ClusterRole", "name": CLUSTER_ROLE},
+            "subjects": [subject],
+        },
+        {
+            "apiVersion": RBAC_API_VERSION,
+            "kind": "RoleBinding",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "roleRef": {"apiGroup": role_group, "kind": "Role", "name": LEADER_ELECTION_ROLE},
+            "subjects": [subject],
+        },
+    ]
 
 
 def rendered() -> dict[Path, str]:

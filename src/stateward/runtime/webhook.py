@@ -8,31 +8,44 @@ Certificates: one CA and serving certificate shared by all replicas through the 
 (create; a conflict means another replica won, and its Secret is used). The leader keeps the
 ``ValidatingWebhookConfiguration`` ``stateward.io`` pointing at the webhook with that CA.
 
+The Secret can change under a running replica (another replica renewed it, someone replaced
+it). Every replica re-reads it periodically (:class:`CertificateMonitor`): a servable new
+certificate is loaded into the live TLS context (new handshakes get it), and what the port
+really serves — read back by a TLS handshake with itself — is compared with the Secret. A
+difference is the gauge ``stateward_webhook_certificate_mismatch`` = 1, a log line and a
+Warning Event on the Secret, because ``failurePolicy: Ignore`` would otherwise hide a replica
+whose answers the API server can no longer trust.
+
 Admission is a second line behind the CRD's CEL rules, which hold even without the operator;
 ``failurePolicy: Ignore`` keeps PostgresCluster writes possible while no replica answers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import binascii
+import contextlib
 import dataclasses
 import datetime
+import hashlib
 import logging
 import ssl
 import tempfile
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
-from cryptography import x509
-from lightkube import ApiError, AsyncClient
+from lightkube import ApiError, AsyncClient, codecs
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Secret
 
+from stateward import pki
 from stateward.api import v1alpha1, validation
 from stateward.controllers import diff
-from stateward.controllers.kube import Kube
-from stateward.local import pki
+from stateward.controllers.kube import Kube, event_body
+from stateward.runtime import metrics
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +54,9 @@ WEBHOOK_NAME = "postgresclusters.validation.stateward.io"
 PATH = "/validate/postgresclusters"
 CERT_SECRET = "stateward-webhook-cert"  # noqa: S105 - a Secret name, not a secret
 RENEW_BEFORE = datetime.timedelta(days=30)
+CA_NAME = "stateward-webhook-ca"
+SECRET_KEYS = ("ca.crt", "tls.crt", "tls.key")
+HANDSHAKE_TIMEOUT = 5.0
 
 
 def review_response(review: dict[str, Any]) -> dict[str, Any]:
@@ -126,55 +142,132 @@ def webhook_configuration(endpoint: Endpoint, ca: bytes) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class Certificate:
+    """The webhook's CA, serving certificate and key, PEM. The key never appears in a repr."""
+
     ca: bytes
     cert: bytes
-    key: bytes
+    key: bytes = dataclasses.field(repr=False)
+
+    @classmethod
+    def from_secret(cls, secret: Secret | None) -> Certificate | None:
+        """The Secret's certificate; None when there is no Secret or it holds no data. A key
+        that is missing or not base64 reads as empty, which :meth:`problem` refuses."""
+        if secret is None or not secret.data:
+            return None
+        values: list[bytes] = []
+        for name in SECRET_KEYS:
+            try:
+                values.append(base64.b64decode(secret.data.get(name) or "", validate=True))
+            except (binascii.Error, ValueError):
+                values.append(b"")
+        return cls(*values)
+
+    def secret_data(self) -> dict[str, str]:
+        return {
+            name: base64.b64encode(value).decode()
+            for name, value in zip(SECRET_KEYS, (self.ca, self.cert, self.key), strict=True)
+        }
+
+    @property
+    def fingerprint(self) -> str | None:
+        """SHA-256 of the serving certificate (hex), None if it is not a certificate."""
+        try:
+            return pki.fingerprint(self.cert)
+        except ValueError:
+            return None
+
+    def not_after(self) -> datetime.datetime | None:
+        try:
+            return pki.not_after(self.cert)
+        except ValueError:
+            return None
+
+    def problem(
+        self, hosts: tuple[str, ...], *, now: datetime.datetime | None = None
+    ) -> str | None:
+        """Why a replica reached at ``hosts`` cannot serve this certificate, or None."""
+        now = now or datetime.datetime.now(datetime.UTC)
+        try:
+            covered = pki.subject_alt_names(self.cert)
+            expiry = pki.not_after(self.cert)
+            own_key = pki.key_matches(self.cert, self.key)
+        except (ValueError, TypeError):
+            return "it does not hold a PEM certificate and private key"
+        if not own_key:
+            return "its private key does not belong to its certificate"
+        missing = set(hosts) - covered
+        if missing:
+            return f"it does not cover {', '.join(sorted(missing))}"
+        if expiry <= now:
+            return f"it expired at {expiry.isoformat()}"
+        return None
+
+    def due_for_renewal(self, *, now: datetime.datetime | None = None) -> bool:
+        expiry = self.not_after()
+        now = now or datetime.datetime.now(datetime.UTC)
+        return expiry is None or expiry - now <= RENEW_BEFORE
 
     def usable_for(self, hosts: tuple[str, ...]) -> bool:
-        parsed = x509.load_pem_x509_certificate(self.cert)
-        try:
-            names = parsed.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-        except x509.ExtensionNotFound:
-            return False
-        covered = {str(n) for n in names.get_values_for_type(x509.DNSName)}
-        covered |= {str(ip) for ip in names.get_values_for_type(x509.IPAddress)}
-        fresh = parsed.not_valid_after_utc - datetime.datetime.now(datetime.UTC) > RENEW_BEFORE
-        return fresh and set(hosts) <= covered
+        """Servable at ``hosts`` and not yet due for renewal: what a starting replica keeps."""
+        return self.problem(hosts) is None and not self.due_for_renewal()
 
 
-def _make_certificate(hosts: tuple[str, ...]) -> Certificate:
-    with tempfile.TemporaryDirectory(prefix="stateward-webhook-") as directory:
-        authority = pki.Authority(Path(directory))
-        pair = authority.issue("webhook", common_name=hosts[0], hosts=hosts, server=True)
-        return Certificate(
-            ca=authority.cert_path.read_bytes(),
-            cert=pair.cert.read_bytes(),
-            key=pair.key.read_bytes(),
-        )
+def make_certificate(hosts: tuple[str, ...]) -> Certificate:
+    """A new CA and a serving certificate for ``hosts`` (the first one is the CN)."""
+    authority = pki.Authority.new(CA_NAME)
+    issued = authority.issue(common_name=hosts[0], hosts=hosts, server=True)
+    return Certificate(ca=authority.cert_pem, cert=issued.cert, key=issued.key)
+
+
+Action = Literal["keep", "reload", "renew", "refuse"]
+
+
+def plan(
+    stored: Certificate | None,
+    served: Certificate,
+    hosts: tuple[str, ...],
+    *,
+    now: datetime.datetime | None = None,
+) -> tuple[Action, str]:
+    """What a running replica does about the Secret's certificate (pure), and why.
+
+    A running replica writes the Secret only when it is gone, or when it holds exactly what
+    the replica serves and that is due for renewal. A different certificate is loaded when it
+    is servable here, and otherwise refused (kept serving the previous one, and reported):
+    two replicas that disagree about the hosts would otherwise replace each other's
+    certificate at every check, forever. A starting replica still replaces a certificate it
+    cannot use (:func:`ensure_certificate`).
+    """
+    if stored is None:
+        return "renew", f"Secret {CERT_SECRET} is missing"
+    if stored == served:
+        if served.due_for_renewal(now=now):
+            return "renew", f"the certificate expires at {served.not_after()}"
+        return "keep", ""
+    problem = stored.problem(hosts, now=now)
+    if problem is not None:
+        return "refuse", f"the certificate in Secret {CERT_SECRET} is not servable here: {problem}"
+    return "reload", "Secret changed"
+
+
+async def read_secret(client: AsyncClient, namespace: str) -> Secret | None:
+    try:
+        return await client.get(Secret, CERT_SECRET, namespace=namespace)
+    except ApiError as error:
+        if error.status.code != 404:
+            raise
+        return None
 
 
 async def ensure_certificate(client: AsyncClient, endpoint: Endpoint) -> Certificate:
     """The shared webhook certificate: read from its Secret, or made and stored there."""
     hosts = endpoint.hosts()
     for _ in range(5):
-        try:
-            secret = await client.get(Secret, CERT_SECRET, namespace=endpoint.namespace)
-        except ApiError as error:
-            if error.status.code != 404:
-                raise
-            secret = None
-        if secret is not None and secret.data:
-            found = Certificate(
-                *(base64.b64decode(secret.data[k]) for k in ("ca.crt", "tls.crt", "tls.key"))
-            )
-            if found.usable_for(hosts):
-                return found
-        made = _make_certificate(hosts)
-        data = {
-            "ca.crt": base64.b64encode(made.ca).decode(),
-            "tls.crt": base64.b64encode(made.cert).decode(),
-            "tls.key": base64.b64encode(made.key).decode(),
-        }
+        secret = await read_secret(client, endpoint.namespace)
+        found = Certificate.from_secret(secret)
+        if found is not None and found.usable_for(hosts):
+            return found
+        made = make_certificate(hosts)
         try:
             if secret is None:
                 await client.create(
@@ -185,13 +278,17 @@ async def ensure_certificate(client: AsyncClient, endpoint: Endpoint) -> Certifi
                             labels={"app.kubernetes.io/managed-by": "stateward"},
                         ),
                         type="kubernetes.io/tls",
-                        data=data,
+                        data=made.secret_data(),
                     )
                 )
             else:
-                secret.data = data
+                secret.data = made.secret_data()
                 await client.replace(secret)  # carries resourceVersion: racing replicas conflict
-            logger.info("stored a new webhook certificate for %s", ", ".join(hosts))
+            logger.info(
+                "stored a new webhook certificate for %s (sha256 %s)",
+                ", ".join(hosts),
+                made.fingerprint,
+            )
             return made
         except ApiError as error:
             if error.status.code != 409:
@@ -212,21 +309,66 @@ async def ensure_configuration(kube: Kube, endpoint: Endpoint, certificate: Cert
     return True
 
 
+def _load_chain(context: ssl.SSLContext, certificate: Certificate) -> None:
+    # load_cert_chain reads files only; they live for the call, in a private directory.
+    with tempfile.TemporaryDirectory(prefix="stateward-webhook-") as directory:
+        cert, key = Path(directory) / "tls.crt", Path(directory) / "tls.key"
+        cert.write_bytes(certificate.cert)
+        key.touch(mode=0o600)
+        key.write_bytes(certificate.key)
+        context.load_cert_chain(cert, key)
+
+
 class AdmissionServer:
     """HTTPS server answering AdmissionReviews; runs for the whole life of the process."""
 
     def __init__(self, *, address: str, port: int, certificate: Certificate) -> None:
         self.address, self.port, self.certificate = address, port, certificate
         self._runner: web.AppRunner | None = None
+        self._context: ssl.SSLContext | None = None
 
     def _ssl_context(self) -> ssl.SSLContext:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        with tempfile.TemporaryDirectory(prefix="stateward-webhook-") as directory:
-            cert, key = Path(directory) / "tls.crt", Path(directory) / "tls.key"
-            cert.write_bytes(self.certificate.cert)
-            key.write_bytes(self.certificate.key)
-            context.load_cert_chain(cert, key)
+        _load_chain(context, self.certificate)
         return context
+
+    def reload(self, certificate: Certificate) -> None:
+        """Serve ``certificate`` from the next handshake on, in place: the listening socket
+        and open connections stay. Raises ``ssl.SSLError`` (and changes nothing) for a pair
+        OpenSSL refuses: it is tried on a scratch context first, because a failed load can
+        leave a context half-replaced."""
+        _load_chain(ssl.create_default_context(ssl.Purpose.CLIENT_AUTH), certificate)
+        if self._context is not None:
+            _load_chain(self._context, certificate)
+        self.certificate = certificate
+
+    async def served_fingerprint(self) -> str | None:
+        """SHA-256 of the certificate the port presents right now, read by a TLS handshake
+        with ourselves; None if the handshake fails."""
+        host = self.address
+        if host in ("", "0.0.0.0"):  # noqa: S104 - the wildcard we bind, not one we serve
+            host = "127.0.0.1"
+        elif host == "::":
+            host = "::1"
+        # We read the certificate presented to us; we do not trust it, so nothing to verify.
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        try:
+            _reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, self.port, ssl=context), HANDSHAKE_TIMEOUT
+            )
+        except (OSError, ssl.SSLError, TimeoutError) as error:
+            logger.warning("TLS handshake with our own webhook port failed: %s", error)
+            return None
+        try:
+            ssl_object = writer.get_extra_info("ssl_object")
+            der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError, ssl.SSLError):
+                await writer.wait_closed()
+        return hashlib.sha256(der).hexdigest() if der else None
 
     async def start(self) -> None:
         async def validate(request: web.Request) -> web.Response:
@@ -240,9 +382,136 @@ class AdmissionServer:
         app.router.add_post(PATH, validate)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.address, self.port, ssl_context=self._ssl_context())
+        self._context = self._ssl_context()
+        site = web.TCPSite(self._runner, self.address, self.port, ssl_context=self._context)
         await site.start()
 
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+
+
+class CertificateMonitor:
+    """Keeps one replica's webhook serving the Secret's certificate, and says when it does not.
+
+    :meth:`check` runs at start and then every ``--webhook-certificate-interval`` seconds:
+    read the Secret, act on :func:`plan`, then compare what the port serves (a handshake) with
+    the Secret. ``on_change`` is told of every certificate loaded (the leader points the
+    webhook configuration's CA bundle at it).
+    """
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        endpoint: Endpoint,
+        server: AdmissionServer,
+        *,
+        identity: str,
+        on_change: Callable[[Certificate], Awaitable[None]],
+    ) -> None:
+        self.client, self.endpoint, self.server = client, endpoint, server
+        self.identity = identity
+        self.on_change = on_change
+        self._reported: tuple[str, str | None, str | None] | None = None
+
+    async def check(self) -> bool | None:
+        """One check. True when the port serves the Secret's certificate, False when not,
+        None when the Secret could not be read (the previous verdict stands)."""
+        hosts = self.endpoint.hosts()
+        try:
+            secret = await read_secret(self.client, self.endpoint.namespace)
+        except (ApiError, OSError) as error:
+            logger.warning(
+                "could not read Secret %s to check the webhook certificate: %s",
+                CERT_SECRET,
+                _reason(error),
+            )
+            return None
+        stored = Certificate.from_secret(secret)
+        action, why = plan(stored, self.server.certificate, hosts)
+        if action == "renew":
+            try:
+                stored = await ensure_certificate(self.client, self.endpoint)
+                secret = await read_secret(self.client, self.endpoint.namespace)
+            except (ApiError, OSError, RuntimeError) as error:
+                logger.warning(
+                    "could not renew the webhook certificate (%s): %s", why, _reason(error)
+                )
+                return None
+            action = "keep" if stored == self.server.certificate else "reload"
+        if action == "reload" and stored is not None:
+            previous = self.server.certificate.fingerprint
+            try:
+                self.server.reload(stored)
+            except ssl.SSLError as error:
+                why = f"the certificate in Secret {CERT_SECRET} could not be loaded: {error}"
+            else:
+                why = ""
+                metrics.WEBHOOK_CERT_RELOADS.inc()
+                logger.info(
+                    "webhook now serves the certificate from Secret %s (sha256 %s, was %s)",
+                    CERT_SECRET,
+                    stored.fingerprint,
+                    previous,
+                )
+                await self.on_change(stored)
+        served = await self.server.served_fingerprint()
+        wanted = stored.fingerprint if stored is not None else None
+        expiry = self.server.certificate.not_after()
+        if expiry is not None:
+            metrics.WEBHOOK_CERT_EXPIRY.set(expiry.timestamp())
+        matching = served is not None and served == wanted
+        metrics.WEBHOOK_CERT_MISMATCH.set(0 if matching else 1)
+        if matching:
+            if self._reported is not None:
+                logger.info("webhook serves the certificate of Secret %s again", CERT_SECRET)
+                self._reported = None
+            return True
+        if served is None:
+            why = why or "a TLS handshake with the webhook port failed"
+        why = why or "the webhook port does not serve the Secret's certificate"
+        await self._report(secret, why, served, wanted)
+        return False
+
+    async def _report(
+        self, secret: Secret | None, why: str, served: str | None, wanted: str | None
+    ) -> None:
+        """A log line and a Warning Event, once per distinct situation (the gauge stays)."""
+        key = (why, served, wanted)
+        if key == self._reported:
+            return
+        self._reported = key
+        message = (
+            f"replica {self.identity} serves webhook certificate sha256 {served or 'none'}"
+            f" but Secret {CERT_SECRET} holds sha256 {wanted or 'none'}: {why}; admission"
+            " requests to this replica may fail, and failurePolicy Ignore admits them"
+            " unvalidated"
+        )
+        logger.warning("%s", message)
+        metadata = secret.metadata if secret is not None else None
+        involved = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": CERT_SECRET,
+                "namespace": self.endpoint.namespace,
+                "uid": metadata.uid if metadata is not None else None,
+            },
+        }
+        body = event_body(
+            involved,
+            reason="WebhookCertificateMismatch",
+            message=message,
+            warning=True,
+            component="stateward-operator",
+        )
+        try:
+            await self.client.create(codecs.from_dict(body))
+        except (ApiError, OSError) as error:
+            logger.warning("could not record the certificate mismatch Event: %s", _reason(error))
+
+
+def _reason(error: BaseException) -> str:
+    if isinstance(error, ApiError):
+        return f"{error.status.code} {error.status.reason}: {error.status.message}"
+    return type(error).__name__
