@@ -670,6 +670,12 @@ def test_invalid_specs_are_refused_with_the_field_named(
         ({"backupSchedule": "@every 5m"}, "backupSchedule"),
         ({"version": "9.6"}, "version"),
         ({"postgresql": {"parameters": {"port": "5433"}}}, "parameters"),
+        ({"synchronous": {"mode": "Always"}}, "spec.synchronous.mode"),
+        ({"synchronous": {"number": 0}}, "spec.synchronous.number"),
+        ({"replicas": 2, "synchronous": {"mode": "Required", "number": 2}}, "Required needs"),
+        ({"bootstrap": {"owner": "postgres"}}, "spec.bootstrap.owner"),
+        ({"bootstrap": {"database": "template1"}}, "spec.bootstrap.database"),
+        ({"bootstrap": {"database": "My-App"}}, "spec.bootstrap.database"),
     ]
     for index, (spec, field) in enumerate(cases):
         with pytest.raises(ApiError) as refused:
@@ -693,6 +699,44 @@ def test_immutable_storage_class_and_unknown_fields(
     with pytest.raises(ApiError) as refused:
         patch_cluster(kube, name, namespace, {"spec": {"storageClassName": "other"}})
     assert "storageClassName" in str(refused.value.status.message)
+    with pytest.raises(ApiError) as refused:
+        patch_cluster(kube, name, namespace, {"spec": {"bootstrap": {"database": "other"}}})
+    assert "spec.bootstrap is immutable" in str(refused.value.status.message)
+    # Required with enough standbys is fine, and scaling below what it needs is refused.
+    patch_cluster(kube, name, namespace, {"spec": {"synchronous": {"mode": "Required"}}})
+    with pytest.raises(ApiError) as refused:
+        patch_cluster(kube, name, namespace, {"spec": {"replicas": 1}})
+    assert "Required needs spec.replicas" in str(refused.value.status.message)
+
+
+def test_a_switchover_request_that_cannot_be_served_is_answered_and_consumed(
+    kube: Client, namespace: str, make_cluster: MakeCluster
+) -> None:
+    # On simulated nodes no replica streams (no Patroni runs), so no switchover can happen:
+    # the request is refused in status and an Event, and its annotation removed.
+    name = make_cluster()
+    wait_phase(kube, name, namespace, "Ready", timeout=120)
+    for target, words in ((f"{name}-7", "names no instance"), ("any", "no ready, streaming")):
+        kube.patch(
+            PostgresClusterResource,
+            name,
+            {"metadata": {"annotations": {"stateward.io/switchover": target}}},
+            namespace=namespace,
+            patch_type=PatchType.MERGE,
+        )
+        record = wait_for(
+            lambda target=target: (
+                (obj := get_pgc(kube, name, namespace))
+                and "stateward.io/switchover" not in (obj["metadata"].get("annotations") or {})
+                and (obj.get("status") or {}).get("switchover", {}).get("target") == target
+                and obj["status"]["switchover"]
+            ),
+            what=f"the switchover request for {target} to be answered",
+        )
+        assert record["phase"] == "Failed" and words in record["message"], record
+        assert record["fromPod"] == f"{name}-0"
+    assert any(e.startswith("SwitchoverFailed") for e in events(kube, namespace, name))
+    assert get_pgc(kube, name, namespace)["status"]["primaryPod"] == f"{name}-0"
 
 
 def test_unknown_fields_are_refused_by_kubectl(
