@@ -34,7 +34,7 @@ from stateward.cli.run import (
 )
 from stateward.local import binaries
 from stateward.local.cluster import LocalCluster
-from tests.integration.conftest import RESYNC_SECONDS, get_pgc, wait_leading
+from tests.integration.conftest import RESYNC_SECONDS, get_pgc, metric, wait_leading
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -445,7 +445,7 @@ class Writer:
 
 
 def test_a_switchover_on_request_moves_the_primary_without_losing_an_acknowledged_write(
-    real_cluster: LocalCluster, client: Client, ns: str
+    real_cluster: LocalCluster, client: Client, ns: str, real_operator: OperatorProcess
 ) -> None:
     create_cluster(client, ns, "sw", replicas=3)
     ready(client, ns, "sw")
@@ -474,6 +474,8 @@ def test_a_switchover_on_request_moves_the_primary_without_losing_an_acknowledge
     assert writer.missing_on(real_cluster, ns, new) == set()
     print(f"switchover write downtime: {writer.longest_gap():.2f}s")
     assert {"SwitchoverStarted", "SwitchedOver"} <= set(event_reasons(client, ns))
+    port = real_operator.probe_port
+    assert metric(port, "stateward_events_total", 'reason="SwitchedOver"') >= 1
 
     # A request naming no instance is refused in status and an Event, and consumed.
     started = now_stamp()

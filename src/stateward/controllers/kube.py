@@ -69,11 +69,13 @@ class Kube:
         *,
         may_write: Callable[[], bool] = lambda: True,
         on_write: Callable[[str, str], None] = lambda verb, kind: None,
+        on_event: Callable[[str, str], None] = lambda reason, type: None,
         component: str = "stateward-operator",
     ) -> None:
         self.client = client
         self.may_write = may_write
         self.on_write = on_write
+        self.on_event = on_event
         self.component = component
 
     def _guard(self, verb: str, kind: str) -> None:
@@ -198,6 +200,7 @@ class Kube:
                 involved, reason=reason, message=message, warning=warning, component=self.component
             )
         )
+        self.on_event(reason, "Warning" if warning else "Normal")
 
 
 def event_body(

@@ -31,6 +31,13 @@ API_WRITES = Counter(
     ["verb", "kind"],
     registry=REGISTRY,
 )
+EVENTS = Counter(
+    "stateward_events_total",
+    "Events recorded on PostgresClusters, by reason (Failover, SwitchedOver,"
+    " SwitchoverFailed, InstanceRestarted, ...) and type",
+    ["reason", "type"],
+    registry=REGISTRY,
+)
 LEADER = Gauge(
     "stateward_leader",
     "1 while this process holds the leader Lease",

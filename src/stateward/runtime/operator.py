@@ -103,6 +103,7 @@ class Operator:
             client,
             may_write=self.elector.is_leader,
             on_write=lambda verb, kind: metrics.API_WRITES.labels(verb, kind).inc(),
+            on_event=lambda reason, type: metrics.EVENTS.labels(reason, type).inc(),
         )
         self.store = ObjectStore()
         self.reconciler = Reconciler(self.kube, self.store)
