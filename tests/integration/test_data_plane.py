@@ -513,6 +513,43 @@ def test_a_switchover_on_request_moves_the_primary_without_losing_an_acknowledge
     ready(client, ns, "sw", timeout=120)
 
 
+def test_a_rolling_update_switches_over_before_it_replaces_the_primary(
+    real_cluster: LocalCluster, client: Client, ns: str
+) -> None:
+    create_cluster(client, ns, "roll", replicas=2)
+    ready(client, ns, "roll")
+    wait_for(
+        lambda: sorted(roles(client, ns, "roll").values()) == ["primary", "sync_standby"],
+        what="a synchronous standby",
+        timeout=90,
+    )
+    old = status_of(client, ns, "roll")["primaryPod"]
+    uids = {p.metadata.name: p.metadata.uid for p in client.list(Pod, namespace=ns)}  # type: ignore[union-attr]
+    with Writer(client, ns, "roll", 2) as writer:
+        # A pod template change (as a minor version update is): every pod is replaced.
+        client.patch(
+            PostgresClusterResource,
+            "roll",
+            {"spec": {"resources": {"requests": {"memory": "64Mi"}}}},
+            namespace=ns,
+            patch_type=PatchType.MERGE,
+        )
+
+        def replaced() -> bool:
+            pods = {p.metadata.name: p.metadata.uid for p in client.list(Pod, namespace=ns)}  # type: ignore[union-attr]
+            return len(pods) == 2 and all(pods.get(n) not in (None, u) for n, u in uids.items())
+
+        wait_for(replaced, what="both pods to be replaced", timeout=300, interval=1)
+        ready(client, ns, "roll", timeout=180)
+        done = len(writer.acknowledged)
+        wait_for(lambda: len(writer.acknowledged) > done + 5, what="writes after the roll")
+    status = status_of(client, ns, "roll")
+    assert status["switchover"]["reason"] == "RollingUpdate"
+    assert status["switchover"]["fromPod"] == old and status["primaryPod"] != old
+    assert writer.missing_on(real_cluster, ns, status["primaryPod"]) == set()
+    print(f"rolling update write downtime: {writer.longest_gap():.2f}s")
+
+
 def test_scaling_3_to_5_to_2_keeps_the_data_and_never_removes_the_primary(
     real_cluster: LocalCluster, client: Client, ns: str
 ) -> None:
