@@ -8,6 +8,7 @@ backup (`stateward-instance backup` is not written yet), so their namespaces can
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import os
 import subprocess
@@ -394,18 +395,23 @@ class Writer:
     acknowledged and when."""
 
     def __init__(self, client: Client, ns: str, name: str, replicas: int) -> None:
-        pods = [client.get(Pod, f"{name}-{i}", namespace=ns) for i in range(replicas)]
-        hosts = ",".join(p.status.podIP for p in pods if p.status and p.status.podIP)
+        self.client, self.ns, self.name = client, ns, name
         secret = client.get(Secret, f"{name}-superuser", namespace=ns)
         password = base64.b64decode((secret.data or {})["password"]).decode()
-        self.dsn = (
-            f"host={hosts} port=5432 dbname=postgres user=postgres connect_timeout=2"
-            " target_session_attrs=read-write"
-        )
         self.env = {**os.environ, "PGPASSWORD": password}
+        self.dsn = self._dsn()
         self.acknowledged: list[tuple[int, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _dsn(self) -> str:
+        """Every instance's address: pods replaced in a rolling update get new ones."""
+        pods = self.client.list(Pod, namespace=self.ns, labels={"stateward.io/cluster": self.name})
+        hosts = ",".join(p.status.podIP for p in pods if p.status and p.status.podIP)
+        return (
+            f"host={hosts} port=5432 dbname=postgres user=postgres connect_timeout=2"
+            " target_session_attrs=read-write"
+        )
 
     def run(self, statement: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -423,6 +429,9 @@ class Writer:
             n += 1
             if self.run(f"insert into w values ({n:d})").stdout.strip() == "INSERT 0 1":  # noqa: S608
                 self.acknowledged.append((n, time.monotonic()))
+            else:
+                with contextlib.suppress(ApiError, OSError):
+                    self.dsn = self._dsn()
 
     def __enter__(self) -> Writer:
         assert self.run("create table if not exists w (n int primary key)").returncode == 0
