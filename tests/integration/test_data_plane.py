@@ -394,7 +394,7 @@ class Writer:
     ``target_session_attrs=read-write`` over every pod address), recording which commits were
     acknowledged and when."""
 
-    def __init__(self, client: Client, ns: str, name: str, replicas: int) -> None:
+    def __init__(self, client: Client, ns: str, name: str) -> None:
         self.client, self.ns, self.name = client, ns, name
         secret = client.get(Secret, f"{name}-superuser", namespace=ns)
         password = base64.b64decode((secret.data or {})["password"]).decode()
@@ -470,7 +470,7 @@ def test_a_switchover_on_request_moves_the_primary_without_losing_an_acknowledge
     assert standby in sql(real_cluster, ns, old, "show synchronous_standby_names")
     assert all(i.get("timeline", 0) >= 1 for i in status["instances"])
 
-    with Writer(client, ns, "sw", 3) as writer:
+    with Writer(client, ns, "sw") as writer:
         started = now_stamp()
         annotate(client, ns, "sw", "any")
         record = switchover_done(client, ns, "sw", started)
@@ -534,7 +534,7 @@ def test_a_rolling_update_switches_over_before_it_replaces_the_primary(
     )
     old = status_of(client, ns, "roll")["primaryPod"]
     uids = {p.metadata.name: p.metadata.uid for p in client.list(Pod, namespace=ns)}  # type: ignore[union-attr]
-    with Writer(client, ns, "roll", 2) as writer:
+    with Writer(client, ns, "roll") as writer:
         # A pod template change (as a minor version update is): every pod is replaced.
         client.patch(
             PostgresClusterResource,
