@@ -81,11 +81,13 @@ class DataPlane:
         self._applied: dict[tuple[str, str], tuple[str, str]] = {}
         self._sync_seen: dict[tuple[str, str], tuple[str, frozenset[str]]] = {}
         self._restarting: dict[tuple[str, str], tuple[str, float]] = {}
+        self._primaries: dict[tuple[str, str], str] = {}
 
     def forget(self, key: tuple[str, str]) -> None:
         self._applied.pop(key, None)
         self._sync_seen.pop(key, None)
         self._restarting.pop(key, None)
+        self._primaries.pop(key, None)
 
     # --- dynamic configuration -----------------------------------------------------------
 
@@ -168,13 +170,21 @@ class DataPlane:
 
     async def report_failover(self, scope: Scope) -> str | None:
         """A change of primary nobody planned is Patroni's failover: say so in an Event and
-        ``status.lastFailover``. (A switchover in progress from the same primary is planned.)"""
-        previous = (scope.body.get("status") or {}).get("primaryPod")
+        ``status.lastFailover``. (A switchover in progress from the same primary is planned.)
+
+        The last primary seen is remembered per cluster: while a primary's pod is gone, the
+        status names no primary at all, so the status alone cannot tell the change. A new
+        process starts from the status."""
+        key = (scope.cluster.namespace, scope.cluster.name)
         leader = m.primary(scope.members)
-        if previous is None or leader is None or leader.name == previous:
+        if leader is None:
+            return None
+        previous = self._primaries.get(key) or (scope.body.get("status") or {}).get("primaryPod")
+        self._primaries[key] = leader.name
+        if previous is None or leader.name == previous:
             return None
         current = scope.switchover or {}
-        if current.get("phase") == RUNNING and current.get("fromPod") == previous:
+        if current.get("fromPod") == previous and current.get("phase") == RUNNING:
             return None
         record: dict[str, Any] = {
             "fromPod": previous,
