@@ -1,0 +1,366 @@
+"""``kubectl stateward``: operate PostgresClusters from kubectl, in the manner of ``kubectl cnpg``.
+
+Installed as the console script ``kubectl-stateward``, which kubectl finds on PATH. It talks to
+the cluster kubectl would (``$KUBECONFIG`` or ``~/.kube/config``, ``--kubeconfig`` and
+``--context`` to choose), and never prints a password: ``psql`` connects through the pod's
+own socket, where the superuser needs none.
+
+* ``status NAME``: a readable report — phase, instances with role, state, timeline and lag,
+  the last switchover and failover, backups, conditions, recent Events;
+* ``switchover NAME [--to POD]``: request a switchover and wait for its outcome;
+* ``psql NAME [--replica] [-- ARGS]``: a psql shell on the primary (or a replica);
+* ``logs NAME``: every instance's log, each line prefixed with its pod.
+
+Errors (no such cluster, no permission, no primary) are one line and exit code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from lightkube import ApiError, Client
+from lightkube.config.kubeconfig import KubeConfig
+from lightkube.resources.core_v1 import Event, Pod
+from lightkube.types import PatchType
+
+from stateward.api import v1alpha1
+from stateward.controllers.kube import PostgresClusterResource
+from stateward.specs import meta, statefulset
+
+PROGRAM = "kubectl stateward"
+
+
+class PluginError(Exception):
+    """What went wrong, in one line for the user."""
+
+
+def _client(args: argparse.Namespace) -> tuple[Client, str]:
+    try:
+        config = KubeConfig.from_file(args.kubeconfig) if args.kubeconfig else KubeConfig.from_env()
+        single = config.get(args.context)
+    except Exception as error:  # lightkube raises several types for a missing/bad config
+        raise PluginError(f"no usable kubeconfig: {error}") from None
+    if single is None:
+        raise PluginError(f"kubeconfig has no context {args.context!r}")
+    namespace = args.namespace or single.namespace or "default"
+    return Client(config=single, field_manager="kubectl-stateward"), namespace
+
+
+def _explain(error: ApiError, what: str) -> PluginError:
+    code = error.status.code
+    if code == 404:
+        return PluginError(f"{what} not found")
+    if code == 403:
+        return PluginError(f"no permission: {error.status.message}")
+    return PluginError(f"{what}: the API server said {code} {error.status.message}")
+
+
+def get_cluster(client: Client, name: str, namespace: str) -> dict[str, Any]:
+    try:
+        found: dict[str, Any] = client.get(
+            PostgresClusterResource, name, namespace=namespace
+        ).to_dict()  # type: ignore[no-untyped-call]
+    except ApiError as error:
+        raise _explain(error, f"postgrescluster {name!r} in namespace {namespace!r}") from None
+    return found
+
+
+# --- status ----------------------------------------------------------------------------------
+
+
+def _ago(stamp: str | None, now: datetime.datetime) -> str:
+    if not stamp:
+        return "-"
+    then = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    seconds = int((now - then).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit} ago"
+    return f"{max(seconds, 0)}s ago"
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+
+
+def report(
+    obj: dict[str, Any], events: Sequence[dict[str, Any]], *, now: datetime.datetime
+) -> list[str]:
+    """The ``status`` report of one cluster (pure: the object and its Events in, lines out)."""
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    name, namespace = obj["metadata"]["name"], obj["metadata"].get("namespace", "default")
+    sync = (spec.get("synchronous") or {}).get("mode", "Preferred")
+    lines = [
+        f"PostgresCluster {namespace}/{name}: {status.get('phase', 'Pending')}",
+        f"  PostgreSQL {spec.get('version', '?')}, {status.get('readyReplicas', 0)}/"
+        f"{spec.get('replicas', '?')} instances ready, primary"
+        f" {status.get('primaryPod') or '-'}, synchronous replication {sync}",
+        "",
+        "Instances:",
+    ]
+    instances = status.get("instances") or []
+    if instances:
+        rows = [["NAME", "ROLE", "STATE", "TIMELINE", "LAG"]]
+        for i in instances:
+            lag = i.get("lagBytes")
+            rows.append(
+                [
+                    i["name"],
+                    i.get("role", "-"),
+                    i.get("state", "-"),
+                    str(i.get("timeline", "-")),
+                    "-" if lag is None else f"{lag} B",
+                ]
+            )
+        lines += _table(rows)
+    else:
+        lines.append("  none reported yet")
+    switchover = status.get("switchover")
+    if switchover:
+        lines += [
+            "",
+            f"Switchover: {switchover.get('phase')} ({switchover.get('reason')}) from"
+            f" {switchover.get('fromPod')} to {switchover.get('target')},"
+            f" {_ago(switchover.get('startedAt'), now)}"
+            + (f": {switchover['message']}" if switchover.get("message") else ""),
+        ]
+    failover = status.get("lastFailover")
+    if failover:
+        lines.append(
+            f"Last failover: {failover.get('fromPod')} -> {failover.get('toPod')},"
+            f" {_ago(failover.get('detectedAt'), now)}"
+        )
+    lines += [
+        "",
+        f"Backups: schedule {spec.get('backupSchedule') or 'none'}, last"
+        f" {_ago(status.get('lastBackupTime'), now)}",
+    ]
+    if status.get("pendingRestart"):
+        lines.append(f"Pending restart: {', '.join(status['pendingRestart'])}")
+    conditions = status.get("conditions") or []
+    if conditions:
+        lines += ["", "Conditions:"]
+        lines += _table(
+            [["TYPE", "STATUS", "REASON", "MESSAGE"]]
+            + [
+                [c["type"], c["status"], c.get("reason", ""), c.get("message", "")]
+                for c in conditions
+            ]
+        )
+    recent = sorted(events, key=lambda e: e.get("lastTimestamp") or "")[-8:]
+    if recent:
+        lines += ["", "Recent events:"]
+        lines += _table(
+            [["AGE", "TYPE", "REASON", "MESSAGE"]]
+            + [
+                [
+                    _ago(e.get("lastTimestamp"), now),
+                    e.get("type") or "",
+                    e.get("reason") or "",
+                    e.get("message") or "",
+                ]
+                for e in recent
+            ]
+        )
+    return lines
+
+
+def _events(client: Client, name: str, namespace: str) -> list[dict[str, Any]]:
+    found = client.list(Event, namespace=namespace, fields={"involvedObject.name": name})
+    return [
+        {
+            "lastTimestamp": (e.lastTimestamp or e.eventTime or e.metadata.creationTimestamp)
+            and str((e.lastTimestamp or e.eventTime or e.metadata.creationTimestamp).isoformat()),  # type: ignore[union-attr]
+            "type": e.type,
+            "reason": e.reason,
+            "message": e.message,
+        }
+        for e in found
+    ]
+
+
+def status_command(args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    client, namespace = _client(args)
+    obj = get_cluster(client, args.name, namespace)
+    for line in report(obj, _events(client, args.name, namespace), now=_now()):
+        out(line)
+    return 0
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+# --- switchover ------------------------------------------------------------------------------
+
+
+def switchover_command(args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    client, namespace = _client(args)
+    obj = get_cluster(client, args.name, namespace)
+    target = args.to or "any"
+    before = ((obj.get("status") or {}).get("switchover") or {}).get("startedAt", "")
+    try:
+        client.patch(
+            PostgresClusterResource,
+            args.name,
+            {"metadata": {"annotations": {v1alpha1.SWITCHOVER_ANNOTATION: target}}},
+            namespace=namespace,
+            patch_type=PatchType.MERGE,
+        )
+    except ApiError as error:
+        raise _explain(error, f"postgrescluster {args.name!r}") from None
+    out(f"switchover of {namespace}/{args.name} to {target} requested")
+    if not args.wait:
+        return 0
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        obj = get_cluster(client, args.name, namespace)
+        record = (obj.get("status") or {}).get("switchover") or {}
+        pending = v1alpha1.SWITCHOVER_ANNOTATION in (obj["metadata"].get("annotations") or {})
+        if (
+            not pending
+            and record.get("startedAt", "") >= before
+            and record.get("phase")
+            in (
+                "Succeeded",
+                "Failed",
+            )
+        ):
+            out(f"switchover {record['phase'].lower()}: {record.get('message', '')}")
+            return 0 if record["phase"] == "Succeeded" else 1
+        time.sleep(0.5)
+    raise PluginError(f"no outcome within {args.timeout:.0f}s; `{PROGRAM} status {args.name}`")
+
+
+# --- psql and logs ---------------------------------------------------------------------------
+
+
+def _instances(client: Client, name: str, namespace: str) -> list[Pod]:
+    return list(
+        client.list(
+            Pod,
+            namespace=namespace,
+            labels={meta.CLUSTER_LABEL: name, meta.COMPONENT_LABEL: meta.INSTANCE_COMPONENT},
+        )
+    )
+
+
+def choose_pod(status: dict[str, Any], *, replica: bool) -> str:
+    if replica:
+        replicas = status.get("replicaPods") or []
+        if not replicas:
+            raise PluginError("the cluster has no replica")
+        return str(replicas[0])
+    primary = status.get("primaryPod")
+    if not primary:
+        raise PluginError("the cluster has no primary right now (a failover may be under way)")
+    return str(primary)
+
+
+def psql_command(args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    client, namespace = _client(args)
+    obj = get_cluster(client, args.name, namespace)
+    pod = choose_pod(obj.get("status") or {}, replica=args.replica)
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        raise PluginError("kubectl is not on PATH")
+    argv = [kubectl]
+    if args.kubeconfig:
+        argv.append(f"--kubeconfig={args.kubeconfig}")
+    if args.context:
+        argv.append(f"--context={args.context}")
+    argv += ["exec", "-it", "-n", namespace, pod, "-c", statefulset.CONTAINER_NAME, "--"]
+    argv += ["psql", "-h", "/var/run/postgresql", "-U", "postgres", *args.psql_args]
+    os.execv(kubectl, argv)  # noqa: S606 - no shell; replaces this process
+    return 0  # not reached
+
+
+def logs_command(args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    client, namespace = _client(args)
+    get_cluster(client, args.name, namespace)
+    for pod in _instances(client, args.name, namespace):
+        pod_name = str(pod.metadata.name)  # type: ignore[union-attr]
+        try:
+            for line in client.log(
+                pod_name,
+                namespace=namespace,
+                container=statefulset.CONTAINER_NAME,
+                tail_lines=args.tail,
+            ):
+                out(f"[{pod_name}] {line.rstrip()}")
+        except ApiError as error:
+            out(f"[{pod_name}] (no log: {error.status.message})")
+    return 0
+
+
+# --- entry point -----------------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog=PROGRAM, description="Operate Stateward PostgresClusters.")
+    top.add_argument("-n", "--namespace", help="namespace (default: the context's)")
+    top.add_argument(
+        "--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)"
+    )
+    top.add_argument("--context", help="kubeconfig context")
+    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    status = commands.add_parser("status", help="a readable report of one cluster")
+    status.add_argument("name")
+    switchover = commands.add_parser("switchover", help="move the primary to another instance")
+    switchover.add_argument("name")
+    switchover.add_argument("--to", metavar="POD", help="the pod to promote (default: the best)")
+    switchover.add_argument("--no-wait", dest="wait", action="store_false", help="do not wait")
+    switchover.add_argument("--timeout", type=float, default=120, help="seconds to wait (120)")
+    psql = commands.add_parser(
+        "psql", help="a psql shell on the primary (or a replica); psql arguments after --"
+    )
+    psql.add_argument("name")
+    psql.add_argument("--replica", action="store_true", help="connect to a replica")
+    logs = commands.add_parser("logs", help="every instance's log, prefixed with its pod")
+    logs.add_argument("name")
+    logs.add_argument("--tail", type=int, default=100, help="lines per instance (100)")
+    return top
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, Callable[[str], None]], int]] = {
+    "status": status_command,
+    "switchover": switchover_command,
+    "psql": psql_command,
+    "logs": logs_command,
+}
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    """The flags; what follows ``--`` goes to psql untouched."""
+    argv = list(argv)
+    extra: list[str] = []
+    if "--" in argv:
+        extra = argv[argv.index("--") + 1 :]
+        argv = argv[: argv.index("--")]
+    args = parser().parse_args(argv)
+    args.psql_args = extra
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    try:
+        return COMMANDS[args.command](args, lambda line: print(line, flush=True))
+    except PluginError as error:
+        print(f"{PROGRAM}: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""``kubectl stateward``: the pure parts (the report, choosing a pod, the flags)."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+
+from stateward.cli import plugin
+
+pytestmark = pytest.mark.unit
+
+NOW = datetime.datetime(2026, 12, 2, 12, 0, 0, tzinfo=datetime.UTC)
+
+
+def cluster() -> dict[str, object]:
+    return {
+        "metadata": {"name": "orders", "namespace": "shop"},
+        "spec": {"version": "15", "replicas": 3, "backupSchedule": "0 3 * * *"},
+        "status": {
+            "phase": "Ready",
+            "readyReplicas": 3,
+            "primaryPod": "orders-1",
+            "replicaPods": ["orders-0", "orders-2"],
+            "instances": [
+                {"name": "orders-0", "role": "sync_standby", "state": "streaming", "timeline": 2,
+                 "lagBytes": 0},
+                {"name": "orders-1", "role": "primary", "state": "running", "timeline": 2},
+                {"name": "orders-2", "role": "replica", "state": "streaming", "timeline": 2,
+                 "lagBytes": 4096},
+            ],
+            "switchover": {"phase": "Succeeded", "reason": "Requested", "fromPod": "orders-0",
+                           "target": "orders-1", "startedAt": "2026-12-02T11:58:00Z",
+                           "message": "orders-1 is the primary"},
+            "lastFailover": {"fromPod": "orders-2", "toPod": "orders-0",
+                             "detectedAt": "2026-12-01T12:00:00Z"},
+            "conditions": [{"type": "Ready", "status": "True", "reason": "AllInstancesReady",
+                            "message": "3/3 ready, primary orders-1"}],
+        },
+    }  # fmt: skip
+
+
+def test_the_report_tells_the_story_at_a_glance() -> None:
+    events = [
+        {"lastTimestamp": "2026-12-02T11:58:03Z", "type": "Normal", "reason": "SwitchedOver",
+         "message": "Switched over from orders-0 to orders-1"},
+    ]  # fmt: skip
+    text = "\n".join(plugin.report(cluster(), events, now=NOW))
+    assert text.startswith("PostgresCluster shop/orders: Ready")
+    assert "3/3 instances ready, primary orders-1, synchronous replication Preferred" in text
+    assert "orders-2  replica       streaming  2         4096 B" in text
+    assert "Switchover: Succeeded (Requested) from orders-0 to orders-1, 2m ago" in text
+    assert "Last failover: orders-2 -> orders-0, 1d ago" in text
+    assert "Backups: schedule 0 3 * * *, last -" in text
+    assert "AllInstancesReady" in text and "SwitchedOver" in text
+
+
+def test_a_new_cluster_reports_without_instances() -> None:
+    text = plugin.report(
+        {"metadata": {"name": "x"}, "spec": {"replicas": 1}, "status": {}}, [], now=NOW
+    )
+    assert text[0] == "PostgresCluster default/x: Pending"
+    assert "  none reported yet" in text
+
+
+def test_psql_goes_to_the_primary_or_a_replica_and_says_when_there_is_none() -> None:
+    status = cluster()["status"]
+    assert isinstance(status, dict)
+    assert plugin.choose_pod(status, replica=False) == "orders-1"
+    assert plugin.choose_pod(status, replica=True) == "orders-0"
+    with pytest.raises(plugin.PluginError, match="no primary"):
+        plugin.choose_pod({}, replica=False)
+    with pytest.raises(plugin.PluginError, match="no replica"):
+        plugin.choose_pod({"primaryPod": "a-0"}, replica=True)
+
+
+def test_the_flags() -> None:
+    args = plugin.parser().parse_args(["-n", "shop", "switchover", "orders", "--to", "orders-2"])
+    assert (args.namespace, args.command, args.name, args.to, args.wait) == (
+        "shop",
+        "switchover",
+        "orders",
+        "orders-2",
+        True,
+    )
+    args = plugin.parse(["psql", "orders", "--replica", "--", "-c", "select 1", "--echo-all"])
+    assert args.replica and args.psql_args == ["-c", "select 1", "--echo-all"]
