@@ -76,6 +76,7 @@ def test_the_installed_commands_start(venv_bin: Path, elsewhere: Path) -> None:
     assert where.stdout.startswith(str(venv_bin.parent)), "imported from the venv, not the checkout"
     assert "operator" in run(venv_bin, elsewhere, "stateward", "--help").stdout
     assert run(venv_bin, elsewhere, "stateward-instance", "--help").stdout
+    assert "switchover" in run(venv_bin, elsewhere, "kubectl-stateward", "--help").stdout
 
 
 def test_the_installed_manifests_are_the_committed_ones(venv_bin: Path, elsewhere: Path) -> None:
