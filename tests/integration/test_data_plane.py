@@ -255,7 +255,6 @@ def test_three_instances_replicate_and_a_replica_takes_over_when_the_primary_pod
         timeout=60,
     )
     assert (failover["fromPod"], failover["toPod"]) == (primary, promoted)
-    assert failover.get("timeline", 0) >= 2
     assert "Failover" in event_reasons(client, ns)
     # psql prints every statement's result, so write and count in separate calls.
     assert sql(real_cluster, ns, promoted, "insert into t values (101)") == "INSERT 0 1"
@@ -600,7 +599,8 @@ def test_scaling_3_to_5_to_2_keeps_the_data_and_never_removes_the_primary(
         lambda: (
             (s := status_of(client, ns, "sc")).get("phase") == "Ready"
             and s.get("readyReplicas") == 2
-            and len(client.list(Pod, namespace=ns, labels={"stateward.io/cluster": "sc"})) == 2
+            and len(list(client.list(Pod, namespace=ns, labels={"stateward.io/cluster": "sc"})))
+            == 2
         ),
         what="the cluster to be Ready with 2 instances",
         timeout=240,

@@ -242,6 +242,7 @@ def test_status_is_complete(schema: dict[str, Any]) -> None:
         "instances",
         "switchover",
         "lastFailover",
+        "rollingRestart",
     }
     assert "required" not in status
     condition = at(schema, "status.conditions.[]")

@@ -246,8 +246,21 @@ class FailoverStatus(_Model):
     detected_at: str
     """When the operator saw the new primary."""
 
-    timeline: int | None = None
-    """The new primary's timeline."""
+
+class RollingRestartStatus(_Model):
+    """A restart rolled through every instance because a parameter needs one."""
+
+    configuration: str
+    """Which parameter set it is for (a digest of the parameters)."""
+
+    phase: SwitchoverPhase
+    """Running, then Succeeded."""
+
+    restarted: list[str] = Field(default_factory=list)
+    """Instances already restarted."""
+
+    started_at: str
+    finished_at: str | None = None
 
 
 class PostgresClusterStatus(_Model):
@@ -290,6 +303,9 @@ class PostgresClusterStatus(_Model):
 
     last_failover: FailoverStatus | None = None
     """The last failover the operator saw."""
+
+    rolling_restart: RollingRestartStatus | None = None
+    """The running or last restart rolled for a parameter change."""
 
 
 class PostgresCluster(_Model):

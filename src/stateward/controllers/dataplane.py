@@ -11,8 +11,8 @@ a restarted operator continues it instead of starting another.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
-import time
 from typing import TYPE_CHECKING, Any
 
 from stateward.api import v1alpha1
@@ -28,8 +28,6 @@ SWITCHOVER_TIMEOUT = 120.0
 """A switchover not observed complete by then is reported failed (Patroni gives up sooner)."""
 RETRY_AFTER = 15.0
 """A failed automatic switchover (rolling update, scale-down) is retried after this long."""
-RESTART_GRACE = 60.0
-"""After asking a member to restart, how long its old pending flag is believed stale."""
 
 RUNNING = v1alpha1.SwitchoverPhase.RUNNING.value
 SUCCEEDED = v1alpha1.SwitchoverPhase.SUCCEEDED.value
@@ -80,13 +78,11 @@ class DataPlane:
     def __init__(self) -> None:
         self._applied: dict[tuple[str, str], tuple[str, str]] = {}
         self._sync_seen: dict[tuple[str, str], tuple[str, frozenset[str]]] = {}
-        self._restarting: dict[tuple[str, str], tuple[str, float]] = {}
         self._primaries: dict[tuple[str, str], str] = {}
 
     def forget(self, key: tuple[str, str]) -> None:
         self._applied.pop(key, None)
         self._sync_seen.pop(key, None)
-        self._restarting.pop(key, None)
         self._primaries.pop(key, None)
 
     # --- dynamic configuration -----------------------------------------------------------
@@ -191,13 +187,10 @@ class DataPlane:
             "toPod": leader.name,
             "detectedAt": scope.now,
         }
-        if leader.timeline:
-            record["timeline"] = leader.timeline
         scope.last_failover = record
-        timeline = f" (timeline {leader.timeline})" if leader.timeline else ""
         await scope.event(
             "Failover",
-            f"Primary {previous} was lost; Patroni promoted {leader.name}{timeline}",
+            f"Primary {previous} was lost; Patroni promoted {leader.name}",
             warning=True,
         )
         return f"failover from {previous} to {leader.name}"
@@ -276,52 +269,69 @@ class DataPlane:
     # --- restarts ------------------------------------------------------------------------
 
     async def restart_pending(self, scope: Scope) -> str | None:
-        """Restart instances whose parameters wait for a restart: replicas one at a time,
-        then a switchover so the old primary restarts as a replica. A lone primary restarts
-        in place (there is no one to hand over to)."""
-        pending = [x for x in scope.members if x.pending_restart]
+        """Roll a restart through the cluster when a parameter waits for one: every instance
+        once, replicas first (one at a time), then a switchover so the old primary restarts
+        as a replica. A lone primary restarts in place (there is no one to hand over to).
+
+        Patroni's pending flag only starts it: Patroni can drop the flag of a member that
+        still runs the old value (a later reload that changes nothing clears it), so the roll
+        itself is tracked in ``status.rollingRestart`` — the configuration it is for and the
+        instances already restarted — and a restarted operator continues it.
+        """
         running = scope.switchover is not None and scope.switchover.get("phase") == RUNNING
-        if not pending or running:
+        if running:
             return None
-        key = (scope.cluster.namespace, scope.cluster.name)
+        wanted = _configuration_key(scope.cluster)
+        roll = scope.rolling_restart
+        if roll is None or roll.get("configuration") != wanted:
+            if not any(x.pending_restart for x in scope.members):
+                return None
+            roll = {"configuration": wanted, "phase": RUNNING, "restarted": [],
+                    "startedAt": scope.now}  # fmt: skip
+            scope.rolling_restart = roll
+            await scope.event(
+                "RollingRestart", "A parameter needs a restart: restarting every instance,"
+                " replicas first, then the primary after a switchover",
+            )  # fmt: skip
+        if roll.get("phase") != RUNNING:
+            return None
         everyone = scope.members
         if len(everyone) != scope.cluster.spec.replicas or not all(x.ready for x in everyone):
-            return None
-        busy = self._restarting.get(key)
-        if (
-            busy is not None
-            and time.monotonic() - busy[1] < RESTART_GRACE
-            and any(x.uid == busy[0] for x in pending)
-        ):
             scope.requeue(RECHECK)
-            return "waiting for a restarted instance to report"
-        replicas = sorted((x for x in pending if not x.is_primary), key=lambda x: x.ordinal)
-        leader = m.primary(everyone)
-        if replicas:
-            victim = replicas[0]
-        elif leader is not None and leader.pending_restart:
-            if any(x.streaming for x in everyone):
-                return await start_switchover(scope, "Restart")
-            victim = leader
-        else:
-            return None
+            return "rolling restart waits for every instance to be ready"
+        done = set(roll.get("restarted") or [])
+        left = sorted((x for x in everyone if x.name not in done), key=lambda x: x.ordinal)
+        if not left:
+            scope.rolling_restart = {**roll, "phase": SUCCEEDED, "finishedAt": scope.now}
+            await scope.event("RollingRestartDone", "Every instance runs the new parameters")
+            return "rolling restart done"
+        victim = next((x for x in left if not x.is_primary), left[0])
+        if victim.is_primary and any(x.streaming for x in everyone):
+            return await start_switchover(scope, "Restart")
         if not victim.address:
             return None
         code, text = await scope.kube.post_patroni(
             victim.address, patroni.RESTAPI_PORT, "/restart", {}, wait=120
         )
-        self._restarting[key] = (victim.uid, time.monotonic())
         scope.requeue(RECHECK)
-        role = "primary, in place: no replica to switch over to" if victim.is_primary else "replica"
         if code >= 400:
             await scope.event(
                 "RestartFailed", f"Patroni refused to restart {victim.name}: {text}", warning=True
             )
+            scope.requeue(RECHECK * 5)
             return f"restart of {victim.name} refused"
+        scope.rolling_restart = {**roll, "restarted": sorted(done | {victim.name})}
+        role = "primary, in place: no replica to switch over to" if victim.is_primary else "replica"
         await scope.event(
             "InstanceRestarted", f"Restarted {victim.name} ({role}) to apply pending parameters"
         )
         return f"restarted {victim.name} for pending parameters"
+
+
+def _configuration_key(cluster: v1alpha1.PostgresCluster) -> str:
+    """Which parameter set a rolling restart is for (short, stable across processes)."""
+    text = json.dumps(patroni.parameters(cluster), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _record(scope: Scope, phase: str, source: str, target: str, reason: str) -> dict[str, Any]:

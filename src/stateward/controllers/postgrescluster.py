@@ -78,6 +78,8 @@ class Scope:
     """``status.switchover``: read at the start, updated by the switchover phases."""
     last_failover: dict[str, Any] | None = None
     """``status.lastFailover``: read at the start, replaced when a failover is seen."""
+    rolling_restart: dict[str, Any] | None = None
+    """``status.rollingRestart``: the restart being rolled for a parameter change."""
     sync: frozenset[str] = frozenset()
     """The synchronous standbys, as Patroni last recorded them."""
     scale_down_to: int | None = None
@@ -152,6 +154,7 @@ class Reconciler:
             final_backup_attempts=(body.get("status") or {}).get("finalBackupAttempts"),
             switchover=(body.get("status") or {}).get("switchover"),
             last_failover=(body.get("status") or {}).get("lastFailover"),
+            rolling_restart=(body.get("status") or {}).get("rollingRestart"),
         )
         deleting = bool(body["metadata"].get("deletionTimestamp"))
         phases: list[Phase] = (
@@ -938,6 +941,7 @@ async def write_status(scope: Scope, *, deleting: bool) -> None:
         "instances": instances or None,
         "switchover": scope.switchover,
         "lastFailover": scope.last_failover,
+        "rollingRestart": scope.rolling_restart,
     }
     status = {k: v for k, v in status.items() if v is not None}
     if status == {k: v for k, v in current.items() if k in status} and set(current) <= set(status):
