@@ -92,12 +92,16 @@ down: $(STAMP) ## Stop the local cluster and remove its state
 BENCH_FLAGS ?=
 
 .PHONY: bench
-bench: bench-nodes ## Benchmarks: real nodes, then the operator at 100 and 1000 clusters (kwok); docs/benchmarks.md
+bench: bench-nodes bench-dataplane ## Benchmarks: real nodes, the data plane, then the operator at 100 and 1000 clusters (kwok); docs/benchmarks.md
 	@$(BIN)/python -m bench.run $(BENCH_FLAGS)
 
 .PHONY: bench-nodes
 bench-nodes: binaries ## Benchmark real nodes: bring-up, idle cost per node, cost per pod, down
 	@$(BIN)/python -m bench.nodes $(BENCH_NODES_FLAGS)
+
+.PHONY: bench-dataplane
+bench-dataplane: binaries ## Benchmark the data plane: apply → Ready, switchover and failover write downtime, idle memory
+	@$(BIN)/python -m bench.dataplane $(BENCH_DATAPLANE_FLAGS)
 
 .PHONY: images
 images: $(STAMP) ## Build the local images (pause, base, instance, operator) without a registry
