@@ -112,6 +112,8 @@ def test_containerd_config_is_per_node_and_works_without_cap_sys_resource(
     }
     runc = runtime["containerd"]["runtimes"]["runc"]
     assert runc["options"]["SystemdCgroup"] is False
+    # Every node's containerd would share NRI's socket on the host: off.
+    assert config["plugins"]["io.containerd.nri.v1.nri"] == {"disable": True}
     images = config["plugins"]["io.containerd.cri.v1.images"]
     assert images["pinned_images"]["sandbox"] == "local/pause:1"
 

@@ -560,6 +560,11 @@ state = '/run/containerd'
 [plugins.'io.containerd.grpc.v1.cri']
   disable_tcp_service = true
   stream_server_address = '127.0.0.1'
+
+# NRI listens on /var/run/nri/nri.sock, which every node's containerd would share: a second
+# node's containerd then died with "address already in use". Nothing here uses NRI.
+[plugins.'io.containerd.nri.v1.nri']
+  disable = true
 """
 
 
