@@ -685,7 +685,8 @@ def _s(value: float | None, digits: int = 1) -> str:
     return "—" if value is None or math.isnan(value) else f"{value:.{digits}f} s"
 
 
-def _row(label: str, values: Sequence[float], target: str = "", digits: int = 1) -> str:
+def _row(label: str, found: Sequence[float | None], target: str = "", digits: int = 1) -> str:
+    values = [v for v in found if v is not None]
     middle, top = median_max(values)
     runs = ", ".join(f"{v:.{digits}f}" for v in values)
     return f"| {label} | {_s(middle, digits)} | {_s(top, digits)} | {runs} | {target} |"
@@ -712,7 +713,7 @@ def timing_rows(r: dict[str, Any]) -> list[str]:
         lost("switchover", sw),
         _row("**primary pod deleted: write downtime**", [e["downtime_s"] for e in fo], "", 2),
         _row("pod delete → `status.primaryPod` moved", [e["primary_moved_s"] for e in fo]),
-        _row("pod delete → the deleted pod recreated and Ready", [e["pod_back_s"] for e in fo]),
+        _row("pod delete → the deleted pod recreated and Ready", [e.get("pod_back_s") for e in fo]),
         _row(
             "pod delete → Ready again with every instance and a sync standby",
             [e["ready_again_s"] for e in fo],
