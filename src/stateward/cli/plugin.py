@@ -178,16 +178,18 @@ def report(
 
 def _events(client: Client, name: str, namespace: str) -> list[dict[str, Any]]:
     found = client.list(Event, namespace=namespace, fields={"involvedObject.name": name})
-    return [
-        {
-            "lastTimestamp": (e.lastTimestamp or e.eventTime or e.metadata.creationTimestamp)
-            and str((e.lastTimestamp or e.eventTime or e.metadata.creationTimestamp).isoformat()),  # type: ignore[union-attr]
-            "type": e.type,
-            "reason": e.reason,
-            "message": e.message,
-        }
-        for e in found
-    ]
+    result = []
+    for e in found:
+        when = e.lastTimestamp or e.eventTime or (e.metadata and e.metadata.creationTimestamp)
+        result.append(
+            {
+                "lastTimestamp": when.isoformat() if when else None,
+                "type": e.type,
+                "reason": e.reason,
+                "message": e.message,
+            }
+        )
+    return result
 
 
 def status_command(args: argparse.Namespace, out: Callable[[str], None]) -> int:

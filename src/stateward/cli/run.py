@@ -27,6 +27,7 @@ from lightkube.resources.core_v1 import Namespace
 
 from stateward.api import crd, manifests, v1alpha1
 from stateward.controllers.kube import PostgresClusterResource
+from stateward.local import binaries
 from stateward.local.cluster import OPERATOR_USER, Config, LocalCluster, free_port_base
 from stateward.runtime import rbac
 from stateward.specs import statefulset
@@ -182,8 +183,6 @@ def _status_line(obj: Any) -> str:
 
 def _psql(kubeconfig: Path, namespace: str, pod: str, statement: str) -> str | None:
     """One statement as the superuser over the pod's own socket; None if it failed."""
-    from stateward.local import binaries
-
     result = subprocess.run(
         [
             str(binaries.locate().kubectl), f"--kubeconfig={kubeconfig}", "exec", "-n",

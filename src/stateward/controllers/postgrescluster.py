@@ -103,6 +103,13 @@ class Scope:
             self._members = [member(pod) for pod in _pods(self)]
         return self._members
 
+    def forget(self, kind: str, name: str) -> None:
+        """A child this reconcile deleted: gone from the store, and from ``members`` too, so
+        later phases do not act on a pod that is going away."""
+        self.store.forget(kind, self.namespace, name)
+        if kind == "Pod":
+            self._members = None
+
     def requeue(self, seconds: float) -> None:
         if self.requeue_after is None or seconds < self.requeue_after:
             self.requeue_after = seconds
@@ -349,7 +356,7 @@ async def apply_children(scope: Scope) -> str | None:
             path.startswith(field) for path in drift for field in IMMUTABLE_STATEFULSET_FIELDS
         ):
             await scope.kube.delete(Ref.of(observed), orphan=True)
-            scope.store.forget(kind, scope.namespace, name)
+            scope.forget(kind, name)
             await scope.event(
                 "StatefulSetRecreated",
                 f"Recreating StatefulSet {name} to change immutable fields"
@@ -413,7 +420,7 @@ async def remove_backup_cronjob(scope: Scope) -> str | None:
     if observed is None:
         return None
     await scope.kube.delete(Ref.of(observed))
-    scope.store.forget("CronJob", scope.namespace, scope.cluster.backup_cronjob_name)
+    scope.forget("CronJob", scope.cluster.backup_cronjob_name)
     await scope.event("BackupScheduleRemoved", "backupSchedule was cleared: deleted the CronJob")
     return "deleted the backup CronJob"
 
@@ -570,7 +577,7 @@ async def roll_pods(scope: Scope) -> str | None:
         return await start_switchover(scope, "RollingUpdate")
     name = victim["metadata"]["name"]
     await scope.kube.delete(Ref.of(victim))
-    scope.store.forget("Pod", scope.namespace, name)
+    scope.forget("Pod", name)
     role = _role(victim) or "unknown role"
     await scope.event("RollingUpdate", f"Restarting {name} ({role}) on revision {revision}")
     return f"restarted {name} ({role}) for the rolling update"
@@ -663,7 +670,7 @@ async def _final_backup(scope: Scope) -> str | None:
         scope.set_condition("FinalBackup", False, "Failed", message)
         await scope.event("FinalBackupFailed", f"Final backup {message}", warning=True)
         await scope.kube.delete(Ref.of(job))
-        scope.store.forget("Job", scope.namespace, cluster.final_backup_job_name)
+        scope.forget("Job", cluster.final_backup_job_name)
         scope.requeue(delay)
         return f"final backup attempt {attempts} failed"
     if job is None:
