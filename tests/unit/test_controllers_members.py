@@ -180,7 +180,7 @@ def test_synchronous_modes(mode: str, strict: bool, enabled: bool) -> None:
 
 def applied(pgc: v1alpha1.PostgresCluster) -> dict[str, Any]:
     return {
-        **patroni.synchronous_settings(pgc),
+        **patroni.ha_settings(pgc),
         "postgresql": {"parameters": patroni.parameters(pgc)},
     }
 
@@ -210,6 +210,13 @@ def test_only_what_changed_is_patched_and_removed_parameters_are_nulled() -> Non
 
 def test_a_configuration_without_synchronous_keys_has_patronis_defaults() -> None:
     pgc = cluster(synchronous={"mode": "Off"})
-    dcs = {"postgresql": {"parameters": patroni.parameters(pgc)}}
+    dcs = {"postgresql": {"parameters": patroni.parameters(pgc)}, "failsafe_mode": True}
     assert configuration_patch(pgc, dcs) == {}
     assert configuration_patch(cluster(), dcs) == {"synchronous_mode": True}
+
+
+def test_failsafe_mode_is_on_and_a_cluster_made_without_it_gets_it() -> None:
+    pgc = cluster()
+    assert patroni.dynamic_configuration(pgc)["failsafe_mode"] is True
+    before = {k: v for k, v in applied(pgc).items() if k != "failsafe_mode"}
+    assert configuration_patch(pgc, before) == {"failsafe_mode": True}

@@ -246,6 +246,18 @@ class FailoverStatus(_Model):
     detected_at: str
     """When the operator saw the new primary."""
 
+    cause: str | None = None
+    """How the primary was lost, when the operator saw it fail: its pod deleted, its container
+    terminated, its node out of service, or its lock no longer renewed."""
+
+    seconds: float | None = None
+    """From the operator first seeing the primary fail to seeing the new one (when it saw
+    the failure; a node that hangs or loses its network looks healthy until Patroni acts)."""
+
+    lock_released: bool | None = None
+    """Whether the operator released the dead primary's leader lock (on proof it could not
+    accept writes) instead of waiting for Patroni's ttl."""
+
 
 class RollingRestartStatus(_Model):
     """A restart rolled through every instance because a parameter needs one."""

@@ -76,7 +76,7 @@ def _local_node(args: argparse.Namespace) -> int:
     cluster = LocalCluster(_local_config(args))
     if not cluster.running():
         raise LocalClusterError(f"no local cluster is running from {cluster.state_dir}")
-    action = getattr(cluster, f"node_{args.action}")
+    action = getattr(cluster, f"node_{args.action.replace('-', '_')}")
     action(args.name)
     print(f"{args.name}: {NODE_ACTIONS[args.action]}")
     return 0
@@ -84,7 +84,8 @@ def _local_node(args: argparse.Namespace) -> int:
 
 NODE_ACTIONS = {
     "stop": "powered off (link down, every process killed)",
-    "start": "powered on",
+    "out-of-service": "marked out of service (node.kubernetes.io/out-of-service=nodeshutdown)",
+    "start": "powered on (and no longer out of service)",
     "freeze": "frozen (every process stopped by the cgroup freezer)",
     "thaw": "thawed",
     "partition": "partitioned (link cut, processes running)",
@@ -260,7 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
         "images", help="build the local container images (pause, base) into the cache"
     ).set_defaults(handler=_local_images)
     node = verbs.add_parser(
-        "node", parents=[common], help="failure drills on a real node: stop, freeze, partition"
+        "node",
+        parents=[common],
+        help="failure drills on a real node: stop, freeze, partition, out-of-service",
     )
     node.add_argument("action", choices=sorted(NODE_ACTIONS), help="what happens to the node")
     node.add_argument("name", help="a real node, e.g. node-2 (see `stateward local status`)")

@@ -1,24 +1,32 @@
 """Phases that act on the running databases through Patroni: its cluster-wide configuration,
-switchovers and restarts.
+switchovers, restarts and failovers.
 
-The operator never runs SQL and never edits Patroni's DCS objects: it asks Patroni, over its
-REST API on the pods' addresses, to do what Patroni does safely (``PATCH /config``,
-``POST /switchover``, ``POST /failover``, ``POST /restart``), and observes the outcome in the
-pods' labels and member records. A switchover in progress lives in ``status.switchover``, so
-a restarted operator continues it instead of starting another.
+The operator never runs SQL. It asks Patroni, over its REST API on the pods' addresses, to do
+what Patroni does safely (``PATCH /config``, ``POST /switchover``, ``POST /failover``,
+``POST /restart``), and observes the outcome in the pods' labels and member records. A
+switchover in progress lives in ``status.switchover``, so a restarted operator continues it
+instead of starting another. The one DCS object it ever writes is a dead primary's leader
+lock, released only on proof that the holder cannot accept writes (``takeover``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
 import json
+import time
 from typing import TYPE_CHECKING, Any
+
+from lightkube import ApiError
 
 from stateward.api import v1alpha1
 from stateward.controllers import members as m
-from stateward.controllers.kube import PatroniError, Ref
+from stateward.controllers import takeover
+from stateward.controllers.kube import Body, PatroniError, Ref
 from stateward.instance import patroni
+from stateward.specs import meta
+from stateward.specs.statefulset import CONTAINER_NAME
 
 if TYPE_CHECKING:
     from stateward.controllers.postgrescluster import Scope
@@ -52,8 +60,8 @@ def configuration_patch(cluster: v1alpha1.PostgresCluster, dcs: dict[str, Any]) 
     the spec's: changed PostgreSQL parameters (None removes one) and synchronous settings.
     Empty when nothing differs."""
     patch: dict[str, Any] = {}
-    for key, want in patroni.synchronous_settings(cluster).items():
-        if dcs.get(key, patroni.SYNCHRONOUS_DEFAULTS[key]) != want:
+    for key, want in patroni.ha_settings(cluster).items():
+        if dcs.get(key, patroni.HA_DEFAULTS[key]) != want:
             patch[key] = want
     desired = patroni.parameters(cluster)
     current = {
@@ -71,6 +79,16 @@ def _describe(patch: dict[str, Any]) -> str:
     return ", ".join(names)
 
 
+@dataclasses.dataclass
+class Lost:
+    """A primary seen failing: since when (monotonic), how, and whether its lock was released."""
+
+    pod: str
+    since: float
+    cause: str
+    released: bool = False
+
+
 class DataPlane:
     """The data-plane phases, with the little memory they keep between reconciles (only to
     save requests; every decision is re-derived from observations)."""
@@ -79,11 +97,13 @@ class DataPlane:
         self._applied: dict[tuple[str, str], tuple[str, str]] = {}
         self._sync_seen: dict[tuple[str, str], tuple[str, frozenset[str]]] = {}
         self._primaries: dict[tuple[str, str], str] = {}
+        self._lost: dict[tuple[str, str], Lost] = {}
 
     def forget(self, key: tuple[str, str]) -> None:
         self._applied.pop(key, None)
         self._sync_seen.pop(key, None)
         self._primaries.pop(key, None)
+        self._lost.pop(key, None)
 
     # --- dynamic configuration -----------------------------------------------------------
 
@@ -102,7 +122,7 @@ class DataPlane:
             return None  # nothing runs yet, or a failover is under way
         desired = {
             "parameters": patroni.parameters(cluster),
-            **patroni.synchronous_settings(cluster),
+            **patroni.ha_settings(cluster),
         }
         memo = (json.dumps(desired, sort_keys=True), leader.uid)
         key = (cluster.namespace, cluster.name)
@@ -164,9 +184,91 @@ class DataPlane:
 
     # --- failover ------------------------------------------------------------------------
 
+    async def follow_leader_lock(self, scope: Scope) -> str | None:
+        """Keep the primary's identity and its failover fast, from Patroni's leader lock.
+
+        * Two pods labelled primary: the old one's Patroni could not relabel itself (its node
+          died, hung or lost its network) after another member took the lock. The Services
+          select on the label, so the stale one loses it now, not when its node comes back.
+        * A primary proven unable to accept writes (``takeover``): its leader lock is
+          released, and Patroni promotes a synchronous standby within a loop instead of
+          after the lock's ttl.
+
+        Costs nothing while the primary pod looks healthy; while it does not, the lock (and
+        the node) are read every few seconds until the primary is back or replaced. Also
+        remembers when and how the primary was first seen failing, for the failover report.
+        """
+        key = (scope.cluster.namespace, scope.cluster.name)
+        pods = _instance_pods(scope)
+        labelled = [p for p in pods if _role(p) == meta.PRIMARY_ROLE]
+        if len(labelled) > 1:
+            return await self._unlabel_stale(scope, labelled)
+        pod = labelled[0] if labelled else _named_primary(scope, pods)
+        if pod is None or not takeover.suspect(pod, CONTAINER_NAME):
+            lost = self._lost.get(key)
+            if lost is not None and pod is not None and lost.pod == pod["metadata"]["name"]:
+                self._lost.pop(key)  # the same pod is healthy again: restarted in place
+            return None
+        name = pod["metadata"]["name"]
+        node_name = (pod.get("spec") or {}).get("nodeName")
+        node = await scope.kube.get("v1", "Node", "", node_name) if node_name else None
+        lost = self._lost.get(key)
+        if lost is None or lost.pod != name:
+            lost = Lost(name, time.monotonic(), takeover.failure_cause(pod, node, CONTAINER_NAME))
+            self._lost[key] = lost
+        scope.requeue(RECHECK)
+        if lost.released:
+            return None
+        lock = await scope.kube.get("v1", "ConfigMap", scope.namespace, _lock_name(scope))
+        if lock is None:
+            return None
+        found = takeover.proof(
+            pod, node, lock["metadata"].get("annotations") or {}, container=CONTAINER_NAME
+        )
+        if found is None:
+            return None
+        try:
+            await scope.kube.patch(Ref.of(lock), takeover.release_patch(lock))
+        except ApiError as error:
+            if error.status.code == 409:
+                return f"the leader lock of {name} was renewed meanwhile: not released"
+            raise
+        lost.released = True
+        await scope.event(
+            "LeaderLockReleased",
+            f"Primary {name} cannot accept writes: {found.message}. Released its leader lock"
+            f" so Patroni promotes a synchronous standby now, not after the {patroni.TTL} s ttl",
+            warning=True,
+        )
+        return f"released the leader lock of {name} ({found.reason})"
+
+    async def _unlabel_stale(self, scope: Scope, labelled: list[Body]) -> str | None:
+        lock = await scope.kube.get("v1", "ConfigMap", scope.namespace, _lock_name(scope))
+        holder = ((lock or {}).get("metadata", {}).get("annotations") or {}).get(
+            takeover.LEADER_ANNOTATION
+        )
+        if not holder or holder not in {p["metadata"]["name"] for p in labelled}:
+            scope.requeue(RECHECK)  # a leader race is under way: look again shortly
+            return None
+        stale = [p for p in labelled if p["metadata"]["name"] != holder]
+        for pod in stale:
+            patched = await scope.kube.patch(
+                Ref.of(pod), {"metadata": {"labels": {meta.ROLE_LABEL: None}}}
+            )
+            scope.observe(patched)
+        names = ", ".join(p["metadata"]["name"] for p in stale)
+        await scope.event(
+            "StalePrimaryUnlabelled",
+            f"{holder} holds the leader lock: removed the primary label from {names}, whose"
+            " Patroni cannot update it, so the Services stop sending clients there",
+        )
+        return f"unlabelled the stale primary {names}"
+
     async def report_failover(self, scope: Scope) -> str | None:
         """A change of primary nobody planned is Patroni's failover: say so in an Event and
-        ``status.lastFailover``. (A switchover in progress from the same primary is planned.)
+        ``status.lastFailover``, with how the primary was lost and how long the promotion
+        took when the operator saw it fail. (A switchover in progress from the same primary
+        is planned.)
 
         The last primary seen is remembered per cluster: while a primary's pod is gone, the
         status names no primary at all, so the status alone cannot tell the change. A new
@@ -177,6 +279,9 @@ class DataPlane:
             return None
         previous = self._primaries.get(key) or (scope.body.get("status") or {}).get("primaryPod")
         self._primaries[key] = leader.name
+        lost = self._lost.get(key)
+        if lost is not None and lost.pod != leader.name:
+            self._lost.pop(key)
         if previous is None or leader.name == previous:
             return None
         current = scope.switchover or {}
@@ -187,10 +292,26 @@ class DataPlane:
             "toPod": leader.name,
             "detectedAt": scope.now,
         }
+        how = ""
+        if lost is not None and lost.pod == previous:
+            seconds = round(time.monotonic() - lost.since, 1)
+            record["cause"] = lost.cause
+            record["seconds"] = seconds
+            record["lockReleased"] = lost.released
+            how = f" ({lost.cause})"
+            after = f" {seconds} s after it was seen failing"
+        else:
+            after = ""
+        synced = leader.name in (self._sync_seen.get(key) or ("", frozenset()))[1]
+        guarantee = (
+            "; it was a synchronous standby, so every acknowledged commit is on it"
+            if synced
+            else ""
+        )
         scope.last_failover = record
         await scope.event(
             "Failover",
-            f"Primary {previous} was lost; Patroni promoted {leader.name}",
+            f"Primary {previous} was lost{how}; Patroni promoted {leader.name}{after}{guarantee}",
             warning=True,
         )
         return f"failover from {previous} to {leader.name}"
@@ -440,3 +561,27 @@ async def start_switchover(
     scope.progressing.append(("Switchover", f"switching over from {leader.name} to {name}"))
     scope.requeue(RECHECK)
     return f"switchover from {leader.name} to {name} ({reason})"
+
+
+def _instance_pods(scope: Scope) -> list[Body]:
+    """Every instance pod, deleting or not (a dying primary keeps its label)."""
+    return [
+        pod
+        for pod in scope.owned("Pod")
+        if (pod["metadata"].get("labels") or {}).get(meta.COMPONENT_LABEL)
+        == meta.INSTANCE_COMPONENT
+    ]
+
+
+def _role(pod: Body) -> str | None:
+    return (pod["metadata"].get("labels") or {}).get(meta.ROLE_LABEL)
+
+
+def _named_primary(scope: Scope, pods: list[Body]) -> Body | None:
+    """The pod status names as the primary, when no pod is labelled one."""
+    named = (scope.body.get("status") or {}).get("primaryPod")
+    return next((p for p in pods if p["metadata"]["name"] == named), None)
+
+
+def _lock_name(scope: Scope) -> str:
+    return f"{scope.cluster.name}-leader"

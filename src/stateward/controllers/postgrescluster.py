@@ -110,6 +110,12 @@ class Scope:
         if kind == "Pod":
             self._members = None
 
+    def observe(self, body: Body) -> None:
+        """A child this reconcile changed: the store holds the new body for later phases."""
+        self.store.observe(body)
+        if body.get("kind") == "Pod":
+            self._members = None
+
     def requeue(self, seconds: float) -> None:
         if self.requeue_after is None or seconds < self.requeue_after:
             self.requeue_after = seconds
@@ -175,6 +181,7 @@ class Reconciler:
                 remove_backup_cronjob,
                 ensure_backup_repository,
                 expand_volumes,
+                self.data_plane.follow_leader_lock,
                 self.data_plane.report_failover,
                 self.data_plane.apply_configuration,
                 self.data_plane.observe_sync,

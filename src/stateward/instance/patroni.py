@@ -115,6 +115,15 @@ SYNCHRONOUS_DEFAULTS: Final = {
 }
 """Patroni's own defaults for the synchronous settings, for a configuration that omits them."""
 
+FAILSAFE_MODE: Final = True
+"""Patroni's failsafe mode: while the API server (its DCS) is unreachable, the primary keeps
+running as long as every member answers its REST API, instead of demoting itself after
+``retry_timeout``. A Kubernetes control-plane outage then costs no writes; a primary cut
+off from its members still demotes (it cannot reach them either)."""
+
+HA_DEFAULTS: Final = {**SYNCHRONOUS_DEFAULTS, "failsafe_mode": False}
+"""Patroni's defaults for every setting :func:`ha_settings` manages."""
+
 
 def synchronous_settings(cluster: v1alpha1.PostgresCluster) -> dict[str, Any]:
     """Patroni's synchronous replication settings for ``spec.synchronous``.
@@ -130,6 +139,12 @@ def synchronous_settings(cluster: v1alpha1.PostgresCluster) -> dict[str, Any]:
     }
 
 
+def ha_settings(cluster: v1alpha1.PostgresCluster) -> dict[str, Any]:
+    """The cluster-wide Patroni settings the operator keeps: synchronous replication and
+    failsafe mode (parameters aside)."""
+    return {**synchronous_settings(cluster), "failsafe_mode": FAILSAFE_MODE}
+
+
 def dynamic_configuration(cluster: v1alpha1.PostgresCluster) -> dict[str, Any]:
     """Patroni's cluster-wide (DCS) configuration.
 
@@ -143,7 +158,7 @@ def dynamic_configuration(cluster: v1alpha1.PostgresCluster) -> dict[str, Any]:
         "loop_wait": LOOP_WAIT,
         "retry_timeout": RETRY_TIMEOUT,
         "primary_start_timeout": PRIMARY_START_TIMEOUT,
-        **synchronous_settings(cluster),
+        **ha_settings(cluster),
         "postgresql": {
             "use_pg_rewind": True,
             "use_slots": True,

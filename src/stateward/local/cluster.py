@@ -39,6 +39,8 @@ STORAGE_CLASS = "kwok-volume"
 SERVICE_CIDR = nodes.SERVICE_CIDR
 POD_CIDR = nodes.POD_CIDR
 NODE_COMPONENTS = ("containerd", "kubelet", "kube-proxy")
+OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
+"""Kubernetes' non-graceful node shutdown taint (``local node out-of-service``)."""
 
 Progress = Callable[[str], None]
 
@@ -355,6 +357,49 @@ class LocalCluster:
             self.start_component(f"{node.name}.{component}")
             if component == "containerd":
                 self._wait_containerd(node)
+        self._set_out_of_service(node.name, marked=False)
+
+    def node_out_of_service(self, name: str) -> None:
+        """Mark a stopped node out of service (``node.kubernetes.io/out-of-service``), as a
+        fencing agent or an administrator does once a node is known to be off: Kubernetes
+        then deletes its pods and detaches its volumes, and Stateward fails a primary on it
+        over at once. Refused for a node that is not stopped, since the mark asserts that
+        nothing on the node can run; ``node start`` removes it."""
+        node = self.node(name)
+        state = dict((n.name, s) for n, s in self.node_states())[node.name]
+        if state != "stopped":
+            raise LocalClusterError(
+                f"{name} is {state}: only a stopped node may be marked out of service"
+                f" (the mark asserts nothing on it can run); run `stateward local node stop {name}`"
+                " first"
+            )
+        self._set_out_of_service(node.name, marked=True)
+
+    def _set_out_of_service(self, name: str, *, marked: bool) -> None:
+        with self.http_client() as client:
+            path = f"/api/v1/nodes/{name}"
+            for _attempt in range(5):
+                found = client.get(path)
+                found.raise_for_status()
+                body = found.json()
+                taints = [t for t in body["spec"].get("taints") or [] if t["key"] != OUT_OF_SERVICE]
+                if marked:
+                    taints.append(
+                        {"key": OUT_OF_SERVICE, "value": "nodeshutdown", "effect": "NoExecute"}
+                    )
+                elif len(taints) == len(body["spec"].get("taints") or []):
+                    return
+                patch = {
+                    "metadata": {"resourceVersion": body["metadata"]["resourceVersion"]},
+                    "spec": {"taints": taints},
+                }
+                response = client.patch(
+                    path, json=patch, headers={"Content-Type": "application/merge-patch+json"}
+                )
+                if response.status_code != 409:
+                    response.raise_for_status()
+                    return
+            raise LocalClusterError(f"could not update the taints of {name}: kept conflicting")
 
     def node_freeze(self, name: str) -> None:
         """A hung node: every process of it stopped by the cgroup freezer."""

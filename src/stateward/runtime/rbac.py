@@ -124,6 +124,9 @@ def cluster_role() -> dict[str, Any]:
     rules.allow(v1alpha1.GROUP, [f"{v1alpha1.PLURAL}/finalizers"], ("update",))
     rules.allow("", ["events"], ("create", "patch"))
     rules.allow("storage.k8s.io", ["storageclasses"], ("get",))
+    # A failing primary's node: an out-of-service taint proves it cannot accept writes
+    # (controllers/takeover.py). Read only while a primary pod looks unhealthy.
+    rules.allow("", ["nodes"], ("get",))
     # The validating webhook configuration the leader keeps pointed at the webhook
     # (runtime/webhook.py). Server-side apply of a missing object is a create, and creation
     # cannot be limited by name; reads and changes can.

@@ -1,0 +1,192 @@
+"""When the operator may release a dead primary's leader lock (controllers/takeover.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from stateward.controllers import takeover
+
+C = "postgres"
+
+
+def pod(
+    *,
+    name: str = "pg-0",
+    node: str | None = "node-1",
+    state: dict[str, Any] | None = None,
+    last: dict[str, Any] | None = None,
+    ready: bool = True,
+    deleting: bool = False,
+    restarts: int = 0,
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name, "namespace": "ns"}
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-12-02T10:00:00Z"
+    status: dict[str, Any] = {
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        "containerStatuses": [
+            {
+                "name": C,
+                "state": state if state is not None else {"running": {}},
+                "lastState": {"terminated": last} if last else {},
+                "restartCount": restarts,
+            },
+            {"name": "sidecar", "state": {"terminated": {"finishedAt": "2026-12-02T10:00:09Z"}}},
+        ],
+    }
+    return {"metadata": metadata, "spec": {"nodeName": node} if node else {}, "status": status}
+
+
+def node(name: str = "node-1", *taints: dict[str, str]) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "spec": {"taints": list(taints)}}
+
+
+OUT = {"key": takeover.OUT_OF_SERVICE_TAINT, "value": "nodeshutdown", "effect": "NoExecute"}
+DIED = {"finishedAt": "2026-12-02T10:00:05Z", "reason": "Error", "exitCode": 137}
+
+
+def lock(holder: str = "pg-0", renewed: str = "2026-12-02T10:00:03.512345+00:00") -> dict[str, str]:
+    return {"leader": holder, "renewTime": renewed, "ttl": "20"}
+
+
+# --- the out-of-service proof ------------------------------------------------------------
+
+
+def test_a_primary_on_a_node_marked_out_of_service_is_proven_dead() -> None:
+    found = takeover.proof(pod(), node("node-1", OUT), lock(), container=C)
+    assert found is not None and found.reason == takeover.NODE_OUT_OF_SERVICE
+    assert "node-1" in found.message and "out-of-service=nodeshutdown" in found.message
+
+
+def test_any_effect_of_the_taint_counts_but_other_taints_do_not() -> None:
+    no_schedule = {"key": takeover.OUT_OF_SERVICE_TAINT, "effect": "NoSchedule"}
+    assert takeover.proof(pod(), node("node-1", no_schedule), lock(), container=C) is not None
+    unreachable = {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}
+    assert takeover.proof(pod(), node("node-1", unreachable), lock(), container=C) is None
+
+
+def test_a_taint_on_another_node_proves_nothing() -> None:
+    assert takeover.proof(pod(node="node-2"), node("node-1", OUT), lock(), container=C) is None
+    assert takeover.proof(pod(node=None), node("node-1", OUT), lock(), container=C) is None
+
+
+def test_no_proof_for_a_pod_that_does_not_hold_the_lock() -> None:
+    assert takeover.proof(pod(), node("node-1", OUT), lock("pg-1"), container=C) is None
+    assert takeover.proof(pod(), node("node-1", OUT), {}, container=C) is None
+
+
+# --- the terminated-container proof ------------------------------------------------------
+
+
+def test_a_container_that_died_after_the_last_renewal_is_proven_dead() -> None:
+    found = takeover.proof(pod(state={"terminated": DIED}), node(), lock(), container=C)
+    assert found is not None and found.reason == takeover.CONTAINER_TERMINATED
+    assert "Error" in found.message and "2026-12-02T10:00:05Z" in found.message
+
+
+def test_a_container_waiting_to_restart_is_judged_by_its_last_termination() -> None:
+    waiting = {"waiting": {"reason": "CrashLoopBackOff"}}
+    found = takeover.proof(pod(state=waiting, last=DIED), node(), lock(), container=C)
+    assert found is not None and found.reason == takeover.CONTAINER_TERMINATED
+
+
+def test_a_running_container_is_never_proof_whatever_it_did_before() -> None:
+    assert takeover.proof(pod(last=DIED, restarts=1), node(), lock(), container=C) is None
+
+
+def test_a_lock_renewed_after_the_death_proves_nothing() -> None:
+    # A restarted container renewed it: someone alive holds the lock.
+    late = lock(renewed="2026-12-02T10:00:06.000001+00:00")
+    assert takeover.proof(pod(state={"terminated": DIED}), node(), late, container=C) is None
+
+
+@pytest.mark.parametrize(
+    "renewed", ["2026-12-02T10:00:05.000000+00:00", "2026-12-02T10:00:05.4+00:00"]
+)
+def test_a_renewal_within_the_second_of_death_is_not_proof(renewed: str) -> None:
+    # The kubelet writes whole seconds: 10:00:05Z may mean 10:00:05.9, so a renewal at
+    # 10:00:05.4 may have come after it. Only a strictly earlier renewal counts.
+    assert (
+        takeover.proof(pod(state={"terminated": DIED}), node(), lock(renewed=renewed), container=C)
+        is None
+    )
+
+
+def test_an_unreadable_renewal_or_death_time_proves_nothing() -> None:
+    assert (
+        takeover.proof(pod(state={"terminated": DIED}), node(), lock(renewed="soon"), container=C)
+        is None
+    )
+    assert (
+        takeover.proof(pod(state={"terminated": DIED}), node(), {"leader": "pg-0"}, container=C)
+        is None
+    )
+    no_time = {"reason": "Error", "exitCode": 1}
+    assert takeover.proof(pod(state={"terminated": no_time}), node(), lock(), container=C) is None
+
+
+def test_only_the_instance_container_counts() -> None:
+    # The sidecar in pod() has terminated after the renewal; the instance container runs.
+    assert takeover.proof(pod(), node(), lock(), container=C) is None
+
+
+def test_a_waiting_container_never_started_is_not_proof() -> None:
+    creating = {"waiting": {"reason": "ContainerCreating"}}
+    assert takeover.proof(pod(state=creating), node(), lock(), container=C) is None
+
+
+def test_a_deleting_or_unready_pod_alone_is_not_proof() -> None:
+    assert takeover.proof(pod(deleting=True, ready=False), node(), lock(), container=C) is None
+
+
+# --- the release itself ---------------------------------------------------------------------
+
+
+def test_the_release_is_conditioned_on_the_version_read_and_removes_only_the_holder() -> None:
+    body = {"metadata": {"name": "pg-leader", "resourceVersion": "42", "annotations": lock()}}
+    assert takeover.release_patch(body) == {
+        "metadata": {"resourceVersion": "42", "annotations": {"leader": None}}
+    }
+
+
+# --- the cheap filter and the words for users ----------------------------------------------
+
+
+def test_only_a_pod_that_looks_unwell_is_worth_a_look() -> None:
+    assert not takeover.suspect(pod(), C)
+    assert not takeover.suspect(pod(last=DIED, restarts=1), C)  # restarted, running, ready
+    assert takeover.suspect(pod(ready=False), C)
+    assert takeover.suspect(pod(deleting=True), C)
+    assert takeover.suspect(pod(state={"terminated": DIED}), C)
+
+
+def test_the_cause_says_what_happened() -> None:
+    assert takeover.failure_cause(pod(), node("node-1", OUT), C) == (
+        "its node node-1 went out of service"
+    )
+    assert takeover.failure_cause(pod(state={"terminated": DIED}), node(), C) == (
+        "its container terminated (Error)"
+    )
+    oom = {"finishedAt": "2026-12-02T10:00:05Z", "reason": "OOMKilled", "exitCode": 137}
+    assert "OOMKilled" in takeover.failure_cause(pod(state={"waiting": {}}, last=oom), node(), C)
+    assert takeover.failure_cause(pod(deleting=True), node(), C) == "its pod was deleted"
+    assert takeover.failure_cause(pod(ready=False), None, C) == "its pod stopped being ready"
+    no_reason = {"finishedAt": "2026-12-02T10:00:05Z", "exitCode": 1}
+    assert "exit code 1" in takeover.failure_cause(pod(state={"terminated": no_reason}), None, C)
+
+
+@pytest.mark.parametrize(
+    ("text", "valid"),
+    [
+        ("2026-12-02T10:00:05Z", True),
+        ("2026-12-02T10:00:05.123456+00:00", True),
+        ("2026-12-02T10:00:05", False),  # no zone: cannot be compared safely
+        ("", False),
+        (None, False),
+        (17, False),
+    ],
+)
+def test_times_are_read_only_with_a_zone(text: Any, valid: bool) -> None:
+    assert (takeover.parse_time(text) is not None) is valid
