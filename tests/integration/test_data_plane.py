@@ -8,21 +8,16 @@ backup (`stateward-instance backup` is not written yet), so their namespaces can
 from __future__ import annotations
 
 import base64
-import contextlib
-import itertools
 import os
 import subprocess
-import threading
-import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
-from lightkube import ApiError, Client, codecs
+from lightkube import ApiError, Client
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Event, Namespace, Pod, Secret
+from lightkube.resources.core_v1 import Namespace, Pod, Secret
 from lightkube.types import PatchType
 
 from stateward.cli.run import (
@@ -33,9 +28,20 @@ from stateward.cli.run import (
     install_crds,
     start_operator,
 )
-from stateward.local import binaries
 from stateward.local.cluster import LocalCluster
 from tests.integration.conftest import RESYNC_SECONDS, get_pgc, metric, wait_leading
+from tests.support.dataplane import (
+    Writer,
+    annotate,
+    create_cluster,
+    event_reasons,
+    now_stamp,
+    ready,
+    roles,
+    sql,
+    status_of,
+    switchover_done,
+)
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -66,50 +72,6 @@ def ns(client: Client, real_operator: OperatorProcess) -> Iterator[str]:
     client.create(Namespace(metadata=ObjectMeta(name=name)))
     yield name
     client.delete(Namespace, name)
-
-
-def create_cluster(client: Client, ns: str, name: str, replicas: int, **spec: Any) -> None:
-    body: dict[str, Any] = {
-        "apiVersion": "stateward.io/v1alpha1",
-        "kind": "PostgresCluster",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "version": "15",
-            "replicas": replicas,
-            "storageSize": "1Gi",
-            "deletionPolicy": {"finalBackup": False},
-            **spec,
-        },
-    }
-    client.create(codecs.from_dict(body))
-
-
-def ready(client: Client, ns: str, name: str, timeout: float = 240) -> dict[str, Any]:
-    return wait_for(
-        lambda: (
-            (obj := get_pgc(client, name, ns)).get("status", {}).get("phase") == "Ready" and obj
-        ),
-        what=f"{ns}/{name} Ready",
-        timeout=timeout,
-        interval=1,
-    )
-
-
-def sql(real: LocalCluster, ns: str, pod: str, statement: str) -> str:
-    """Run SQL as the superuser over the pod's own socket; '' if the pod cannot answer."""
-    result = subprocess.run(
-        [
-            str(binaries.locate().kubectl), "exec", "-n", ns, pod, "--",
-            "psql", "-h", "/var/run/postgresql", "-U", "postgres", "-v", "ON_ERROR_STOP=1",
-            "-tAc", statement,
-        ],
-        env={**os.environ, "KUBECONFIG": str(real.kubeconfig)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )  # fmt: skip
-    return result.stdout.strip() if result.returncode == 0 else ""
 
 
 def test_a_single_instance_bootstraps_to_a_writable_primary(
@@ -353,112 +315,6 @@ def test_a_final_backup_that_cannot_start_says_why_and_can_be_skipped(
 
 
 # --- synchronous replication, switchover, restarts, scaling ---------------------------------
-
-
-def status_of(client: Client, ns: str, name: str) -> dict[str, Any]:
-    return dict(get_pgc(client, name, ns).get("status") or {})
-
-
-def roles(client: Client, ns: str, name: str) -> dict[str, str]:
-    return {i["name"]: i.get("role", "") for i in status_of(client, ns, name).get("instances", [])}
-
-
-def annotate(client: Client, ns: str, name: str, value: str) -> None:
-    client.patch(
-        PostgresClusterResource,
-        name,
-        {"metadata": {"annotations": {"stateward.io/switchover": value}}},
-        namespace=ns,
-        patch_type=PatchType.MERGE,
-    )
-
-
-def switchover_done(client: Client, ns: str, name: str, started_after: str) -> dict[str, Any]:
-    def finished() -> dict[str, Any] | None:
-        obj = get_pgc(client, name, ns)
-        record = (obj.get("status") or {}).get("switchover") or {}
-        annotations = obj["metadata"].get("annotations") or {}
-        if (
-            record.get("phase") in ("Succeeded", "Failed")
-            and record.get("startedAt", "") >= started_after
-            and "stateward.io/switchover" not in annotations
-        ):
-            return dict(record)
-        return None
-
-    return wait_for(finished, what=f"{name}'s switchover to finish", timeout=120, interval=0.5)
-
-
-def now_stamp() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 1))
-
-
-def event_reasons(client: Client, ns: str) -> list[str]:
-    return [e.reason or "" for e in client.list(Event, namespace=ns)]
-
-
-class Writer:
-    """A client inserting numbered rows through whichever instance accepts writes (libpq's
-    ``target_session_attrs=read-write`` over every pod address), recording which commits were
-    acknowledged and when."""
-
-    def __init__(self, client: Client, ns: str, name: str) -> None:
-        self.client, self.ns, self.name = client, ns, name
-        secret = client.get(Secret, f"{name}-superuser", namespace=ns)
-        password = base64.b64decode((secret.data or {})["password"]).decode()
-        self.env = {**os.environ, "PGPASSWORD": password}
-        self.dsn = self._dsn()
-        self.acknowledged: list[tuple[int, float]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _dsn(self) -> str:
-        """Every instance's address: pods replaced in a rolling update get new ones."""
-        pods = self.client.list(Pod, namespace=self.ns, labels={"stateward.io/cluster": self.name})
-        hosts = ",".join(p.status.podIP for p in pods if p.status and p.status.podIP)
-        return (
-            f"host={hosts} port=5432 dbname=postgres user=postgres connect_timeout=2"
-            " target_session_attrs=read-write"
-        )
-
-    def run(self, statement: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["psql", self.dsn, "-v", "ON_ERROR_STOP=1", "-tAc", statement],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-
-    def _run(self) -> None:
-        n = 0
-        while not self._stop.is_set():
-            n += 1
-            if self.run(f"insert into w values ({n:d})").stdout.strip() == "INSERT 0 1":  # noqa: S608
-                self.acknowledged.append((n, time.monotonic()))
-            else:
-                with contextlib.suppress(ApiError, OSError):
-                    self.dsn = self._dsn()
-
-    def __enter__(self) -> Writer:
-        assert self.run("create table if not exists w (n int primary key)").returncode == 0
-        self._thread.start()
-        wait_for(lambda: len(self.acknowledged) >= 5, what="the writer to get going")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=60)
-
-    def longest_gap(self) -> float:
-        stamps = [t for _, t in self.acknowledged]
-        return max((b - a for a, b in itertools.pairwise(stamps)), default=0.0)
-
-    def missing_on(self, real: LocalCluster, ns: str, pod: str) -> set[int]:
-        present = sql(real, ns, pod, "select string_agg(n::text, ',') from w")
-        rows = {int(x) for x in present.split(",") if x}
-        return {n for n, _ in self.acknowledged} - rows
 
 
 def test_a_switchover_on_request_moves_the_primary_without_losing_an_acknowledged_write(

@@ -1,0 +1,156 @@
+"""``make chaos``: a soak of random faults against one cluster with a writer running.
+
+A fresh local cluster with three real nodes, the operator, and one 3-instance
+PostgresCluster; then ``--faults`` faults (default 50) drawn at random from the fault matrix
+(``tests.support.faults.FAULTS``, the same the e2e tests run). After each one the cluster
+must return to Ready with one timeline, every acknowledged write must be on every member,
+and no server may have acknowledged a write after another took over. A summary table is
+printed; the exit status is 1 on any violation, 2 when the cluster could not be set up.
+
+Not part of ``make test``: 50 faults take about an hour on two cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+import traceback
+import uuid
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from lightkube import Client
+from lightkube.config.kubeconfig import KubeConfig
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Namespace
+from tests.integration.conftest import RESYNC_SECONDS, wait_leading
+from tests.support.dataplane import create_cluster
+from tests.support.faults import FAULTS, NAME, REPLICAS, Lab, Outcome, healthy, run_fault
+
+from bench.dataplane import local_cluster
+from bench.nodes import say
+from stateward.cli.run import OPERATOR_NAMESPACE, ensure_namespace, install_crds, start_operator
+
+
+@dataclass
+class Tally:
+    """What happened to one kind of fault over the soak."""
+
+    runs: int = 0
+    failovers: int = 0
+    downtimes: list[float] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+
+
+def record(tallies: dict[str, Tally], outcome: Outcome) -> None:
+    tally = tallies[outcome.fault]
+    tally.runs += 1
+    tally.failovers += outcome.primary != outcome.old
+    tally.downtimes.append(outcome.downtime)
+
+
+def summary(tallies: dict[str, Tally]) -> list[str]:
+    """The table printed at the end: one row per fault kind, then the total."""
+    rows = [
+        "| fault | runs | failovers | write downtime median / worst | violations |",
+        "| --- | ---: | ---: | --- | ---: |",
+    ]
+    for name in sorted(tallies):
+        t = tallies[name]
+        downtime = (
+            f"{statistics.median(t.downtimes):.1f} s / {max(t.downtimes):.1f} s"
+            if t.downtimes
+            else "-"
+        )
+        rows.append(f"| {name} | {t.runs} | {t.failovers} | {downtime} | {len(t.violations)} |")
+    total = sum(len(t.violations) for t in tallies.values())
+    runs = sum(t.runs for t in tallies.values())
+    rows.append(f"| **all** | {runs} | {sum(t.failovers for t in tallies.values())} | | {total} |")
+    return rows
+
+
+def plan(count: int, seed: int, names: Sequence[str]) -> list[str]:
+    """``count`` faults drawn from ``names``, reproducibly for a seed."""
+    chooser = random.Random(seed)
+    return [chooser.choice(list(names)) for _ in range(count)]
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="make chaos", description=__doc__.splitlines()[0])
+    parser.add_argument("--faults", type=int, default=50, help="how many faults (default 50)")
+    parser.add_argument("--seed", type=int, default=None, help="random seed (default: time)")
+    parser.add_argument(
+        "--only", action="append", choices=sorted(FAULTS), help="draw only these faults"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the cluster's state and logs")
+    return parser.parse_args(argv)
+
+
+def soak(lab: Lab, schedule: list[str]) -> dict[str, Tally]:
+    tallies: dict[str, Tally] = defaultdict(Tally)
+    for index, name in enumerate(schedule, start=1):
+        say(f"==> fault {index}/{len(schedule)}: {name}")
+        started = time.monotonic()
+        try:
+            outcome = run_fault(lab, FAULTS[name])
+        except AssertionError as error:
+            tallies[name].runs += 1
+            tallies[name].violations.append(str(error))
+            say(f"    VIOLATION: {error}")
+            # The next fault needs a healthy cluster; if it never comes back, stop here.
+            try:
+                healthy(lab, timeout=600)
+            except AssertionError:
+                say("    the cluster did not recover: stopping the soak")
+                break
+            continue
+        record(tallies, outcome)
+        say(
+            f"    ok in {time.monotonic() - started:.0f} s: primary {outcome.old} →"
+            f" {outcome.primary}, write downtime {outcome.downtime:.2f} s"
+        )
+    return tallies
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    seed = args.seed if args.seed is not None else int(time.time())
+    schedule = plan(args.faults, seed, args.only or sorted(FAULTS))
+    say(f"==> chaos: {args.faults} faults, seed {seed} (--seed {seed} repeats this schedule)")
+    failures: list[str] = []
+    try:
+        with local_cluster(args.keep, failures) as cluster:
+            client = Client(
+                KubeConfig.from_file(cluster.kubeconfig), field_manager="stateward-chaos"
+            )
+            install_crds(client)
+            ensure_namespace(client, OPERATOR_NAMESPACE)
+            ns = f"chaos-{uuid.uuid4().hex[:6]}"
+            client.create(Namespace(metadata=ObjectMeta(name=ns)))
+            operator = start_operator(
+                cluster, extra=[f"--resync-interval={RESYNC_SECONDS}"], name="chaos-operator"
+            )
+            lab = Lab(cluster, client, ns, operator)
+            try:
+                wait_leading(operator)
+                create_cluster(client, ns, NAME, replicas=REPLICAS)
+                tallies = soak(lab, schedule)
+            finally:
+                lab.operator.stop()
+    except Exception:
+        traceback.print_exc()
+        say(f"chaos: the cluster could not be set up or run ({'; '.join(failures)})")
+        return 2
+    print("\n".join(summary(tallies)))
+    violations = [v for t in tallies.values() for v in t.violations]
+    for violation in violations:
+        print(f"violation: {violation}")
+    return 1 if violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

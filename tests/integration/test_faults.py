@@ -1,0 +1,207 @@
+"""Failures with a writer running: one 3-instance cluster on the three real nodes, one fault
+per test (the matrix is ``tests.support.faults.FAULTS``), and after each the same verdict.
+
+Every fault starts from a healthy cluster (Ready, a synchronous standby, every replica
+streaming, one timeline), runs a writer that records each acknowledged commit and the
+server that acknowledged it, injects the fault, waits for writes to flow again, heals, and
+then requires: every acknowledged row is on the primary and on every replica (the old
+primary rejoined, rewound if it had to be), the members share one timeline, and no server
+acknowledged a write after another had taken over (never two writable primaries).
+Write downtime is printed, not asserted: numbers live in `make bench`.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from lightkube import Client
+from lightkube.config.kubeconfig import KubeConfig
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Namespace, Pod
+
+from stateward.cli.run import OPERATOR_NAMESPACE, ensure_namespace, install_crds, start_operator
+from stateward.local.cluster import LocalCluster
+from tests.integration.conftest import RESYNC_SECONDS, wait_leading
+from tests.support import faults
+from tests.support.dataplane import (
+    Writer,
+    annotate,
+    create_cluster,
+    event_reasons,
+    now_stamp,
+    status_of,
+    switchover_done,
+)
+from tests.support.faults import FAULTS, NAME, REPLICAS, Lab, healthy, run_fault, verdict
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def lab(real_cluster: LocalCluster) -> Iterator[Lab]:
+    client = Client(KubeConfig.from_file(real_cluster.kubeconfig), field_manager="stateward-tests")
+    install_crds(client)
+    ensure_namespace(client, OPERATOR_NAMESPACE)
+    ns = f"faults-{uuid.uuid4().hex[:8]}"
+    client.create(Namespace(metadata=ObjectMeta(name=ns)))
+    operator = start_operator(
+        real_cluster, extra=[f"--resync-interval={RESYNC_SECONDS}"], name="faults-operator"
+    )
+    lab = Lab(real_cluster, client, ns, operator)
+    try:
+        wait_leading(lab.operator)
+        create_cluster(client, ns, NAME, replicas=REPLICAS)
+        yield lab
+    finally:
+        for node, state in real_cluster.node_states():
+            if state != "running":  # a failed test must not leave the next module a dead node
+                real_cluster.node_start(node.name)
+        lab.operator.stop()
+        client.delete(Namespace, ns)
+
+
+# --- process faults in the primary's container ---------------------------------------------
+
+
+def test_postgres_killed_in_the_primary_comes_back_without_losing_a_write(lab: Lab) -> None:
+    run_fault(lab, FAULTS["postgres-kill"])
+
+
+def test_patroni_killed_in_the_primary_fails_over_or_restarts_without_losing_a_write(
+    lab: Lab,
+) -> None:
+    outcome = run_fault(lab, FAULTS["patroni-kill"])
+    if outcome.primary != outcome.old:
+        failover = status_of(lab.client, lab.ns, NAME)["lastFailover"]
+        assert failover["fromPod"] == outcome.old, failover
+        assert "container" in failover.get("cause", ""), failover
+
+
+# --- node faults ---------------------------------------------------------------------------
+
+
+def test_the_primary_node_powered_off_and_marked_out_of_service_fails_over_at_once(
+    lab: Lab,
+) -> None:
+    outcome = run_fault(lab, FAULTS["node-stop"])
+    failover = status_of(lab.client, lab.ns, NAME)["lastFailover"]
+    assert (failover["fromPod"], failover["toPod"]) == (outcome.old, outcome.primary)
+    # Released on the out-of-service proof, not after Patroni's ttl.
+    assert failover.get("lockReleased") is True, failover
+    assert "out of service" in failover["cause"]
+    assert "LeaderLockReleased" in event_reasons(lab.client, lab.ns)
+    print(f"node-stop: new primary {failover.get('seconds')}s after the primary was seen failing")
+
+
+def test_a_hung_primary_node_is_replaced_after_the_lock_ttl_and_rejoins_when_thawed(
+    lab: Lab,
+) -> None:
+    outcome = run_fault(lab, FAULTS["node-freeze"])
+    failover = status_of(lab.client, lab.ns, NAME)["lastFailover"]
+    assert failover["fromPod"] == outcome.old
+    assert not failover.get("lockReleased"), "a hung node is no proof: the ttl must decide"
+
+
+def test_a_partitioned_primary_stops_accepting_writes_and_rejoins_when_healed(lab: Lab) -> None:
+    run_fault(lab, FAULTS["node-partition"])
+
+
+def test_a_replica_node_lost_while_the_primary_writes_keeps_the_primary(lab: Lab) -> None:
+    run_fault(lab, FAULTS["replica-node-stop"])
+
+
+# --- the control plane failing during failures ---------------------------------------------
+
+
+def test_the_operator_killed_mid_switchover_and_mid_failover_catches_up(lab: Lab) -> None:
+    old, _standby = healthy(lab)
+    # Mid-switchover: killed once the switchover is recorded as running.
+    started = now_stamp()
+    annotate(lab.client, lab.ns, NAME, "any")
+    wait_for(
+        lambda: (
+            (status_of(lab.client, lab.ns, NAME).get("switchover") or {}).get("startedAt", "")
+            >= started
+        ),
+        what="the switchover to start",
+        interval=0.1,
+    )
+    lab.operator.process.send_signal(signal.SIGKILL)
+    lab.operator.process.wait()
+    lab.start_operator()
+    record = switchover_done(lab.client, lab.ns, NAME, started)
+    assert record["phase"] == "Succeeded" and record["fromPod"] == old, record
+    primary, _ = healthy(lab)
+    assert primary != old
+
+    # Mid-failover: the operator is down while the primary's pod goes; Patroni fails over
+    # on its own, and the operator started again reports what happened.
+    with Writer(lab.client, lab.ns, NAME, table="w_operator_kill") as writer:
+        lab.operator.process.send_signal(signal.SIGKILL)
+        lab.operator.process.wait()
+        lab.client.delete(Pod, primary, namespace=lab.ns)
+        promoted = wait_for(
+            lambda: next(
+                (
+                    pod
+                    for pod in (f"{NAME}-{i}" for i in range(REPLICAS))
+                    if pod != primary and lab.sql(pod, "select pg_is_in_recovery()") == "f"
+                ),
+                None,
+            ),
+            what="Patroni to promote a replica with no operator running",
+            timeout=120,
+            interval=0.5,
+        )
+        lab.start_operator()
+        wait_for(
+            lambda: (
+                (status_of(lab.client, lab.ns, NAME).get("lastFailover") or {}).get("toPod")
+                == promoted
+            ),
+            what="the restarted operator to report the failover",
+            timeout=60,
+        )
+        writer.wait_acks(10)
+    assert status_of(lab.client, lab.ns, NAME)["primaryPod"] == promoted
+    verdict(lab, writer, "operator-kill")
+
+
+def test_writes_go_on_while_the_api_server_is_down_and_a_failover_waits_for_it(lab: Lab) -> None:
+    old, _standby = healthy(lab)
+    outage = 30.0
+    with Writer(lab.client, lab.ns, NAME, table="w_api_down") as writer:
+        lab.real.stop_component("kube-apiserver")
+        try:
+            # Patroni's failsafe mode: the primary reaches every member, so it keeps writing.
+            stopped = time.monotonic()
+            start = len(writer.acknowledged)
+            wait_for(
+                lambda: len(writer.acknowledged) >= start + 20,
+                what="writes while the API server is down",
+                timeout=outage / 2,
+            )
+            # Then the primary's Patroni dies with the API server still down: no failover
+            # can happen (the lock lives in the API server), and none may be faked.
+            faults.kill(
+                wait_for(
+                    lambda: faults.instance_processes(lab.ns, old).get("patroni"),
+                    what=f"Patroni of {old}",
+                )
+            )
+            # The outage lasts its 30 s whatever happens meanwhile: it is the fault itself.
+            wait_for(
+                lambda: time.monotonic() - stopped >= outage,
+                what="the end of the outage",
+                timeout=outage + 5,
+                interval=0.5,
+            )
+        finally:
+            lab.real.start_component("kube-apiserver")
+        writer.wait_acks(20, timeout=180)
+    verdict(lab, writer, "api-server-down")

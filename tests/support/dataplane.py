@@ -1,0 +1,201 @@
+"""What the data-plane and fault tests share: making clusters on the real nodes, SQL over
+``kubectl exec``, the roles in status, switchover records, and a writer that records every
+acknowledged commit (and which server acknowledged it)."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import itertools
+import os
+import subprocess
+import threading
+import time
+from typing import Any, NamedTuple
+
+from lightkube import ApiError, Client, codecs
+from lightkube.resources.core_v1 import Event, Pod, Secret
+from lightkube.types import PatchType
+
+from stateward.cli.run import PostgresClusterResource
+from stateward.local import binaries
+from stateward.local.cluster import LocalCluster
+from tests.integration.conftest import get_pgc
+from tests.support.waiting import wait_for
+
+
+def create_cluster(client: Client, ns: str, name: str, replicas: int, **spec: Any) -> None:
+    body: dict[str, Any] = {
+        "apiVersion": "stateward.io/v1alpha1",
+        "kind": "PostgresCluster",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "version": "15",
+            "replicas": replicas,
+            "storageSize": "1Gi",
+            "deletionPolicy": {"finalBackup": False},
+            **spec,
+        },
+    }
+    client.create(codecs.from_dict(body))
+
+
+def ready(client: Client, ns: str, name: str, timeout: float = 240) -> dict[str, Any]:
+    return wait_for(
+        lambda: (
+            (obj := get_pgc(client, name, ns)).get("status", {}).get("phase") == "Ready" and obj
+        ),
+        what=f"{ns}/{name} Ready",
+        timeout=timeout,
+        interval=1,
+    )
+
+
+def sql(real: LocalCluster, ns: str, pod: str, statement: str) -> str:
+    """Run SQL as the superuser over the pod's own socket; '' if the pod cannot answer."""
+    result = subprocess.run(
+        [
+            str(binaries.locate().kubectl), "exec", "-n", ns, pod, "--",
+            "psql", "-h", "/var/run/postgresql", "-U", "postgres", "-v", "ON_ERROR_STOP=1",
+            "-tAc", statement,
+        ],
+        env={**os.environ, "KUBECONFIG": str(real.kubeconfig)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )  # fmt: skip
+    return result.stdout.strip() if result.returncode == 0 else ""
+
+
+def status_of(client: Client, ns: str, name: str) -> dict[str, Any]:
+    return dict(get_pgc(client, name, ns).get("status") or {})
+
+
+def roles(client: Client, ns: str, name: str) -> dict[str, str]:
+    return {i["name"]: i.get("role", "") for i in status_of(client, ns, name).get("instances", [])}
+
+
+def annotate(client: Client, ns: str, name: str, value: str) -> None:
+    client.patch(
+        PostgresClusterResource,
+        name,
+        {"metadata": {"annotations": {"stateward.io/switchover": value}}},
+        namespace=ns,
+        patch_type=PatchType.MERGE,
+    )
+
+
+def switchover_done(client: Client, ns: str, name: str, started_after: str) -> dict[str, Any]:
+    def finished() -> dict[str, Any] | None:
+        obj = get_pgc(client, name, ns)
+        record = (obj.get("status") or {}).get("switchover") or {}
+        annotations = obj["metadata"].get("annotations") or {}
+        if (
+            record.get("phase") in ("Succeeded", "Failed")
+            and record.get("startedAt", "") >= started_after
+            and "stateward.io/switchover" not in annotations
+        ):
+            return dict(record)
+        return None
+
+    return wait_for(finished, what=f"{name}'s switchover to finish", timeout=120, interval=0.5)
+
+
+def now_stamp() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 1))
+
+
+def event_reasons(client: Client, ns: str) -> list[str]:
+    return [e.reason or "" for e in client.list(Event, namespace=ns)]
+
+
+class Ack(NamedTuple):
+    n: int
+    at: float
+    server: str
+    """The address of the server that acknowledged the commit (``inet_server_addr()``)."""
+
+
+class Writer:
+    """A client inserting numbered rows through whichever instance accepts writes (libpq's
+    ``target_session_attrs=read-write`` over every pod address), recording which commits were
+    acknowledged, when, and by which server."""
+
+    def __init__(self, client: Client, ns: str, name: str, table: str = "w") -> None:
+        self.client, self.ns, self.name, self.table = client, ns, name, table
+        secret = client.get(Secret, f"{name}-superuser", namespace=ns)
+        password = base64.b64decode((secret.data or {})["password"]).decode()
+        self.env = {**os.environ, "PGPASSWORD": password}
+        self.dsn = self._dsn()
+        self.acknowledged: list[Ack] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _dsn(self) -> str:
+        """Every instance's address: pods replaced in a rolling update get new ones."""
+        pods = self.client.list(Pod, namespace=self.ns, labels={"stateward.io/cluster": self.name})
+        hosts = ",".join(p.status.podIP for p in pods if p.status and p.status.podIP)
+        return (
+            f"host={hosts} port=5432 dbname=postgres user=postgres connect_timeout=2"
+            " target_session_attrs=read-write"
+        )
+
+    def run(self, statement: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["psql", self.dsn, "-v", "ON_ERROR_STOP=1", "-tAc", statement],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+
+    def _run(self) -> None:
+        n = 0
+        while not self._stop.is_set():
+            n += 1
+            done = self.run(
+                f"insert into {self.table} values ({n:d}) returning inet_server_addr()"  # noqa: S608
+            )
+            server = done.stdout.strip()
+            if done.returncode == 0 and server:
+                self.acknowledged.append(Ack(n, time.monotonic(), server.split("/")[0]))
+            else:
+                with contextlib.suppress(ApiError, OSError):
+                    self.dsn = self._dsn()
+
+    def __enter__(self) -> Writer:
+        created = self.run(f"create table if not exists {self.table} (n int primary key)")
+        assert created.returncode == 0, created.stderr
+        self._thread.start()
+        wait_for(lambda: len(self.acknowledged) >= 5, what="the writer to get going")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+    def wait_acks(self, count: int, timeout: float = 120) -> None:
+        """Wait for ``count`` more acknowledged writes than there are now."""
+        start = len(self.acknowledged)
+        wait_for(
+            lambda: len(self.acknowledged) >= start + count,
+            what=f"{count} more acknowledged writes",
+            timeout=timeout,
+        )
+
+    def longest_gap(self) -> float:
+        stamps = [a.at for a in self.acknowledged]
+        return max((b - a for a, b in itertools.pairwise(stamps)), default=0.0)
+
+    def servers(self) -> list[str]:
+        """The servers that acknowledged writes, in order, each run of acks counted once:
+        ``[old, new]`` for one failover; a server that comes back after another took over
+        (``[old, new, old]``) means two primaries accepted writes."""
+        return [server for server, _ in itertools.groupby(a.server for a in self.acknowledged)]
+
+    def missing_on(self, real: LocalCluster, ns: str, pod: str) -> set[int]:
+        present = sql(real, ns, pod, f"select string_agg(n::text, ',') from {self.table}")  # noqa: S608
+        rows = {int(x) for x in present.split(",") if x}
+        return {a.n for a in self.acknowledged} - rows

@@ -1,0 +1,337 @@
+"""Fault injection for the real-node tests, the benchmark and the chaos soak: processes of an
+instance found from the host, and SQL sent from inside a node's network.
+
+Test-only: the product never kills anything. The host shares one PID namespace with every
+node (nodes have their own network and mount namespaces only), so an instance's Patroni and
+PostgreSQL are found in /proc by the environment the StatefulSet gives them.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from lightkube import Client
+from lightkube.resources.core_v1 import Pod, Secret
+
+from stateward.cli.run import OperatorProcess, start_operator
+from stateward.local import nodes
+from stateward.local.cluster import LocalCluster
+from tests.integration.conftest import RESYNC_SECONDS, wait_leading
+from tests.support.dataplane import Writer, sql, status_of
+from tests.support.waiting import wait_for
+
+NAME = "f"
+REPLICAS = 3
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
+def _argv(pid: int) -> list[str]:
+    try:
+        return [
+            a.decode(errors="replace")
+            for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if a
+        ]
+    except OSError:
+        return []
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[1])
+
+
+def instance_processes(namespace: str, pod: str) -> dict[str, int]:
+    """``{"patroni": pid, "postmaster": pid}`` of one instance pod, as far as they run."""
+    found: dict[str, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        env = _environ(pid)
+        if env.get("PATRONI_NAME") != pod or env.get("PATRONI_KUBERNETES_NAMESPACE") != namespace:
+            continue
+        argv = _argv(pid)
+        if any(Path(a).name == "patroni" for a in argv[:2]):
+            found["patroni"] = pid
+    patroni = found.get("patroni")
+    if patroni is not None:
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and _parent(int(entry.name)) == patroni:
+                argv = _argv(int(entry.name))
+                if argv and Path(argv[0]).name == "postgres" and "-D" in argv:
+                    found["postmaster"] = int(entry.name)
+    return found
+
+
+def kill(pid: int, sig: signal.Signals = signal.SIGKILL) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def sql_in_node(
+    node: nodes.Node, dsn: str, password: str, statement: str, timeout: float = 5
+) -> str | None:
+    """``statement`` from inside ``node``'s network (where a partitioned node's pods are still
+    reachable); its output, or None if it failed or gave no answer within ``timeout`` (a
+    commit waiting for a synchronous standby that is gone never answers)."""
+    try:
+        done = subprocess.run(
+            [
+                "nsenter",
+                f"--net={node.net_ns}",
+                "--",
+                "psql",
+                dsn,
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-tAc",
+                statement,
+            ],
+            env={**os.environ, "PGPASSWORD": password},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+# --- one cluster under faults ---------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Lab:
+    real: LocalCluster
+    client: Client
+    ns: str
+    operator: OperatorProcess
+
+    def start_operator(self) -> None:
+        self.operator = start_operator(
+            self.real, extra=[f"--resync-interval={RESYNC_SECONDS}"], name="faults-operator"
+        )
+        wait_leading(self.operator)
+
+    def pod(self, name: str) -> Pod:
+        return self.client.get(Pod, name, namespace=self.ns)
+
+    def ip(self, name: str) -> str:
+        return str(self.pod(name).status.podIP)  # type: ignore[union-attr]
+
+    def node_of(self, name: str) -> str:
+        return str(self.pod(name).spec.nodeName)  # type: ignore[union-attr]
+
+    def password(self) -> str:
+        secret = self.client.get(Secret, f"{NAME}-superuser", namespace=self.ns)
+        return base64.b64decode((secret.data or {})["password"]).decode()
+
+    def sql(self, pod: str, statement: str) -> str:
+        return sql(self.real, self.ns, pod, statement)
+
+
+def healthy(lab: Lab, timeout: float = 300) -> tuple[str, str]:
+    """Wait for Ready, one primary, one synchronous standby, every replica streaming and
+    one timeline; the primary's and the standby's names."""
+
+    def check() -> tuple[str, str] | None:
+        status = status_of(lab.client, lab.ns, NAME)
+        instances = status.get("instances") or []
+        roles = {i["name"]: i.get("role") for i in instances}
+        if (
+            status.get("phase") != "Ready"
+            or sorted(roles.values()) != ["primary", "replica", "sync_standby"]
+            or any(i.get("state") != "streaming" for i in instances if i.get("role") != "primary")
+            or len({i.get("timeline") for i in instances}) != 1
+        ):
+            return None
+        standby = next(n for n, r in roles.items() if r == "sync_standby")
+        return str(status["primaryPod"]), standby
+
+    return wait_for(
+        check,
+        what="a healthy cluster (sync standby, streaming, one timeline)",
+        timeout=timeout,
+        interval=1,
+    )
+
+
+def new_primary(lab: Lab, old: str, timeout: float = 120) -> str:
+    """Wait for status.primaryPod to name a pod other than ``old`` that accepts writes."""
+
+    def promoted() -> str | None:
+        current = status_of(lab.client, lab.ns, NAME).get("primaryPod")
+        if current and current != old and lab.sql(current, "select pg_is_in_recovery()") == "f":
+            return str(current)
+        return None
+
+    return wait_for(promoted, what=f"a new primary instead of {old}", timeout=timeout, interval=0.5)
+
+
+def verdict(lab: Lab, writer: Writer, fault: str) -> str:
+    """After healing: the checks every fault must pass. Returns the primary."""
+    primary, _standby = healthy(lab)
+    for pod in (f"{NAME}-{i}" for i in range(REPLICAS)):
+        wait_for(
+            lambda pod=pod: writer.missing_on(lab.real, lab.ns, pod) == set(),
+            what=f"every acknowledged write of {fault} on {pod}",
+            timeout=60,
+            interval=1,
+        )
+    servers = writer.servers()
+    assert len(servers) == len(set(servers)), f"{fault}: writes acknowledged by {servers}"
+    print(f"{fault}: write downtime {writer.longest_gap():.2f}s; acknowledged by {servers}")
+    return primary
+
+
+Heal = Callable[[], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    """One entry of the fault matrix: ``inject(lab, primary, standby)`` breaks something and
+    returns how to heal it (None when the cluster heals itself); ``failover`` is True when a
+    new primary must appear, False when the primary must stay, None when either is right."""
+
+    name: str
+    inject: Callable[[Lab, str, str], Heal | None]
+    failover: bool | None
+
+
+def _kill_in(lab: Lab, pod: str, process: str) -> None:
+    pid = wait_for(
+        lambda: instance_processes(lab.ns, pod).get(process),
+        what=f"{process} of {pod}",
+    )
+    kill(pid)
+
+
+def _postgres_kill(lab: Lab, primary: str, _standby: str) -> Heal | None:
+    _kill_in(lab, primary, "postmaster")
+    return None
+
+
+def _patroni_kill(lab: Lab, primary: str, _standby: str) -> Heal | None:
+    # Patroni is the container's PID 1: PostgreSQL dies with it and the kubelet restarts
+    # the container. The operator may release the lock (the container terminated after the
+    # last renewal) so the standby takes over; otherwise the restarted Patroni resumes.
+    _kill_in(lab, primary, "patroni")
+    return None
+
+
+def _pod_delete(lab: Lab, primary: str, _standby: str) -> Heal | None:
+    lab.client.delete(Pod, primary, namespace=lab.ns)
+    return None
+
+
+def _node_stop(lab: Lab, primary: str, _standby: str) -> Heal | None:
+    node = lab.node_of(primary)
+    lab.real.node_stop(node)
+    # What a fencing agent (or an administrator) does once the node is known to be off.
+    lab.real.node_out_of_service(node)
+    return lambda: lab.real.node_start(node)
+
+
+def _node_freeze(lab: Lab, primary: str, _standby: str) -> Heal | None:
+    # Frozen, the old primary still believes it leads; thawed, it finds another leader,
+    # demotes and rejoins (pg_rewind), acknowledging nothing in between: its synchronous
+    # standby is the new primary.
+    node = lab.node_of(primary)
+    lab.real.node_freeze(node)
+    return lambda: lab.real.node_thaw(node)
+
+
+def _node_partition(lab: Lab, primary: str, _standby: str) -> Heal | None:
+    node_name, address = lab.node_of(primary), lab.ip(primary)
+    lab.real.node_partition(node_name)
+
+    def heal() -> None:
+        # Still cut off, the old primary reaches neither the API server nor its members:
+        # Patroni demotes it (failsafe mode keeps a primary only while it reaches them all).
+        # Seen from inside its node, where it is still reachable, it refuses writes.
+        node = lab.real.node(node_name)
+        dsn = f"host={address} port=5432 dbname=postgres user=postgres connect_timeout=2"
+        password = lab.password()
+        wait_for(
+            lambda: sql_in_node(node, dsn, password, "select pg_is_in_recovery()") == "t",
+            what="the partitioned primary to demote itself",
+            timeout=90,
+            interval=1,
+        )
+        written = sql_in_node(node, dsn, password, "create table partitioned_write (n int)")
+        assert written is None, f"the partitioned old primary accepted a write: {written}"
+        lab.real.node_heal(node_name)
+
+    return heal
+
+
+def _replica_node_stop(lab: Lab, _primary: str, standby: str) -> Heal | None:
+    # The synchronous standby's node dies: Patroni names the other replica synchronous and
+    # commits go on (synchronous mode Preferred); the primary stays where it is.
+    node = lab.node_of(standby)
+    lab.real.node_stop(node)
+    return lambda: lab.real.node_start(node)
+
+
+FAULTS: dict[str, Fault] = {
+    fault.name: fault
+    for fault in (
+        Fault("pod-delete", _pod_delete, failover=True),
+        Fault("postgres-kill", _postgres_kill, failover=None),
+        Fault("patroni-kill", _patroni_kill, failover=None),
+        Fault("node-stop", _node_stop, failover=True),
+        Fault("node-freeze", _node_freeze, failover=True),
+        Fault("node-partition", _node_partition, failover=True),
+        Fault("replica-node-stop", _replica_node_stop, failover=False),
+    )
+}
+"""The fault matrix the tests, the benchmark and ``make chaos`` draw from."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    fault: str
+    old: str
+    primary: str
+    downtime: float
+    servers: list[str]
+
+
+def run_fault(lab: Lab, fault: Fault) -> Outcome:
+    """From a healthy cluster, with a writer running: inject, wait for the expected new
+    primary and for writes to flow, heal, and pass :func:`verdict`."""
+    old, standby = healthy(lab)
+    table = f"w_{fault.name.replace('-', '_')}_{int(time.time())}"
+    with Writer(lab.client, lab.ns, NAME, table=table) as writer:
+        heal = fault.inject(lab, old, standby)
+        if fault.failover:
+            new_primary(lab, old)
+        writer.wait_acks(20, timeout=180)
+        if heal is not None:
+            heal()
+        writer.wait_acks(5)
+    primary = verdict(lab, writer, fault.name)
+    if fault.failover is False:
+        assert primary == old, f"{fault.name}: the primary moved from {old} to {primary}"
+    return Outcome(fault.name, old, primary, writer.longest_gap(), writer.servers())

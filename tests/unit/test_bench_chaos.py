@@ -1,0 +1,34 @@
+"""The chaos soak's schedule and summary (bench/chaos.py)."""
+
+from __future__ import annotations
+
+from bench import chaos
+
+from tests.support.faults import FAULTS, Outcome
+
+
+def test_a_seed_gives_the_same_schedule_of_known_faults() -> None:
+    first = chaos.plan(30, seed=7, names=sorted(FAULTS))
+    assert first == chaos.plan(30, seed=7, names=sorted(FAULTS))
+    assert len(first) == 30 and set(first) <= set(FAULTS)
+    assert chaos.plan(5, seed=1, names=["node-stop"]) == ["node-stop"] * 5
+
+
+def test_the_summary_counts_runs_failovers_downtime_and_violations() -> None:
+    tallies: dict[str, chaos.Tally] = {}
+    tallies.setdefault("node-stop", chaos.Tally())
+    tallies.setdefault("postgres-kill", chaos.Tally())
+    chaos.record(tallies, Outcome("node-stop", "f-0", "f-1", 4.0, ["a", "b"]))
+    chaos.record(tallies, Outcome("node-stop", "f-1", "f-2", 6.0, ["b", "c"]))
+    chaos.record(tallies, Outcome("postgres-kill", "f-2", "f-2", 3.0, ["c"]))
+    tallies["postgres-kill"].runs += 1
+    tallies["postgres-kill"].violations.append("lost 1 acknowledged write")
+    rows = chaos.summary(tallies)
+    assert rows[2] == "| node-stop | 2 | 2 | 5.0 s / 6.0 s | 0 |"
+    assert rows[3] == "| postgres-kill | 2 | 0 | 3.0 s / 3.0 s | 1 |"
+    assert rows[-1] == "| **all** | 4 | 2 | | 1 |"
+
+
+def test_a_fault_that_never_completed_shows_no_downtime() -> None:
+    tallies = {"node-freeze": chaos.Tally(runs=1, violations=["did not recover"])}
+    assert chaos.summary(tallies)[2] == "| node-freeze | 1 | 0 | - | 1 |"
