@@ -103,6 +103,10 @@ bench-nodes: binaries ## Benchmark real nodes: bring-up, idle cost per node, cos
 bench-dataplane: binaries ## Benchmark the data plane: apply → Ready, switchover and failover write downtime, idle memory
 	@$(BIN)/python -m bench.dataplane $(BENCH_DATAPLANE_FLAGS)
 
+.PHONY: bench-faults
+bench-faults: binaries ## The RTO/RPO table: every fault of the matrix 5 times on one cluster with a writer
+	@$(BIN)/python -m bench.faults $(BENCH_FAULTS_FLAGS)
+
 .PHONY: chaos
 chaos: binaries ## Soak: N random faults (default 50) against one cluster with a writer; exit 1 on any lost write or second primary
 	@$(BIN)/python -m bench.chaos $(CHAOS_FLAGS)

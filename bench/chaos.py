@@ -43,6 +43,7 @@ class Tally:
     runs: int = 0
     failovers: int = 0
     downtimes: list[float] = field(default_factory=list)
+    promoted: list[float] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
 
 
@@ -51,6 +52,8 @@ def record(tallies: dict[str, Tally], outcome: Outcome) -> None:
     tally.runs += 1
     tally.failovers += outcome.primary != outcome.old
     tally.downtimes.append(outcome.downtime)
+    if outcome.promoted_after is not None:
+        tally.promoted.append(outcome.promoted_after)
 
 
 def summary(tallies: dict[str, Tally]) -> list[str]:
@@ -116,14 +119,12 @@ def soak(lab: Lab, schedule: list[str]) -> dict[str, Tally]:
     return tallies
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse(argv)
-    seed = args.seed if args.seed is not None else int(time.time())
-    schedule = plan(args.faults, seed, args.only or sorted(FAULTS))
-    say(f"==> chaos: {args.faults} faults, seed {seed} (--seed {seed} repeats this schedule)")
+def run(schedule: list[str], *, keep: bool) -> tuple[dict[str, Tally] | None, int]:
+    """The faults of ``schedule`` against a fresh cluster: the tallies and the exit status
+    (0, 1 on any violation), or None and 2 when the cluster could not be set up."""
     failures: list[str] = []
     try:
-        with local_cluster(args.keep, failures) as cluster:
+        with local_cluster(keep, failures) as cluster:
             client = Client(
                 KubeConfig.from_file(cluster.kubeconfig), field_manager="stateward-chaos"
             )
@@ -144,12 +145,22 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:
         traceback.print_exc()
         say(f"chaos: the cluster could not be set up or run ({'; '.join(failures)})")
-        return 2
-    print("\n".join(summary(tallies)))
+        return None, 2
     violations = [v for t in tallies.values() for v in t.violations]
     for violation in violations:
         print(f"violation: {violation}")
-    return 1 if violations else 0
+    return tallies, 1 if violations else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    seed = args.seed if args.seed is not None else int(time.time())
+    schedule = plan(args.faults, seed, args.only or sorted(FAULTS))
+    say(f"==> chaos: {args.faults} faults, seed {seed} (--seed {seed} repeats this schedule)")
+    tallies, code = run(schedule, keep=args.keep)
+    if tallies is not None:
+        print("\n".join(summary(tallies)))
+    return code
 
 
 if __name__ == "__main__":

@@ -36,7 +36,16 @@ from tests.support.dataplane import (
     status_of,
     switchover_done,
 )
-from tests.support.faults import FAULTS, NAME, REPLICAS, Lab, healthy, run_fault, verdict
+from tests.support.faults import (
+    FAULTS,
+    MEMORY_LIMIT,
+    NAME,
+    REPLICAS,
+    Lab,
+    healthy,
+    run_fault,
+    verdict,
+)
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -55,7 +64,13 @@ def lab(real_cluster: LocalCluster) -> Iterator[Lab]:
     lab = Lab(real_cluster, client, ns, operator)
     try:
         wait_leading(lab.operator)
-        create_cluster(client, ns, NAME, replicas=REPLICAS)
+        create_cluster(
+            client,
+            ns,
+            NAME,
+            replicas=REPLICAS,
+            resources={"requests": {"memory": "128Mi"}, "limits": {"memory": MEMORY_LIMIT}},
+        )
         yield lab
     finally:
         for node, state in real_cluster.node_states():
@@ -80,6 +95,18 @@ def test_patroni_killed_in_the_primary_fails_over_or_restarts_without_losing_a_w
         failover = status_of(lab.client, lab.ns, NAME)["lastFailover"]
         assert failover["fromPod"] == outcome.old, failover
         assert "container" in failover.get("cause", ""), failover
+
+
+def test_a_crash_looping_primary_is_replaced_without_waiting_for_the_lock_ttl(lab: Lab) -> None:
+    outcome = run_fault(lab, FAULTS["patroni-crash-loop"])
+    failover = status_of(lab.client, lab.ns, NAME)["lastFailover"]
+    assert failover["fromPod"] == outcome.old
+    assert failover.get("lockReleased") is True, failover
+    assert "LeaderLockReleased" in event_reasons(lab.client, lab.ns)
+
+
+def test_an_oom_killed_primary_container_comes_back_without_losing_a_write(lab: Lab) -> None:
+    run_fault(lab, FAULTS["oom"])
 
 
 # --- node faults ---------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from lightkube import Client
 from lightkube.resources.core_v1 import Pod, Secret
 
 from stateward.cli.run import OperatorProcess, start_operator
-from stateward.local import nodes
+from stateward.local import binaries, nodes
 from stateward.local.cluster import LocalCluster
 from tests.integration.conftest import RESYNC_SECONDS, wait_leading
 from tests.support.dataplane import Writer, sql, status_of
@@ -30,6 +30,9 @@ from tests.support.waiting import wait_for
 
 NAME = "f"
 REPLICAS = 3
+MEMORY_LIMIT = "512Mi"
+"""The fault cluster's instance memory limit: the OOM fault exceeds it."""
+OOM_BYTES = 768 * 2**20
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -240,6 +243,66 @@ def _patroni_kill(lab: Lab, primary: str, _standby: str) -> Heal | None:
     return None
 
 
+def _patroni_crash_loop(lab: Lab, primary: str, _standby: str) -> Heal | None:
+    # Killed again each time the kubelet restarts it, until the kubelet backs off: the
+    # container then waits, terminated after its last lock renewal, and the operator
+    # releases the lock instead of waiting out the ttl and the backoff.
+    for _attempt in range(6):
+        pid = wait_for(
+            lambda: instance_processes(lab.ns, primary).get("patroni"),
+            what=f"Patroni of {primary} (restarted)",
+            timeout=60,
+        )
+        kill(pid)
+        waiting = wait_for(
+            lambda pid=pid: _container_waiting(lab, primary, pid),
+            what=f"{primary}'s container to restart or back off",
+            timeout=60,
+        )
+        if waiting == "CrashLoopBackOff":
+            return None
+    raise AssertionError(f"{primary}'s container never backed off")
+
+
+def _container_waiting(lab: Lab, pod: str, killed: int) -> str | None:
+    """ "CrashLoopBackOff" once the kubelet backs off; "restarted" once a new Patroni runs."""
+    for status in lab.pod(pod).status.containerStatuses or []:  # type: ignore[union-attr]
+        waiting = status.state.waiting if status.state else None
+        if waiting is not None and waiting.reason == "CrashLoopBackOff":
+            return "CrashLoopBackOff"
+    current = instance_processes(lab.ns, pod).get("patroni")
+    return "restarted" if current is not None and current != killed else None
+
+
+def _oom(lab: Lab, primary: str, _standby: str) -> Heal | None:
+    # The container exceeds its memory limit. The kernel's OOM killer picks one process of
+    # the cgroup, the largest by default; Patroni (PID 1) is made its choice, so the whole
+    # container dies of the OOM, as when PID 1 is the one that grew.
+    pid = wait_for(
+        lambda: instance_processes(lab.ns, primary).get("patroni"), what=f"Patroni of {primary}"
+    )
+    Path(f"/proc/{pid}/oom_score_adj").write_text("1000")
+    kubectl = [str(binaries.locate().kubectl), "exec", "-n", lab.ns, primary, "--"]
+    subprocess.run(
+        [*kubectl, "python3", "-c", f"b = bytearray({OOM_BYTES}); input()"],
+        env={**os.environ, "KUBECONFIG": str(lab.real.kubeconfig)},
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+
+    def oom_killed() -> bool:
+        for status in lab.pod(primary).status.containerStatuses or []:  # type: ignore[union-attr]
+            last = status.lastState.terminated if status.lastState else None
+            now = status.state.terminated if status.state else None
+            if any(t is not None and t.reason == "OOMKilled" for t in (last, now)):
+                return True
+        return False
+
+    wait_for(oom_killed, what=f"{primary}'s container to be OOM-killed", timeout=60)
+    return None
+
+
 def _pod_delete(lab: Lab, primary: str, _standby: str) -> Heal | None:
     lab.client.delete(Pod, primary, namespace=lab.ns)
     return None
@@ -300,6 +363,8 @@ FAULTS: dict[str, Fault] = {
         Fault("pod-delete", _pod_delete, failover=True),
         Fault("postgres-kill", _postgres_kill, failover=None),
         Fault("patroni-kill", _patroni_kill, failover=None),
+        Fault("patroni-crash-loop", _patroni_crash_loop, failover=True),
+        Fault("oom", _oom, failover=None),
         Fault("node-stop", _node_stop, failover=True),
         Fault("node-freeze", _node_freeze, failover=True),
         Fault("node-partition", _node_partition, failover=True),
@@ -316,6 +381,8 @@ class Outcome:
     primary: str
     downtime: float
     servers: list[str]
+    promoted_after: float | None = None
+    """Seconds from the fault to status.primaryPod naming a new primary that takes writes."""
 
 
 def run_fault(lab: Lab, fault: Fault) -> Outcome:
@@ -323,10 +390,13 @@ def run_fault(lab: Lab, fault: Fault) -> Outcome:
     primary and for writes to flow, heal, and pass :func:`verdict`."""
     old, standby = healthy(lab)
     table = f"w_{fault.name.replace('-', '_')}_{int(time.time())}"
+    promoted_after = None
     with Writer(lab.client, lab.ns, NAME, table=table) as writer:
+        injected = time.monotonic()
         heal = fault.inject(lab, old, standby)
         if fault.failover:
             new_primary(lab, old)
+            promoted_after = time.monotonic() - injected
         writer.wait_acks(20, timeout=180)
         if heal is not None:
             heal()
@@ -334,4 +404,4 @@ def run_fault(lab: Lab, fault: Fault) -> Outcome:
     primary = verdict(lab, writer, fault.name)
     if fault.failover is False:
         assert primary == old, f"{fault.name}: the primary moved from {old} to {primary}"
-    return Outcome(fault.name, old, primary, writer.longest_gap(), writer.servers())
+    return Outcome(fault.name, old, primary, writer.longest_gap(), writer.servers(), promoted_after)

@@ -32,3 +32,17 @@ def test_the_summary_counts_runs_failovers_downtime_and_violations() -> None:
 def test_a_fault_that_never_completed_shows_no_downtime() -> None:
     tallies = {"node-freeze": chaos.Tally(runs=1, violations=["did not recover"])}
     assert chaos.summary(tallies)[2] == "| node-freeze | 1 | 0 | - | 1 |"
+
+
+def test_the_fault_bench_runs_every_fault_alike_and_tabulates_them() -> None:
+    from bench import faults as bench_faults
+
+    assert bench_faults.schedule(2, ["a", "b"]) == ["a", "b", "a", "b"]
+    tallies = {"node-stop": chaos.Tally()}
+    chaos.record(tallies, Outcome("node-stop", "f-0", "f-1", 4.0, ["a", "b"], 3.5))
+    chaos.record(tallies, Outcome("node-stop", "f-1", "f-2", 6.0, ["b", "c"], 5.5))
+    tallies["postgres-kill"] = chaos.Tally(runs=1, violations=["lost 2 acknowledged writes"])
+    result = bench_faults.summarize(tallies)
+    lines = bench_faults.rows(result)
+    assert lines[2] == "| node-stop | 2 | 5.0 / 6.0 | 4.5 / 5.5 | 0 | 0 |"
+    assert lines[3] == "| postgres-kill | 1 | - | - | 1 | 0 |"
