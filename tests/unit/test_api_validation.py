@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from lightkube.utils import quantity as lightkube_quantity
 
+from stateward.api import validation
 from stateward.api.crd import postgrescluster_crd
 from stateward.api.v1alpha1 import VERSION_PATTERN
 from stateward.api.validation import (
@@ -560,3 +561,27 @@ def test_refused_updates(old: dict[str, Any], new: dict[str, Any], message: str)
 )
 def test_allowed_updates(old: dict[str, Any], new: dict[str, Any]) -> None:
     assert validate_spec(spec(**new), spec(**old)) == []
+
+
+@pytest.mark.parametrize(
+    ("value", "fenced"),
+    [
+        (None, []),
+        ("", []),
+        ("[]", []),
+        ('["pg-1"]', ["pg-1"]),
+        ('["pg-1", "pg-0", "pg-1"]', ["pg-0", "pg-1"]),
+        ('["*"]', ["*"]),
+    ],
+)
+def test_the_fencing_annotation_names_pods_or_all(value: str | None, fenced: list[str]) -> None:
+    annotations = {} if value is None else {"stateward.io/fenced-instances": value}
+    assert validation.fenced_instances(annotations) == fenced
+    assert validation.validate_annotations(annotations) == []
+
+
+@pytest.mark.parametrize("value", ["pg-1", '"pg-1"', '{"pg-1": 1}', "[1]", '["PG_1"]', "[", '[""]'])
+def test_an_unreadable_fencing_annotation_is_refused_naming_it_and_the_form(value: str) -> None:
+    (problem,) = validation.validate_annotations({"stateward.io/fenced-instances": value})
+    assert problem.startswith('metadata.annotations["stateward.io/fenced-instances"]: must be')
+    assert '["*"]' in problem

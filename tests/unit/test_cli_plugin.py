@@ -85,3 +85,15 @@ def test_the_flags() -> None:
     )
     args = plugin.parse(["psql", "orders", "--replica", "--", "-c", "select 1", "--echo-all"])
     assert args.replica and args.psql_args == ["-c", "select 1", "--echo-all"]
+
+
+def test_fencing_adds_and_unfencing_removes_one_pod_or_all() -> None:
+    from stateward.cli.plugin import PluginError, fenced_after
+
+    assert fenced_after([], "pg-1", fence=True) == ["pg-1"]
+    assert fenced_after(["pg-1"], "pg-0", fence=True) == ["pg-0", "pg-1"]
+    assert fenced_after(["pg-0", "pg-1"], "pg-0", fence=False) == ["pg-1"]
+    assert fenced_after(["pg-1"], "*", fence=True) == ["*", "pg-1"]
+    assert fenced_after(["*", "pg-1"], "*", fence=False) == []
+    with pytest.raises(PluginError, match="unfence '\\*' first"):
+        fenced_after(["*"], "pg-1", fence=False)

@@ -47,7 +47,9 @@ async def test_apply_children_builds_patroni_yaml_once(monkeypatch: pytest.Monke
     )
     await postgrescluster.apply_children(scope)
     assert built == [cluster.name]  # the ConfigMap's text and the pod template's hash share it
-    (config_map,) = [b for b in kube.applied if b["kind"] == "ConfigMap"]
+    (config_map,) = [
+        b for b in kube.applied if b["metadata"]["name"] == cluster.patroni_config_map_name
+    ]
     (sts,) = [b for b in kube.applied if b["kind"] == "StatefulSet"]
     document = configuration(cluster, labels=sts["spec"]["selector"]["matchLabels"])
     assert config_map["data"]["patroni.yaml"] == patroni.dump(document)

@@ -1,4 +1,4 @@
-"""``stateward-instance``: the checks before Patroni, and the exec that replaces the process."""
+"""``stateward-instance``: the checks before Patroni, and Patroni started under the supervisor."""
 
 from __future__ import annotations
 
@@ -39,15 +39,17 @@ def cluster() -> v1alpha1.PostgresCluster:
 
 
 class Exec:
-    """Stands in for os.execvp: records the call and the environment it would pass on."""
+    """Stands in for the supervisor: records what it would run, for whom, and the
+    environment Patroni would inherit."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[str, list[str]]] = []
+        self.calls: list[tuple[list[str], dict[str, object]]] = []
         self.env: dict[str, str] = {}
 
-    def __call__(self, file: str, args: list[str]) -> None:
-        self.calls.append((file, list(args)))
+    def __call__(self, argv: list[str], **where: object) -> int:
+        self.calls.append((list(argv), where))
         self.env = dict(os.environ)
+        return 0
 
 
 @pytest.fixture
@@ -65,8 +67,13 @@ def pod(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Exec:
         patroni.bin_dir(15), str(bin_dir)
     )
     (tmp_path / "patroni.yaml").write_text(document)
+    programs = tmp_path / "programs"
+    programs.mkdir()
+    (programs / "patroni").write_text("#!/bin/sh\n")
+    (programs / "patroni").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{programs}:{os.environ.get('PATH', '')}")
     recorder = Exec()
-    monkeypatch.setattr(os, "execvp", recorder)
+    monkeypatch.setattr(cli.supervisor, "supervise", recorder)
     return recorder
 
 
@@ -74,9 +81,14 @@ def run(tmp_path: Path, *extra: str) -> int:
     return cli.main(["run", "--config", str(tmp_path / "patroni.yaml"), *extra])
 
 
-def test_run_execs_patroni_with_the_config_and_no_shell(pod: Exec, tmp_path: Path) -> None:
-    run(tmp_path)
-    assert pod.calls == [("patroni", ["patroni", str(tmp_path / "patroni.yaml")])]
+def test_run_supervises_patroni_with_the_config_and_no_shell(pod: Exec, tmp_path: Path) -> None:
+    assert run(tmp_path) == 0
+    assert pod.calls == [
+        (
+            [str(tmp_path / "programs" / "patroni"), str(tmp_path / "patroni.yaml")],
+            {"namespace": "shop", "cluster": "orders", "pod": "orders-0", "port": 8008},
+        )
+    ]
 
 
 def test_run_defaults_to_the_mounted_config_file() -> None:
@@ -159,12 +171,11 @@ def test_patroni_scope_may_come_from_the_environment(
 def test_patroni_missing_from_path_exits_127(
     pod: Exec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def missing(file: str, args: list[str]) -> None:
-        raise FileNotFoundError(2, "No such file or directory")
-
-    monkeypatch.setattr(os, "execvp", missing)
+    (tmp_path / "programs" / "patroni").unlink()
+    monkeypatch.setenv("PATH", str(tmp_path / "programs"))
     assert run(tmp_path) == 127
-    assert "cannot run patroni: No such file or directory" in capsys.readouterr().err
+    assert "cannot run patroni: not found" in capsys.readouterr().err
+    assert pod.calls == []
 
 
 def test_the_checked_variables_are_what_the_statefulset_sets() -> None:

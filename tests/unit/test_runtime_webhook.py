@@ -270,3 +270,17 @@ async def test_the_monitor_reloads_a_rotated_certificate_and_reports_one_it_cann
         assert client.secret is not None and changed[-1] != rotated
     finally:
         await server.stop()
+
+
+def test_an_unreadable_fencing_annotation_is_refused_at_admission() -> None:
+    request = review(GOOD)
+    request["request"]["object"]["metadata"] = {  # type: ignore[index]
+        "annotations": {"stateward.io/fenced-instances": "pg-1"}
+    }
+    answer = webhook.review_response(request)
+    assert answer["response"]["allowed"] is False
+    assert "stateward.io/fenced-instances" in answer["response"]["status"]["message"]
+    request["request"]["object"]["metadata"]["annotations"] = {  # type: ignore[index]
+        "stateward.io/fenced-instances": '["pg-1"]'
+    }
+    assert webhook.review_response(request)["response"]["allowed"] is True

@@ -69,6 +69,7 @@ def test_children_in_apply_order_with_backup_schedule() -> None:
         ("Role", "demo-instance"),
         ("RoleBinding", "demo-instance"),
         ("ConfigMap", "demo-patroni"),
+        ("ConfigMap", "demo-fencing"),
         ("Service", "demo-headless"),
         ("Service", "demo-primary"),
         ("Service", "demo-replicas"),
@@ -81,7 +82,7 @@ def test_children_in_apply_order_with_backup_schedule() -> None:
 def test_no_cronjob_without_backup_schedule() -> None:
     kinds = [obj["kind"] for obj in specs.children(make_cluster(), patroni_config=HASHED)]
     assert "CronJob" not in kinds
-    assert len(kinds) == 9
+    assert len(kinds) == 10
 
 
 def test_children_exclude_secrets_jobs_and_the_repository() -> None:
@@ -97,7 +98,7 @@ def test_children_pass_the_config_text_and_hash_along() -> None:
     (sts,) = [obj for obj in objects if obj["kind"] == "StatefulSet"]
     annotations = sts["spec"]["template"]["metadata"]["annotations"]
     assert annotations == {"stateward.io/config-hash": "feedbeef"}
-    (config_map,) = [obj for obj in objects if obj["kind"] == "ConfigMap"]
+    (config_map,) = [obj for obj in objects if obj["metadata"]["name"].endswith("-patroni")]
     assert config_map["data"] == {"patroni.yaml": "scope: x\n"}
 
 
@@ -235,3 +236,23 @@ def test_the_app_secret_tells_an_application_how_to_connect() -> None:
 def test_the_bootstrap_defaults_are_app_and_app() -> None:
     spec = make_cluster().spec.bootstrap
     assert (spec.database, spec.owner) == ("app", "app")
+
+
+def test_the_fencing_configmap_lists_what_the_annotation_fences() -> None:
+    cluster = make_cluster()
+    cluster.metadata["annotations"] = {"stateward.io/fenced-instances": '["demo-1", "demo-0"]'}
+    (fencing,) = [
+        obj
+        for obj in specs.children(cluster, patroni_config=HASHED)
+        if obj["metadata"]["name"] == "demo-fencing"
+    ]
+    assert fencing["data"] == {"instances": '["demo-0", "demo-1"]'}
+    # No component label: Patroni lists ConfigMaps by the instance selector.
+    assert "app.kubernetes.io/component" not in fencing["metadata"]["labels"]
+
+
+def test_an_unreadable_fencing_annotation_leaves_the_applied_configmap_alone() -> None:
+    cluster = make_cluster()
+    cluster.metadata["annotations"] = {"stateward.io/fenced-instances": "demo-1"}
+    names = [o["metadata"]["name"] for o in specs.children(cluster, patroni_config=HASHED)]
+    assert "demo-fencing" not in names

@@ -35,6 +35,12 @@ SWITCHOVER_ANNOTATION = "stateward.io/switchover"
 """Set on a PostgresCluster to request a switchover: the value is the pod to promote, or
 ``any`` for the most up-to-date synchronous standby. The operator removes it when done and
 reports the result in ``status.switchover`` and Events."""
+FENCED_INSTANCES_ANNOTATION = "stateward.io/fenced-instances"
+"""Set on a PostgresCluster to fence instances: a JSON list of pod names, or ``["*"]`` for
+all. A fenced instance's PostgreSQL is stopped cleanly (a fenced primary hands over to a
+synchronous standby first); its pod and volume stay for inspection until it is unfenced."""
+REQUEST_ANNOTATIONS = (SWITCHOVER_ANNOTATION, FENCED_INSTANCES_ANNOTATION)
+"""Annotations that are requests to the operator: a change of one is a change of intent."""
 
 
 class _Model(pydantic.BaseModel):
@@ -366,6 +372,11 @@ class PostgresCluster(_Model):
         """Our static Patroni configuration. Not ``NAME-config``: in ConfigMaps mode Patroni
         owns ``{scope}-config`` (its dynamic configuration and timeline history)."""
         return f"{self.name}-patroni"
+
+    @property
+    def fencing_config_map_name(self) -> str:
+        """The fenced instances, as the instance pods read them (``instance.supervisor``)."""
+        return f"{self.name}-fencing"
 
     @property
     def superuser_secret_name(self) -> str:

@@ -34,6 +34,7 @@ import pydantic
 from lightkube.utils import quantity as lightkube_quantity
 
 from stateward.api.v1alpha1 import (
+    FENCED_INSTANCES_ANNOTATION,
     MAX_REPLICAS,
     SUPPORTED_MAJOR_VERSIONS,
     VERSION_PATTERN,
@@ -44,13 +45,16 @@ __all__ = [
     "CRON_EXAMPLE",
     "CRON_FIELDS",
     "CRON_REGEX",
+    "FENCE_ALL",
     "MANAGED_PARAMETERS",
     "OPERATOR_PARAMETERS",
     "PATRONI_OWNED_PARAMETERS",
     "SOCKET_DIR",
     "VERSION_REGEX",
     "CronField",
+    "fenced_instances",
     "parse_quantity",
+    "validate_annotations",
     "validate_cron",
     "validate_spec",
 ]
@@ -579,3 +583,40 @@ def validate_spec(new: Mapping[str, Any], old: Mapping[str, Any] | None = None) 
     ]
     errors.extend(_model_errors(new))
     return errors
+
+
+FENCE_ALL = "*"
+
+
+def fenced_instances(annotations: Mapping[str, Any] | None) -> list[str]:
+    """The instances the ``stateward.io/fenced-instances`` annotation fences, sorted (``["*"]``
+    for all; empty when it is absent). Raises ValueError with a message naming the
+    annotation and the expected form when the value is not a JSON list of pod names."""
+    raw = (annotations or {}).get(FENCED_INSTANCES_ANNOTATION)
+    if raw is None or raw == "":
+        return []
+    expected = (
+        f'metadata.annotations["{FENCED_INSTANCES_ANNOTATION}"]: must be a JSON list of pod'
+        f""" names such as '["NAME-1"]', or '["*"]' for every instance (got {_quote(raw)})"""
+    )
+    try:
+        names = json.loads(raw) if isinstance(raw, str) else None
+    except ValueError:
+        raise ValueError(expected) from None
+    if not isinstance(names, list) or not all(
+        isinstance(n, str) and (n == FENCE_ALL or re.fullmatch(POD_NAME_PATTERN, n)) for n in names
+    ):
+        raise ValueError(expected)
+    return sorted(set(names))
+
+
+POD_NAME_PATTERN = "[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+
+
+def validate_annotations(annotations: Mapping[str, Any] | None) -> list[str]:
+    """Problems with the annotations the operator reads as requests."""
+    try:
+        fenced_instances(annotations)
+    except ValueError as error:
+        return [str(error)]
+    return []

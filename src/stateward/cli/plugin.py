@@ -9,7 +9,9 @@ own socket, where the superuser needs none.
   the last switchover and failover, backups, conditions, recent Events;
 * ``switchover NAME [--to POD]``: request a switchover and wait for its outcome;
 * ``psql NAME [--replica] [-- ARGS]``: a psql shell on the primary (or a replica);
-* ``logs NAME``: every instance's log, each line prefixed with its pod.
+* ``logs NAME``: every instance's log, each line prefixed with its pod;
+* ``fence NAME POD`` / ``unfence NAME POD``: stop an instance's PostgreSQL, keeping its pod
+  and data for inspection, and start it again (``*`` for every instance).
 
 Errors (no such cluster, no permission, no primary) are one line and exit code 1.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import shutil
 import sys
@@ -30,7 +33,7 @@ from lightkube.config.kubeconfig import KubeConfig
 from lightkube.resources.core_v1 import Event, Pod
 from lightkube.types import PatchType
 
-from stateward.api import v1alpha1
+from stateward.api import v1alpha1, validation
 from stateward.controllers.kube import PostgresClusterResource
 from stateward.specs import meta, statefulset
 
@@ -245,6 +248,66 @@ def switchover_command(args: argparse.Namespace, out: Callable[[str], None]) -> 
     raise PluginError(f"no outcome within {args.timeout:.0f}s; `{PROGRAM} status {args.name}`")
 
 
+# --- fence and unfence ---------------------------------------------------------------------
+
+
+def fenced_after(current: list[str], pod: str, *, fence: bool) -> list[str]:
+    """The fenced list after fencing or unfencing ``pod`` (``*``: every instance)."""
+    if fence:
+        return sorted({*current, pod})
+    if pod == validation.FENCE_ALL:
+        return []
+    if validation.FENCE_ALL in current:
+        raise PluginError(
+            f'every instance is fenced ({v1alpha1.FENCED_INSTANCES_ANNOTATION}: ["*"]);'
+            f" unfence '*' first"
+        )
+    return sorted(set(current) - {pod})
+
+
+def fence_command(args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    """Add (fence) or remove (unfence) a pod in the fencing annotation, as an optimistic
+    write: a concurrent change makes it fail instead of being overwritten."""
+    client, namespace = _client(args)
+    fence = args.command == "fence"
+    for _attempt in range(5):
+        obj = get_cluster(client, args.name, namespace)
+        pods = {i["name"] for i in (obj.get("status") or {}).get("instances") or []}
+        if args.pod != validation.FENCE_ALL and pods and args.pod not in pods:
+            raise PluginError(
+                f"{args.pod!r} is not an instance of {args.name} (instances:"
+                f" {', '.join(sorted(pods))}; '*' means all)"
+            )
+        try:
+            current = validation.fenced_instances(obj["metadata"].get("annotations"))
+        except ValueError as error:
+            raise PluginError(str(error)) from None
+        wanted = fenced_after(current, args.pod, fence=fence)
+        if wanted == current:
+            out(f"{args.pod} is already {'fenced' if fence else 'not fenced'}")
+            return 0
+        value = json.dumps(wanted) if wanted else None
+        patch = {
+            "metadata": {
+                "resourceVersion": obj["metadata"]["resourceVersion"],
+                "annotations": {v1alpha1.FENCED_INSTANCES_ANNOTATION: value},
+            }
+        }
+        try:
+            client.patch(
+                PostgresClusterResource, args.name, patch, namespace=namespace,
+                patch_type=PatchType.MERGE,
+            )  # fmt: skip
+        except ApiError as error:
+            if error.status.code == 409:
+                continue
+            raise _explain(error, f"postgrescluster {args.name!r}") from None
+        verb = "fenced" if fence else "unfenced"
+        out(f"{args.pod} {verb}; `{PROGRAM} status {args.name}` shows it take effect")
+        return 0
+    raise PluginError(f"{args.name} kept changing; try again")
+
+
 # --- psql and logs ---------------------------------------------------------------------------
 
 
@@ -329,6 +392,13 @@ def parser() -> argparse.ArgumentParser:
     )
     psql.add_argument("name")
     psql.add_argument("--replica", action="store_true", help="connect to a replica")
+    for verb, text in (
+        ("fence", "stop an instance's PostgreSQL, keeping its pod and data for inspection"),
+        ("unfence", "start a fenced instance again"),
+    ):
+        command = commands.add_parser(verb, help=text)
+        command.add_argument("name")
+        command.add_argument("pod", help="the instance's pod, or '*' for every instance")
     logs = commands.add_parser("logs", help="every instance's log, prefixed with its pod")
     logs.add_argument("name")
     logs.add_argument("--tail", type=int, default=100, help="lines per instance (100)")
@@ -339,6 +409,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Callable[[str], None]], int]] 
     "status": status_command,
     "switchover": switchover_command,
     "psql": psql_command,
+    "fence": fence_command,
+    "unfence": fence_command,
     "logs": logs_command,
 }
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from decimal import Decimal
@@ -84,6 +85,8 @@ class Scope:
     """The synchronous standbys, as Patroni last recorded them."""
     scale_down_to: int | None = None
     """Set when a scale-down waits for the primary to move below this ordinal."""
+    fenced: list[str] = dataclasses.field(default_factory=list)
+    """The fenced instances the annotation asks for (``["*"]`` for all)."""
     _members: list[Member] | None = dataclasses.field(default=None, init=False, repr=False)
 
     @property
@@ -177,6 +180,7 @@ class Reconciler:
                 ensure_finalizer,
                 ensure_secrets,
                 check_storage_class,
+                check_fencing,
                 apply_children,
                 remove_backup_cronjob,
                 ensure_backup_repository,
@@ -323,6 +327,40 @@ async def check_storage_class(scope: Scope) -> str | None:
     scope.degraded.append(("StorageClassNotFound", message))
     scope.requeue(UNSATISFIABLE_RECHECK)
     return "waiting for the storage class"
+
+
+async def check_fencing(scope: Scope) -> str | None:
+    """The fencing request: refused in ``Degraded`` while unreadable (the fencing ConfigMap
+    applied last stays as it is), and each change of it told in an Event."""
+    cluster = scope.cluster
+    try:
+        wanted = validation.fenced_instances(cluster.metadata.get("annotations"))
+    except ValueError as error:
+        message = f"{error}; the instances fenced before stay fenced until it is fixed"
+        previous = cond.get_condition(scope.conditions, "Degraded") or {}
+        if previous.get("reason") != "FencingInvalid":
+            await scope.event("FencingInvalid", message, warning=True)
+        scope.degraded.append(("FencingInvalid", message))
+        return "the fencing annotation is invalid"
+    scope.fenced = wanted
+    observed = scope.observed("ConfigMap", cluster.fencing_config_map_name)
+    if observed is None:
+        return None  # a new cluster, or one made before fencing existed
+    try:
+        listed = json.loads((observed.get("data") or {}).get("instances") or "[]")
+    except ValueError:
+        listed = []
+    before = {n for n in listed if isinstance(n, str)} if isinstance(listed, list) else set()
+    added, removed = sorted(set(wanted) - before), sorted(before - set(wanted))
+    if added:
+        await scope.event(
+            "InstancesFenced",
+            f"Fencing {', '.join(added)}: PostgreSQL stops cleanly (a primary hands over to a"
+            " synchronous standby first); the pod and its volume stay",
+        )
+    if removed:
+        await scope.event("InstancesUnfenced", f"Unfencing {', '.join(removed)}")
+    return None
 
 
 async def apply_children(scope: Scope) -> str | None:
@@ -852,10 +890,23 @@ def _ready_condition(scope: Scope, ready: int, primaries: list[str], replicas: l
         for x in scope.members
         if x.label_role == meta.REPLICA_ROLE and x.replication_state not in (None, "streaming")
     )
+    fenced = sorted(x.name for x in scope.members if _is_fenced(scope, x.name))
     is_ready = (
-        ready == wanted and len(primaries) == 1 and len(replicas) == wanted - 1 and not behind
+        ready == wanted
+        and len(primaries) == 1
+        and len(replicas) == wanted - 1
+        and not behind
+        and not fenced
     )
-    if is_ready:
+    if fenced:
+        scope.set_condition(
+            "Ready",
+            False,
+            "InstancesFenced",
+            f"fenced: {', '.join(fenced)} ({v1alpha1.FENCED_INSTANCES_ANNOTATION});"
+            f" `kubectl stateward unfence {scope.cluster.name} POD` brings one back",
+        )
+    elif is_ready:
         scope.set_condition(
             "Ready", True, "AllInstancesReady", f"{ready}/{wanted} ready, primary {primaries[0]}"
         )
@@ -969,4 +1020,14 @@ def members_status(scope: Scope) -> list[dict[str, Any]]:
     """``status.instances``, only for pods Patroni has a record of (simulated nodes run no
     Patroni, and an instance the operator knows nothing about is not reported as anything)."""
     known = [x for x in scope.members if x.state is not None]
-    return instances(known, scope.sync)
+    result = instances(known, scope.sync)
+    for entry in result:
+        if _is_fenced(scope, entry["name"]):
+            entry["fenced"] = True
+            if not next(x.ready for x in known if x.name == entry["name"]):
+                entry["state"] = "fenced"
+    return result
+
+
+def _is_fenced(scope: Scope, pod: str) -> bool:
+    return validation.FENCE_ALL in scope.fenced or pod in scope.fenced

@@ -1,9 +1,9 @@
 """``stateward-instance``: the command an instance pod runs.
 
 ``run`` checks what Patroni needs (its YAML, the per-pod environment the StatefulSet sets, a
-passwd entry for the uid), then replaces itself with Patroni: no shell and no wrapper process
-in between, so Patroni is the container's PID 1 and gets the runtime's signals directly
-(as PID 1 it also reaps orphaned children).
+passwd entry for the uid), then stays as the container's PID 1 with Patroni as its only
+child (``supervisor``): the runtime's signals go to Patroni, the container ends when Patroni
+does, and Patroni is stopped, the pod kept, while the instance is fenced.
 
 ``post-bootstrap`` is Patroni's hook after initdb: it creates the application role and
 database named in the spec, with the password from the ``NAME-app`` Secret.
@@ -18,15 +18,16 @@ import importlib.metadata
 import os
 import pwd
 import re
+import shutil
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 import yaml
 
 from stateward.api import v1alpha1
-from stateward.instance import patroni
+from stateward.instance import patroni, supervisor
 
 PROGRAM: Final = "stateward-instance"
 
@@ -144,21 +145,25 @@ def passwd_environment(
     }
 
 
-def run(config: str) -> int:
-    """Check, then exec Patroni; returns only on failure."""
+def run(config: str, *, supervise: Callable[..., int] | None = None) -> int:
+    """Check, then run Patroni under the supervisor until it ends; Patroni's exit status."""
     check_environment(os.environ)
-    check_configuration(load_configuration(config), config, os.environ)
+    document = load_configuration(config)
+    check_configuration(document, config, os.environ)
     os.environ.update(passwd_environment(os.getuid(), os.getgid(), directory=patroni.TMP_DIR))
+    program = shutil.which("patroni")
+    if program is None:
+        path = os.environ.get("PATH", "")
+        raise InstanceError(f"cannot run patroni: not found (PATH={path})", code=127)
     sys.stdout.flush()
     sys.stderr.flush()
-    try:
-        os.execvp("patroni", ["patroni", config])  # noqa: S606 - no shell, on purpose
-    except OSError as error:
-        path = os.environ.get("PATH", "")
-        raise InstanceError(
-            f"cannot run patroni: {error.strerror} (PATH={path})", code=127
-        ) from error
-    return 127  # only reached when execvp is replaced (tests)
+    return (supervise or supervisor.supervise)(
+        [program, config],
+        namespace=os.environ["PATRONI_KUBERNETES_NAMESPACE"],
+        cluster=str(document.get("scope") or os.environ.get("PATRONI_SCOPE")),
+        pod=os.environ["PATRONI_NAME"],
+        port=patroni.RESTAPI_PORT,
+    )
 
 
 def bootstrap_sql(database: str, owner: str, password: str) -> str:
@@ -221,7 +226,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run_parser = commands.add_parser(
-        "run", help="check the pod's configuration, then exec Patroni (PID 1)"
+        "run", help="check the pod's configuration, then run Patroni (stopped while fenced)"
     )
     run_parser.add_argument(
         "--config",

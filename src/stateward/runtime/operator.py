@@ -466,8 +466,10 @@ def _same_intent(previous: dict[str, Any], current: dict[str, Any]) -> bool:
         and before.get("deletionTimestamp") == after.get("deletionTimestamp")
         and before.get("finalizers") == after.get("finalizers")
         and before.get("labels") == after.get("labels")
-        and (before.get("annotations") or {}).get(v1alpha1.SWITCHOVER_ANNOTATION)
-        == (after.get("annotations") or {}).get(v1alpha1.SWITCHOVER_ANNOTATION)
+        and all(
+            (before.get("annotations") or {}).get(key) == (after.get("annotations") or {}).get(key)
+            for key in v1alpha1.REQUEST_ANNOTATIONS
+        )
     )
 
 

@@ -62,9 +62,13 @@ HANDSHAKE_TIMEOUT = 5.0
 def review_response(review: dict[str, Any]) -> dict[str, Any]:
     """The AdmissionReview answer for one request (pure)."""
     request = review.get("request") or {}
-    new = (request.get("object") or {}).get("spec") or {}
+    new_object = request.get("object") or {}
+    new = new_object.get("spec") or {}
     old_object = request.get("oldObject")
     problems = validation.validate_spec(new, (old_object or {}).get("spec") if old_object else None)
+    problems += validation.validate_annotations(
+        (new_object.get("metadata") or {}).get("annotations")
+    )
     response: dict[str, Any] = {"uid": request.get("uid", ""), "allowed": not problems}
     if problems:
         response["status"] = {"code": 422, "reason": "Invalid", "message": "; ".join(problems)}

@@ -6,7 +6,7 @@ Every object is a JSON-ready dict for server-side apply under one field manager:
 
 from __future__ import annotations
 
-from stateward.api import v1alpha1
+from stateward.api import v1alpha1, validation
 from stateward.specs import backup, config, meta, pdb, rbac, services, statefulset
 
 
@@ -19,13 +19,16 @@ def children(
     text goes into the ConfigMap, its hash into the pod template.
 
     Not included: the Secrets (created once, with generated passwords), the final backup Job
-    (created by the finalizer) and the backup repository PVC (not owned).
+    (created by the finalizer) and the backup repository PVC (not owned). Nor the fencing
+    ConfigMap while the fencing annotation is invalid: the one applied last stays, so a typo
+    never unfences an instance (admission refuses such a value; this covers older objects).
     """
     objects = [
         rbac.service_account(cluster),
         rbac.role(cluster),
         rbac.role_binding(cluster),
         config.config_map(cluster, patroni_yaml=patroni_config.text),
+        *_fencing(cluster),
         services.headless_service(cluster),
         services.primary_service(cluster),
         services.replicas_service(cluster),
@@ -35,3 +38,11 @@ def children(
     if cluster.spec.backup_schedule is not None:
         objects.append(backup.backup_cronjob(cluster))
     return objects
+
+
+def _fencing(cluster: v1alpha1.PostgresCluster) -> list[meta.Object]:
+    try:
+        instances = validation.fenced_instances(cluster.metadata.get("annotations"))
+    except ValueError:
+        return []
+    return [config.fencing_config_map(cluster, instances)]

@@ -63,3 +63,15 @@ def _hash(document: Mapping[str, Any]) -> str:
         {**document, "bootstrap": bootstrap}, sort_keys=True, separators=(",", ":")
     )
     return hashlib.sha256(canonical.encode()).hexdigest()[:HASH_LENGTH]
+
+
+def fencing_config_map(cluster: v1alpha1.PostgresCluster, instances: list[str]) -> meta.Object:
+    """The fenced instances of ``cluster`` (a JSON list, ``["*"]`` for all), watched by each
+    instance pod's supervisor: listed, its PostgreSQL stops and the pod stays."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        # No component label, like NAME-patroni: Patroni's selector must not list it.
+        "metadata": meta.object_meta(cluster, cluster.fencing_config_map_name),
+        "data": {"instances": json.dumps(sorted(instances))},
+    }
