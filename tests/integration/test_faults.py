@@ -23,6 +23,7 @@ from lightkube.config.kubeconfig import KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Pod
 
+from stateward.cli import plugin
 from stateward.cli.run import OPERATOR_NAMESPACE, ensure_namespace, install_crds, start_operator
 from stateward.local.cluster import LocalCluster
 from tests.integration.conftest import RESYNC_SECONDS, wait_leading
@@ -43,6 +44,7 @@ from tests.support.faults import (
     REPLICAS,
     Lab,
     healthy,
+    new_primary,
     run_fault,
     verdict,
 )
@@ -232,3 +234,65 @@ def test_writes_go_on_while_the_api_server_is_down_and_a_failover_waits_for_it(l
             lab.real.start_component("kube-apiserver")
         writer.wait_acks(20, timeout=180)
     verdict(lab, writer, "api-server-down")
+
+
+# --- fencing on request ---------------------------------------------------------------------
+
+
+def fence(lab: Lab, verb: str, pod: str) -> None:
+    argv = ["--kubeconfig", str(lab.real.kubeconfig), "-n", lab.ns, verb, NAME, pod]
+    assert plugin.main(argv) == 0
+
+
+def instance_entry(lab: Lab, pod: str) -> dict[str, object]:
+    instances = status_of(lab.client, lab.ns, NAME).get("instances") or []
+    return next((i for i in instances if i["name"] == pod), {})
+
+
+def test_a_fenced_replica_stops_postgresql_keeps_its_pod_and_rejoins_when_unfenced(
+    lab: Lab,
+) -> None:
+    primary, _standby = healthy(lab)
+    replica = next(
+        i["name"]
+        for i in status_of(lab.client, lab.ns, NAME)["instances"]
+        if i.get("role") == "replica"
+    )
+    uid = lab.pod(replica).metadata.uid  # type: ignore[union-attr]
+    fence(lab, "fence", replica)
+    wait_for(
+        lambda: instance_entry(lab, replica).get("state") == "fenced",
+        what=f"{replica} to be reported fenced",
+        timeout=90,
+    )
+    assert faults.instance_processes(lab.ns, replica) == {}  # neither Patroni nor PostgreSQL
+    ready = next(
+        c for c in status_of(lab.client, lab.ns, NAME)["conditions"] if c["type"] == "Ready"
+    )
+    assert ready["status"] == "False" and ready["reason"] == "InstancesFenced"
+    assert replica in ready["message"]
+    assert "InstancesFenced" in event_reasons(lab.client, lab.ns)
+    # The pod, its container and its data stay; the primary goes on writing.
+    pod = lab.pod(replica)
+    assert pod.metadata.uid == uid  # type: ignore[union-attr]
+    assert all(c.restartCount == 0 for c in pod.status.containerStatuses or [])  # type: ignore[union-attr]
+    assert lab.sql(primary, "create table while_fenced (n int)") == "CREATE TABLE"
+
+    fence(lab, "unfence", replica)
+    healthy(lab)
+    assert lab.pod(replica).metadata.uid == uid  # type: ignore[union-attr]
+    wait_for(
+        lambda: lab.sql(replica, "select count(*) from while_fenced") == "0",
+        what=f"{replica} to replay what was written while it was fenced",
+    )
+
+
+def test_a_fenced_primary_hands_over_to_its_synchronous_standby_first(lab: Lab) -> None:
+    old, standby = healthy(lab)
+    with Writer(lab.client, lab.ns, NAME, table="w_fence_primary") as writer:
+        fence(lab, "fence", old)
+        assert new_primary(lab, old) == standby
+        writer.wait_acks(20)
+        fence(lab, "unfence", old)
+        writer.wait_acks(5)
+    verdict(lab, writer, "fence-primary")

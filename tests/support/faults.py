@@ -236,9 +236,10 @@ def _postgres_kill(lab: Lab, primary: str, _standby: str) -> Heal | None:
 
 
 def _patroni_kill(lab: Lab, primary: str, _standby: str) -> Heal | None:
-    # Patroni is the container's PID 1: PostgreSQL dies with it and the kubelet restarts
-    # the container. The operator may release the lock (the container terminated after the
-    # last renewal) so the standby takes over; otherwise the restarted Patroni resumes.
+    # The container ends with Patroni (its PID 1 supervises it): PostgreSQL dies with it and
+    # the kubelet restarts the container. The operator may release the lock (the container
+    # terminated after the last renewal) so the standby takes over; otherwise the restarted
+    # Patroni resumes.
     _kill_in(lab, primary, "patroni")
     return None
 
@@ -276,8 +277,8 @@ def _container_waiting(lab: Lab, pod: str, killed: int) -> str | None:
 
 def _oom(lab: Lab, primary: str, _standby: str) -> Heal | None:
     # The container exceeds its memory limit. The kernel's OOM killer picks one process of
-    # the cgroup, the largest by default; Patroni (PID 1) is made its choice, so the whole
-    # container dies of the OOM, as when PID 1 is the one that grew.
+    # the cgroup, the largest by default; Patroni is made its choice, and the container ends
+    # with Patroni, as when Patroni is the process that grew.
     pid = wait_for(
         lambda: instance_processes(lab.ns, primary).get("patroni"), what=f"Patroni of {primary}"
     )

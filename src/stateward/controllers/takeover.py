@@ -11,8 +11,8 @@ by demoting, is safe then):
   non-graceful node shutdown signal, set by an administrator or a fencing agent once the
   node is known to be off (Kubernetes itself then force-detaches its volumes);
 * **the instance container terminated after the lock's last renewal**: every process of a
-  container dies with its PID 1 (Patroni), PostgreSQL included, so no process of that
-  container can hold the primary role; the kubelet's ``finishedAt`` and Patroni's
+  container dies with its PID 1 (which ends when Patroni does), PostgreSQL included, so no
+  process of that container can hold the primary role; the kubelet's ``finishedAt`` and Patroni's
   ``renewTime`` are both written by the same node's clock, so the comparison needs no
   clock agreement between machines.
 
