@@ -203,7 +203,7 @@ class InstanceStatus(_Model):
     """primary, sync_standby or replica (Patroni's names)."""
 
     state: str | None = None
-    """running, streaming, starting, stopped, ... (Patroni's names)."""
+    """running, streaming, starting, stopped, ... (Patroni's names), or fenced."""
 
     timeline: int | None = None
     """The PostgreSQL timeline the instance is on."""
@@ -213,6 +213,9 @@ class InstanceStatus(_Model):
 
     pending_restart: bool | None = None
     """A changed parameter waits for this instance's restart."""
+
+    fenced: bool | None = None
+    """Fenced on request (``stateward.io/fenced-instances``): PostgreSQL stopped, pod kept."""
 
 
 class SwitchoverPhase(enum.StrEnum):
