@@ -50,7 +50,7 @@ from tests.support.faults import (
 )
 from tests.support.waiting import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +73,11 @@ def lab(real_cluster: LocalCluster) -> Iterator[Lab]:
             replicas=REPLICAS,
             resources={"requests": {"memory": "128Mi"}, "limits": {"memory": MEMORY_LIMIT}},
         )
+        healthy(lab)
+        # Node faults need one instance per node: a node taking two would take the primary
+        # and its synchronous standby at once, which no operator survives without loss.
+        placed = {lab.node_of(f"{NAME}-{i}") for i in range(REPLICAS)}
+        assert len(placed) == REPLICAS, f"instances share nodes: {placed}"
         yield lab
     finally:
         for node, state in real_cluster.node_states():
