@@ -112,7 +112,7 @@ def test_a_crash_looping_primary_is_replaced_without_waiting_for_the_lock_ttl(la
     assert "LeaderLockReleased" in event_reasons(lab.client, lab.ns)
 
 
-def test_an_oom_killed_primary_container_comes_back_without_losing_a_write(lab: Lab) -> None:
+def test_a_primary_whose_backend_is_oom_killed_recovers_without_losing_a_write(lab: Lab) -> None:
     run_fault(lab, FAULTS["oom"])
 
 

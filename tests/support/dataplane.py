@@ -142,14 +142,15 @@ class Writer:
         )
 
     def run(self, statement: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["psql", self.dsn, "-v", "ON_ERROR_STOP=1", "-tAc", statement],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
+        """One statement; a commit that gets no answer in 30 s counts as not acknowledged
+        (it waits for a synchronous standby that is gone, or a server that hangs)."""
+        argv = ["psql", self.dsn, "-v", "ON_ERROR_STOP=1", "-tAc", statement]
+        try:
+            return subprocess.run(
+                argv, env=self.env, capture_output=True, text=True, timeout=30, check=False
+            )
+        except subprocess.TimeoutExpired:
+            return subprocess.CompletedProcess(argv, 124, "", "no answer within 30 s")
 
     def _run(self) -> None:
         n = 0
@@ -158,7 +159,8 @@ class Writer:
             done = self.run(
                 f"insert into {self.table} values ({n:d}) returning inet_server_addr()"  # noqa: S608
             )
-            server = done.stdout.strip()
+            # psql prints the returned row, then the command tag.
+            server = (done.stdout.strip().splitlines() or [""])[0]
             if done.returncode == 0 and server:
                 self.acknowledged.append(Ack(n, time.monotonic(), server.split("/")[0]))
             else:

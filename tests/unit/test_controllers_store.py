@@ -108,30 +108,49 @@ def test_managed_fields_are_not_kept() -> None:
     assert "managedFields" in observed["metadata"], "the caller's body is untouched"
 
 
-def test_pods_keep_only_metadata_phase_ip_and_conditions() -> None:
+def test_pods_keep_metadata_node_phase_ip_conditions_and_container_states() -> None:
     store = ObjectStore()
     pod = body("Pod", "pg-0", "1")
-    pod["spec"] = {"containers": [{"name": "postgres", "image": "x"}]}
+    pod["spec"] = {"nodeName": "node-1", "containers": [{"name": "postgres", "image": "x"}]}
+    died = {"reason": "OOMKilled", "exitCode": 137, "finishedAt": "2026-12-02T10:00:05Z"}
     pod["status"] = {
         "phase": "Running",
         "podIP": "10.244.1.7",
         "conditions": [{"type": "Ready", "status": "True"}],
         "containerStatuses": [
-            {"name": "postgres", "state": {"running": {}}, "imageID": "sha256:x"},
+            {
+                "name": "postgres",
+                "state": {"running": {"startedAt": "2026-12-02T10:00:06Z"}},
+                "lastState": {"terminated": {**died, "containerID": "containerd://x"}},
+                "restartCount": 1,
+                "imageID": "sha256:x",
+            },
             {"name": "sidecar", "state": {"waiting": {"reason": "ImagePullBackOff"}}},
+            {"name": "job", "state": {"terminated": {**died, "startedAt": "x", "message": "m"}}},
         ],
     }
     store.observe(pod)
     kept = store.get("Pod", "ns", "pg-0")
     assert kept is not None
-    assert "spec" not in kept
+    assert kept["spec"] == {"nodeName": "node-1"}  # no containers, images, volumes
     assert kept["status"] == {
         "phase": "Running",
         "podIP": "10.244.1.7",  # where the operator reaches Patroni's REST API
         "conditions": [{"type": "Ready", "status": "True"}],
-        # only why a container does not run
+        # whether each container runs, why it waits, how it last ended: nothing more
         "containerStatuses": [
-            {"name": "sidecar", "state": {"waiting": {"reason": "ImagePullBackOff"}}}
+            {
+                "name": "postgres",
+                "restartCount": 1,
+                "state": {"running": {}},
+                "lastState": {"terminated": died},
+            },
+            {
+                "name": "sidecar",
+                "restartCount": 0,
+                "state": {"waiting": {"reason": "ImagePullBackOff"}},
+            },
+            {"name": "job", "restartCount": 0, "state": {"terminated": died}},
         ],
     }
     assert kept["metadata"]["labels"] == {"stateward.io/cluster": "pg"}

@@ -122,7 +122,17 @@ def test_managed_parameters_without_user_parameters() -> None:
         "wal_keep_size": "128MB",
         "wal_level": "replica",
         "wal_log_hints": "on",
+        "wal_receiver_timeout": "5s",
+        "wal_sender_timeout": "5s",
     }
+
+
+def test_the_operators_defaults_yield_to_the_users_parameters() -> None:
+    cluster = make_cluster(postgresql={"parameters": {"WAL_SENDER_TIMEOUT": "30s"}})
+    parameters = rendered(cluster)["bootstrap"]["dcs"]["postgresql"]["parameters"]
+    assert parameters["WAL_SENDER_TIMEOUT"] == "30s"
+    assert "wal_sender_timeout" not in parameters
+    assert parameters["wal_receiver_timeout"] == "5s"
     assert all(isinstance(value, str) for value in parameters.values())
 
 

@@ -47,6 +47,7 @@ __all__ = [
     "CRON_REGEX",
     "FENCE_ALL",
     "MANAGED_PARAMETERS",
+    "DEFAULT_PARAMETERS",
     "OPERATOR_PARAMETERS",
     "PATRONI_OWNED_PARAMETERS",
     "SOCKET_DIR",
@@ -77,6 +78,16 @@ OPERATOR_PARAMETERS: Mapping[str, str] = {
     "unix_socket_directories": SOCKET_DIR,
 }
 """Parameters the operator sets to fixed values in every instance's configuration."""
+
+DEFAULT_PARAMETERS: Mapping[str, str] = {
+    # A synchronous standby that vanishes without closing its connection (power loss, a
+    # partition) holds every commit until its walsender times out: 60 s by default. 5 s, as
+    # CloudNativePG sets, lets Patroni name another standby within seconds; a replica
+    # likewise notices a dead primary connection in 5 s.
+    "wal_sender_timeout": "5s",
+    "wal_receiver_timeout": "5s",
+}
+"""Parameters the operator sets unless the spec sets them (``spec.postgresql.parameters``)."""
 
 PATRONI_OWNED_PARAMETERS: frozenset[str] = frozenset(
     {

@@ -71,8 +71,8 @@ def _slim(body: Body) -> Body:
     """A copy of ``body`` without what no reconcile reads.
 
     At a thousand clusters the store holds tens of thousands of bodies, so this is most of
-    the operator's memory: managedFields go everywhere; Pods keep metadata, their phase,
-    IP and conditions only; Secrets keep no data at all (the reconciler only asks whether a
+    the operator's memory: managedFields go everywhere; Pods keep metadata, their node,
+    phase, IP, conditions and a summary of each container's state; Secrets keep no data at all (the reconciler only asks whether a
     Secret exists, and secret values then never sit in the operator's memory).
     """
     metadata = {k: copy.deepcopy(v) for k, v in body["metadata"].items() if k != "managedFields"}
@@ -83,15 +83,13 @@ def _slim(body: Body) -> Body:
             "apiVersion": body.get("apiVersion"),
             "kind": kind,
             "metadata": metadata,
+            # The node: an out-of-service node proves its primary cannot write (takeover).
+            "spec": {"nodeName": (body.get("spec") or {}).get("nodeName")},
             "status": {
                 "phase": status.get("phase"),
                 "podIP": status.get("podIP"),
-                # Only why a container is not running (image pull, config, crash loop):
-                # the reconciler reports it for pods that never start.
                 "containerStatuses": [
-                    {"name": c.get("name"), "state": {"waiting": c["state"]["waiting"]}}
-                    for c in status.get("containerStatuses") or []
-                    if (c.get("state") or {}).get("waiting")
+                    _slim_container(c) for c in status.get("containerStatuses") or []
                 ],
                 "conditions": copy.deepcopy(status.get("conditions") or []),
             },
@@ -133,3 +131,25 @@ def _comparable(version: object) -> bool:
         and version.isdigit()
         and not version.startswith("0")
     )
+
+
+_TERMINATED_KEYS = ("reason", "exitCode", "finishedAt")
+
+
+def _slim_container(status: Body) -> Body:
+    """Whether a container runs, why it waits (image pull, config, crash loop: reported for
+    pods that never start), and how it last ended (a container that terminated after its
+    leader lock's last renewal proves its primary cannot write)."""
+    state = status.get("state") or {}
+    kept: Body = {"name": status.get("name"), "restartCount": status.get("restartCount", 0)}
+    if "waiting" in state:
+        kept["state"] = {"waiting": copy.deepcopy(state["waiting"])}
+    elif "terminated" in state:
+        ended = state["terminated"] or {}
+        kept["state"] = {"terminated": {k: ended[k] for k in _TERMINATED_KEYS if k in ended}}
+    elif "running" in state:
+        kept["state"] = {"running": {}}
+    last = (status.get("lastState") or {}).get("terminated")
+    if last:
+        kept["lastState"] = {"terminated": {k: last[k] for k in _TERMINATED_KEYS if k in last}}
+    return kept

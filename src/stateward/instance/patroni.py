@@ -95,11 +95,14 @@ def bin_dir(major_version: int) -> str:
 
 
 def parameters(cluster: v1alpha1.PostgresCluster) -> dict[str, str]:
-    """The user's parameters merged with the operator's, sorted by name.
+    """The operator's defaults, overridden by the user's parameters, overridden by the
+    operator's fixed ones; sorted by name.
 
     Names compare case-insensitively, as PostgreSQL's do: ``WAL_LEVEL`` cannot slip past.
     """
-    merged = {
+    user = {name.lower() for name in cluster.spec.postgresql.parameters}
+    merged = {k: v for k, v in validation.DEFAULT_PARAMETERS.items() if k not in user}
+    merged |= {
         name: value
         for name, value in cluster.spec.postgresql.parameters.items()
         if name.lower() not in PATRONI_OWNED_PARAMETERS | OPERATOR_PARAMETERS.keys()

@@ -1,0 +1,219 @@
+"""follow_leader_lock: the lock released on proof, stale primary labels removed (DataPlane)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from lightkube import ApiError
+
+from stateward.controllers import postgrescluster
+from stateward.controllers.dataplane import DataPlane
+from stateward.controllers.store import ObjectStore
+from tests.support.clusters import make_cluster
+
+pytestmark = pytest.mark.unit
+
+OUT = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}
+
+
+class FakeKube:
+    """The reads and writes follow_leader_lock makes, against objects the test sets."""
+
+    def __init__(self, objects: dict[tuple[str, str], dict[str, Any]]) -> None:
+        self.objects = objects
+        self.gets: list[tuple[str, str]] = []
+        self.patches: list[tuple[str, str, dict[str, Any]]] = []
+        self.events: list[tuple[str, str]] = []
+        self.conflict = False
+
+    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Any:
+        self.gets.append((kind, name))
+        return self.objects.get((kind, name))
+
+    async def patch(self, ref: Any, patch: dict[str, Any], **_: Any) -> dict[str, Any]:
+        if self.conflict:
+            raise ApiError(
+                status=type("S", (), {"code": 409, "message": "conflict", "reason": "Conflict"})()
+            )  # type: ignore[call-arg]
+        self.patches.append((ref.kind, ref.name, patch))
+        body = self.objects.get((ref.kind, ref.name), {"metadata": {"name": ref.name}})
+        labels = dict(body["metadata"].get("labels") or {})
+        for key, value in ((patch.get("metadata") or {}).get("labels") or {}).items():
+            if value is None:
+                labels.pop(key, None)
+            else:
+                labels[key] = value
+        return {**body, "kind": ref.kind, "metadata": {**body["metadata"], "labels": labels}}
+
+    async def event(self, body: Any, *, reason: str, message: str, warning: bool = False) -> None:
+        self.events.append((reason, message))
+
+
+def pod(
+    name: str,
+    *,
+    role: str | None,
+    node: str,
+    deleting: bool = False,
+    ready: bool = True,
+    state: dict[str, Any] | None = None,
+    last: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    labels = {
+        "app.kubernetes.io/name": "stateward",
+        "stateward.io/cluster": "demo",
+        "app.kubernetes.io/component": "instance",
+    }
+    if role:
+        labels["stateward.io/role"] = role
+    metadata: dict[str, Any] = {"name": name, "namespace": "db", "labels": labels}
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-12-02T10:00:30Z"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata,
+        "spec": {"nodeName": node},
+        "status": {
+            "podIP": "10.0.0.1",
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            "containerStatuses": [
+                {
+                    "name": "postgres",
+                    "state": state or {"running": {}},
+                    "lastState": {"terminated": last} if last else {},
+                }
+            ],
+        },
+    }
+
+
+def lock(holder: str, renewed: str = "2026-12-02T10:00:03.5+00:00") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "demo-leader",
+            "namespace": "db",
+            "resourceVersion": "42",
+            "annotations": {"leader": holder, "renewTime": renewed},
+        },
+    }
+
+
+def scope(kube: FakeKube, *pods: dict[str, Any]) -> postgrescluster.Scope:
+    cluster = make_cluster()
+    store = ObjectStore()
+    for body in pods:
+        store.observe(body)
+    return postgrescluster.Scope(
+        cluster=cluster,
+        body={"metadata": {"name": cluster.name, "namespace": cluster.namespace}},
+        kube=kube,  # type: ignore[arg-type]
+        store=store,
+        now="2026-12-02T10:00:31Z",
+        conditions=[],
+    )
+
+
+async def test_a_primary_on_an_out_of_service_node_has_its_lock_released() -> None:
+    kube = FakeKube(
+        {
+            ("Node", "node-1"): {"metadata": {"name": "node-1"}, "spec": {"taints": [OUT]}},
+            ("ConfigMap", "demo-leader"): lock("demo-0"),
+        }
+    )
+    plane = DataPlane()
+    the_scope = scope(
+        kube,
+        pod("demo-0", role="primary", node="node-1", deleting=True),
+        pod("demo-1", role="replica", node="node-2"),
+    )
+    note = await plane.follow_leader_lock(the_scope)
+    assert note == "released the leader lock of demo-0 (NodeOutOfService)"
+    assert kube.patches == [
+        (
+            "ConfigMap",
+            "demo-leader",
+            {"metadata": {"resourceVersion": "42", "annotations": {"leader": None}}},
+        )
+    ]
+    assert kube.events[0][0] == "LeaderLockReleased" and "node-1" in kube.events[0][1]
+    # Released once: the next reconcile does not write again.
+    assert await plane.follow_leader_lock(the_scope) is None
+    assert len(kube.patches) == 1
+
+
+async def test_a_healthy_primary_costs_no_request() -> None:
+    kube = FakeKube({})
+    the_scope = scope(kube, pod("demo-0", role="primary", node="node-1"))
+    assert await DataPlane().follow_leader_lock(the_scope) is None
+    assert kube.gets == [] and kube.patches == []
+
+
+async def test_an_unready_primary_without_proof_keeps_its_lock_and_is_looked_at_again() -> None:
+    kube = FakeKube(
+        {
+            ("Node", "node-1"): {"metadata": {"name": "node-1"}, "spec": {}},
+            ("ConfigMap", "demo-leader"): lock("demo-0"),
+        }
+    )
+    the_scope = scope(kube, pod("demo-0", role="primary", node="node-1", ready=False))
+    assert await DataPlane().follow_leader_lock(the_scope) is None
+    assert kube.patches == []
+    assert the_scope.requeue_after is not None
+
+
+async def test_a_container_that_died_after_the_last_renewal_has_its_lock_released() -> None:
+    died = {"finishedAt": "2026-12-02T10:00:05Z", "reason": "Error", "exitCode": 137}
+    kube = FakeKube(
+        {
+            ("Node", "node-1"): {"metadata": {"name": "node-1"}, "spec": {}},
+            ("ConfigMap", "demo-leader"): lock("demo-0"),
+        }
+    )
+    the_scope = scope(
+        kube,
+        pod("demo-0", role="primary", node="node-1", ready=False, state={"terminated": died}),
+    )
+    note = await DataPlane().follow_leader_lock(the_scope)
+    assert note == "released the leader lock of demo-0 (ContainerTerminated)"
+
+
+async def test_a_lock_renewed_meanwhile_is_not_released() -> None:
+    kube = FakeKube(
+        {
+            ("Node", "node-1"): {"metadata": {"name": "node-1"}, "spec": {"taints": [OUT]}},
+            ("ConfigMap", "demo-leader"): lock("demo-0"),
+        }
+    )
+    kube.conflict = True
+    the_scope = scope(kube, pod("demo-0", role="primary", node="node-1", deleting=True))
+    note = await DataPlane().follow_leader_lock(the_scope)
+    assert note is not None and "renewed meanwhile" in note
+    assert kube.events == []
+
+
+async def test_the_stale_one_of_two_primary_labels_is_removed() -> None:
+    kube = FakeKube({("ConfigMap", "demo-leader"): lock("demo-1")})
+    stale = pod("demo-0", role="primary", node="node-1")
+    kube.objects[("Pod", "demo-0")] = stale
+    the_scope = scope(kube, stale, pod("demo-1", role="primary", node="node-2"))
+    note = await DataPlane().follow_leader_lock(the_scope)
+    assert note == "unlabelled the stale primary demo-0"
+    assert kube.patches == [
+        ("Pod", "demo-0", {"metadata": {"labels": {"stateward.io/role": None}}})
+    ]
+    assert [m.name for m in the_scope.members if m.is_primary] == ["demo-1"]
+
+
+async def test_two_primary_labels_during_a_leader_race_are_left_alone() -> None:
+    kube = FakeKube({("ConfigMap", "demo-leader"): lock("")})
+    the_scope = scope(
+        kube,
+        pod("demo-0", role="primary", node="node-1"),
+        pod("demo-1", role="primary", node="node-2"),
+    )
+    assert await DataPlane().follow_leader_lock(the_scope) is None
+    assert kube.patches == []
