@@ -103,6 +103,10 @@ bench-nodes: binaries ## Benchmark real nodes: bring-up, idle cost per node, cos
 bench-dataplane: binaries ## Benchmark the data plane: apply → Ready, switchover and failover write downtime, idle memory
 	@$(BIN)/python -m bench.dataplane $(BENCH_DATAPLANE_FLAGS)
 
+.PHONY: bench-patroni
+bench-patroni: $(STAMP) ## Reference: bare Patroni on loopback (no Kubernetes), write downtime per fault; etcd from `make binaries`
+	@$(BIN)/python -m bench.patroni_lab $(BENCH_PATRONI_FLAGS)
+
 .PHONY: images
 images: $(STAMP) ## Build the local images (pause, base, instance, operator) without a registry
 	@$(BIN)/stateward local images
