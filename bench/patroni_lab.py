@@ -61,6 +61,7 @@ import httpx
 
 from bench.dataplane import longest_gap, lost_rows, median_max, parse_rows, wait_until
 from bench.nodes import Interrupted, children, environment, say
+from bench.run import machine_busy_seconds
 from stateward.api.validation import OPERATOR_PARAMETERS
 from stateward.local import binaries, images
 from stateward.local.cluster import free_port_base
@@ -956,7 +957,7 @@ def config_used() -> dict[str, Any]:
 
 
 def measure(args: argparse.Namespace, etcd: Path) -> dict[str, Any]:
-    began = time.monotonic()
+    began, busy = time.monotonic(), machine_busy_seconds()
     result: dict[str, Any] = {"runs": args.runs, "config": config_used(), "faults": {}}
     with lab_session(etcd, args.keep) as (lab, psycopg, found):
         result["lab"] = found
@@ -974,6 +975,7 @@ def measure(args: argparse.Namespace, etcd: Path) -> dict[str, Any]:
                 )
     result["summary"] = {kind: summarize(entries) for kind, entries in result["faults"].items()}
     result["took_s"] = round(time.monotonic() - began, 1)
+    result["machine_busy_cpus"] = round((machine_busy_seconds() - busy) / result["took_s"], 2)
     return result
 
 
@@ -991,7 +993,9 @@ def markdown(result: dict[str, Any], env: dict[str, str]) -> str:
     lines = [
         f"Run {env['date']} on {env['machine']}; {v['patroni']}, {v['postgresql']},"
         f" {v['etcd']}; 3 members on 127.0.0.1 as OS user `{v['os_user']}`; runs:"
-        f" {result['runs']} of each; whole run {result['took_s']:.0f} s.",
+        f" {result['runs']} of each; whole run {result['took_s']:.0f} s, during which the"
+        f" machine's CPUs were busy {result['machine_busy_cpus']:.2f} of {os.cpu_count()} on"
+        " average (this run and any other work).",
         "",
         f"Patroni (`bootstrap.dcs`): {settings}; use_pg_rewind {pg['use_pg_rewind']},"
         f" use_slots {pg['use_slots']}.",
