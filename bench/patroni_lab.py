@@ -18,7 +18,7 @@ every replica streaming, as every member's ``GET /cluster`` and ``GET /patroni``
   SIGCONT, and the old primary must rejoin as a replica.
 
 Measured per run: the write downtime (longest gap between acknowledged inserts that overlaps
-[fault, new primary]), the time from the fault until ``GET /cluster`` names another leader
+[fault, healthy again]), the time from the fault until ``GET /cluster`` names another leader
 (or, for a postmaster restarted in place, until that member's own ``GET /patroni`` reports a
 running primary with a new postmaster), acknowledged rows missing on the final leader, and
 whether two members ever reported themselves running primaries in the same poll round (every
@@ -50,6 +50,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -811,11 +812,23 @@ def rewound(member: Member, offset: int) -> bool:
     return False
 
 
+def pauses(stamps: Sequence[float], start: float, longer_than: float = 0.5) -> list[list[float]]:
+    """[seconds after ``start`` the pause began, its length] of each gap between consecutive
+    ``stamps`` longer than ``longer_than`` that ends after ``start``."""
+    return [
+        [round(a - start, 2), round(b - a, 2)]
+        for a, b in itertools.pairwise(stamps)
+        if b >= start and b - a > longer_than
+    ]
+
+
 def outcome(writer: Writer, start: float, end: float, present: set[int]) -> dict[str, Any]:
+    """What the writer saw between the fault (``start``) and the cluster healthy again."""
     lost = lost_rows((n for n, _ in writer.acknowledged), present)
     steady = [b - a for a, b in itertools.pairwise(writer.stamps()) if b < start]
     return {
         "downtime_s": round(longest_gap(writer.stamps(), start, end), 3),
+        "pauses": pauses(writer.stamps(), start),
         "acknowledged": len(writer.acknowledged),
         "lost": len(lost),
         "lost_sample": lost[:20],
@@ -857,7 +870,7 @@ def run_once(lab: Lab, psycopg: Any, kind: str, run: int) -> dict[str, Any]:
         healthy_at = time.monotonic()
     assert final.leader is not None
     present = rows_on(lab, psycopg, lab.members[final.leader], table)
-    result = outcome(writer, at, moved_at, present)
+    result = outcome(writer, at, healthy_at, present)
     result |= watched(watch.rounds, at)
     fault.detail.pop("at")
     return result | {
@@ -1007,38 +1020,59 @@ def markdown(result: dict[str, Any], env: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-METHOD = f"""\
+INTRO = f"""\
 {SECTION}
 
 What Patroni itself gives, without Kubernetes or the operator: the reference for the data
 plane's failover numbers above. `.venv/bin/python -m bench.patroni_lab` (`make
 bench-patroni`; `--runs 5` by default, `--help` for the rest) rewrites the part between the
 markers below; the rest of this section is written by hand.
-
-**Method.** Patroni {REQUIREMENTS[0].split("==")[1]} (the instance image's pin, with the etcd3
-DCS instead of Kubernetes; installed into a virtualenv cached under
-`~/.cache/stateward/bench/`) runs three members on a single-member etcd (the local cluster's
-etcd binary), each with its own PostgreSQL 15 data directory (the host's
-`/usr/lib/postgresql/15/bin`, the same PostgreSQL parameters as our instances), all on
-127.0.0.1, as the OS user `postgres`. A writer thread keeps one libpq connection (multi-host,
-`target_session_attrs=read-write`, `connect_timeout=2`) and inserts numbered rows, one
-autocommit statement each, {WRITE_INTERVAL * 1000:.0f} ms apart; an insert not acknowledged in
-{STATEMENT_TIMEOUT:.0f} s is abandoned and the writer connects again. *Write downtime* is the
-longest gap between consecutive acknowledged inserts that overlaps the interval from the fault
-to the new primary. *Time to new primary* runs from the fault to the first poll in which a
-member's `GET /cluster` names another leader, running (or, for a postmaster restarted in
-place, in which that member's own `GET /patroni` reports a running primary with a new
-`postmaster_start_time`). *Acked writes lost* are acknowledged numbers missing on the leader
-once the cluster is healthy again. *Two primaries seen*: two members' own `GET /patroni`
-reported `role: primary, state: running` in the same poll (every member polled at once every
-{POLL} s, {REST_TIMEOUT} s timeout, from the fault until healthy again; a frozen member is not
-asked). Every run starts from a healthy cluster: all three `GET /cluster` agree on one running
-leader, one synchronous standby and the other member streaming. The faults: `switchover` is
-`POST /switchover` to the leader naming the synchronous standby; `postgres-kill` a SIGKILL of
-the primary's postmaster; `node-loss` SIGKILL of the primary's Patroni and all its PostgreSQL
-processes at once (after which its Patroni is started again and rejoins); `node-freeze`
-SIGSTOP of the same processes until another member is primary, then SIGCONT.
 """
+HOW = """\
+**Method.** Patroni {patroni} (the instance image's pin, with the etcd3 DCS instead of
+Kubernetes; installed into a virtualenv cached under `~/.cache/stateward/bench/`) runs three
+members on a single-member etcd (the local cluster's etcd binary), each with its own PostgreSQL
+15 data directory (the host's `/usr/lib/postgresql/15/bin`, the same PostgreSQL parameters as
+our instances), all on 127.0.0.1, as the OS user `postgres`. A writer thread keeps one libpq
+connection (multi-host, `target_session_attrs=read-write`, `connect_timeout=2`) and inserts
+numbered rows, one autocommit statement each, {pause:.0f} ms apart; an insert not acknowledged
+in {abandon:.0f} s is abandoned and the writer connects again. *Write downtime* is the longest
+gap between consecutive acknowledged inserts that overlaps the interval from the fault until
+the cluster is healthy again (so a second stall after the new primary, waiting for a
+synchronous standby say, would count). *Time to new primary* runs from the fault to the first
+poll in which a member's `GET /cluster` names another leader, running (or, for a postmaster
+restarted in place, in which that member's own `GET /patroni` reports a running primary with
+a new `postmaster_start_time`). *Acked writes lost* are acknowledged numbers missing on the
+leader once the cluster is healthy again. *Two primaries seen*: two members' own `GET
+/patroni` reported `role: primary, state: running` in the same poll (every member polled at
+once every {poll} s, {timeout} s timeout, from the fault until healthy again; a frozen member
+is not asked). Every run starts from a healthy cluster: all three `GET /cluster` agree on one
+running leader, one synchronous standby and the other member streaming. The faults:
+`switchover` is `POST /switchover` to the leader naming the synchronous standby;
+`postgres-kill` a SIGKILL of the primary's postmaster; `node-loss` SIGKILL of the primary's
+Patroni and all its PostgreSQL processes at once (after which its Patroni is started again and
+rejoins); `node-freeze` SIGSTOP of the same processes until another member is primary, then
+SIGCONT.
+"""
+METHOD = (
+    INTRO
+    + "\n"
+    + textwrap.fill(
+        " ".join(
+            HOW.format(
+                patroni=REQUIREMENTS[0].split("==")[1],
+                pause=WRITE_INTERVAL * 1000,
+                abandon=STATEMENT_TIMEOUT,
+                poll=POLL,
+                timeout=REST_TIMEOUT,
+            ).split()
+        ),
+        width=93,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    + "\n"
+)
 
 
 def write_doc(text: str) -> None:

@@ -311,3 +311,13 @@ def test_the_members_listen_on_loopback_only_with_the_recorded_dcs(tmp_path: Pat
         assert "target_session_attrs" not in single
     finally:
         lab.http.close()
+
+
+def test_pauses_are_the_long_gaps_that_end_after_the_fault() -> None:
+    from bench.patroni_lab import pauses
+
+    stamps = [0.0, 2.0, 2.1, 10.0, 10.1, 10.2, 13.2, 13.3]
+    # The fault at 1.0: 0 → 2 ends after it, then 2.1 → 10.0 and 10.2 → 13.2.
+    assert pauses(stamps, 1.0) == [[-1.0, 2.0], [1.1, 7.9], [9.2, 3.0]]
+    assert pauses(stamps, 11.0, longer_than=5) == []
+    assert pauses([], 0.0) == []
