@@ -111,6 +111,10 @@ bench-faults: binaries ## The RTO/RPO table: every fault of the matrix 5 times o
 chaos: binaries ## Soak: N random faults (default 50) against one cluster with a writer; exit 1 on any lost write or second primary
 	@$(BIN)/python -m bench.chaos $(CHAOS_FLAGS)
 
+.PHONY: bench-patroni
+bench-patroni: $(STAMP) ## Reference: bare Patroni on loopback (no Kubernetes), write downtime per fault; etcd from `make binaries`
+	@$(BIN)/python -m bench.patroni_lab $(BENCH_PATRONI_FLAGS)
+
 .PHONY: images
 images: $(STAMP) ## Build the local images (pause, base, instance, operator) without a registry
 	@$(BIN)/stateward local images
