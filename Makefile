@@ -92,7 +92,7 @@ down: $(STAMP) ## Stop the local cluster and remove its state
 BENCH_FLAGS ?=
 
 .PHONY: bench
-bench: bench-nodes bench-dataplane ## Benchmarks: real nodes, the data plane, then the operator at 100 and 1000 clusters (kwok); docs/benchmarks.md
+bench: bench-nodes bench-dataplane bench-faults ## Benchmarks: real nodes, the data plane, failures (RTO/RPO vs bare Patroni), then the operator at 100 and 1000 clusters (kwok); docs/benchmarks.md
 	@$(BIN)/python -m bench.run $(BENCH_FLAGS)
 
 .PHONY: bench-nodes

@@ -44,5 +44,8 @@ def test_the_fault_bench_runs_every_fault_alike_and_tabulates_them() -> None:
     tallies["postgres-kill"] = chaos.Tally(runs=1, violations=["lost 2 acknowledged writes"])
     result = bench_faults.summarize(tallies)
     lines = bench_faults.rows(result)
-    assert lines[2] == "| node-stop | 2 | 5.0 / 6.0 | 4.5 / 5.5 | 0 | 0 |"
-    assert lines[3] == "| postgres-kill | 1 | - | - | 1 | 0 |"
+    assert lines[2] == "| node-stop | 2 | 5.0 / 6.0 | 4.5 / 5.5 | 0 | 0 | - |"
+    assert lines[3] == "| postgres-kill | 1 | - | - | 1 | 0 | - |"
+    # With bare Patroni measured in the same run: the ratio of median write downtimes.
+    result["reference"] = {"faults": {"node-loss": [{"downtime_s": 20.0}, {"downtime_s": 22.0}]}}
+    assert bench_faults.rows(result)[2].endswith("| 0.24 (bare 21.0 s) |")
