@@ -69,7 +69,8 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClus
     try:
         yield cluster
     finally:
-        cluster.down()
+        # STATEWARD_KEEP_LOGS=1 keeps the state directory with every component's log.
+        cluster.down(keep=bool(os.environ.get("STATEWARD_KEEP_LOGS")))
 
 
 def client_for(cluster: LocalCluster, *, kubeconfig: Path | None = None) -> Client:

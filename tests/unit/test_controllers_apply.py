@@ -53,3 +53,24 @@ async def test_apply_children_builds_patroni_yaml_once(monkeypatch: pytest.Monke
     (sts,) = [b for b in kube.applied if b["kind"] == "StatefulSet"]
     document = configuration(cluster, labels=sts["spec"]["selector"]["matchLabels"])
     assert config_map["data"]["patroni.yaml"] == patroni.dump(document)
+
+
+def test_a_status_patch_replaces_nested_records_instead_of_merging_them() -> None:
+    current = {
+        "phase": "Ready",
+        "lastFailover": {"fromPod": "pg-1", "toPod": "pg-0", "cause": "its node went out"},
+        "switchover": {"phase": "Succeeded", "finishedAt": "t1", "message": "done"},
+        "gone": 1,
+    }
+    desired = {
+        "phase": "Ready",
+        "lastFailover": {"fromPod": "pg-0", "toPod": "pg-2"},
+        "switchover": {"phase": "Running", "startedAt": "t2"},
+    }
+    patch = postgrescluster.replacing_patch(current, desired)
+    assert patch == {
+        "gone": None,
+        "phase": "Ready",
+        "lastFailover": {"fromPod": "pg-0", "toPod": "pg-2", "cause": None},
+        "switchover": {"phase": "Running", "startedAt": "t2", "finishedAt": None, "message": None},
+    }

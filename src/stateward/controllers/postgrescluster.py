@@ -1011,9 +1011,23 @@ async def write_status(scope: Scope, *, deleting: bool) -> None:
     status = {k: v for k, v in status.items() if v is not None}
     if status == {k: v for k, v in current.items() if k in status} and set(current) <= set(status):
         return
-    patch = {"status": {**{k: None for k in current if k not in status}, **status}}
+    patch = {"status": replacing_patch(current, status)}
     patched = await scope.kube.patch(Ref.of(scope.body), patch, status=True)
     scope.store.observe(patched)
+
+
+def replacing_patch(current: Body, desired: Body) -> Body:
+    """A JSON merge patch that makes ``current`` equal to ``desired``: a merge patch merges
+    nested objects, so every key ``desired`` lacks is nulled, at every depth (a new failover
+    record must not keep the last one's cause). Lists are replaced whole anyway."""
+    patch: Body = {k: None for k in current if k not in desired}
+    for key, value in desired.items():
+        before = current.get(key)
+        if isinstance(value, dict) and isinstance(before, dict):
+            patch[key] = replacing_patch(before, value)
+        else:
+            patch[key] = value
+    return patch
 
 
 def members_status(scope: Scope) -> list[dict[str, Any]]:

@@ -72,8 +72,9 @@ def _slim(body: Body) -> Body:
 
     At a thousand clusters the store holds tens of thousands of bodies, so this is most of
     the operator's memory: managedFields go everywhere; Pods keep metadata, their node,
-    phase, IP, conditions and a summary of each container's state; Secrets keep no data at all (the reconciler only asks whether a
-    Secret exists, and secret values then never sit in the operator's memory).
+    phase, IP, conditions and a summary of each container's state; Secrets keep no data at
+    all (the reconciler only asks whether a Secret exists, and secret values then never sit
+    in the operator's memory).
     """
     metadata = {k: copy.deepcopy(v) for k, v in body["metadata"].items() if k != "managedFields"}
     kind = body.get("kind")
