@@ -18,22 +18,14 @@ import statistics
 import sys
 import time
 import traceback
-import uuid
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from lightkube import Client
-from lightkube.config.kubeconfig import KubeConfig
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Namespace
-from tests.integration.conftest import RESYNC_SECONDS, wait_leading
-from tests.support.dataplane import create_cluster
-from tests.support.faults import FAULTS, NAME, REPLICAS, Lab, Outcome, healthy, run_fault
+from tests.support.faults import FAULTS, Lab, Outcome, healthy, lab_on, run_fault
 
 from bench.dataplane import local_cluster
 from bench.nodes import say
-from stateward.cli.run import OPERATOR_NAMESPACE, ensure_namespace, install_crds, start_operator
 
 
 @dataclass
@@ -124,24 +116,8 @@ def run(schedule: list[str], *, keep: bool) -> tuple[dict[str, Tally] | None, in
     (0, 1 on any violation), or None and 2 when the cluster could not be set up."""
     failures: list[str] = []
     try:
-        with local_cluster(keep, failures) as cluster:
-            client = Client(
-                KubeConfig.from_file(cluster.kubeconfig), field_manager="stateward-chaos"
-            )
-            install_crds(client)
-            ensure_namespace(client, OPERATOR_NAMESPACE)
-            ns = f"chaos-{uuid.uuid4().hex[:6]}"
-            client.create(Namespace(metadata=ObjectMeta(name=ns)))
-            operator = start_operator(
-                cluster, extra=[f"--resync-interval={RESYNC_SECONDS}"], name="chaos-operator"
-            )
-            lab = Lab(cluster, client, ns, operator)
-            try:
-                wait_leading(operator)
-                create_cluster(client, ns, NAME, replicas=REPLICAS)
-                tallies = soak(lab, schedule)
-            finally:
-                lab.operator.stop()
+        with local_cluster(keep, failures) as cluster, lab_on(cluster, "chaos") as lab:
+            tallies = soak(lab, schedule)
     except Exception:
         traceback.print_exc()
         say(f"chaos: the cluster could not be set up or run ({'; '.join(failures)})")

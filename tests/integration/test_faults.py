@@ -14,24 +14,17 @@ from __future__ import annotations
 
 import signal
 import time
-import uuid
 from collections.abc import Iterator
 
 import pytest
-from lightkube import Client
-from lightkube.config.kubeconfig import KubeConfig
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Namespace, Pod
+from lightkube.resources.core_v1 import Pod
 
 from stateward.cli import plugin
-from stateward.cli.run import OPERATOR_NAMESPACE, ensure_namespace, install_crds, start_operator
 from stateward.local.cluster import LocalCluster
-from tests.integration.conftest import RESYNC_SECONDS, wait_leading
 from tests.support import faults
 from tests.support.dataplane import (
     Writer,
     annotate,
-    create_cluster,
     event_reasons,
     now_stamp,
     status_of,
@@ -39,11 +32,11 @@ from tests.support.dataplane import (
 )
 from tests.support.faults import (
     FAULTS,
-    MEMORY_LIMIT,
     NAME,
     REPLICAS,
     Lab,
     healthy,
+    lab_on,
     new_primary,
     run_fault,
     verdict,
@@ -55,36 +48,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 @pytest.fixture(scope="module")
 def lab(real_cluster: LocalCluster) -> Iterator[Lab]:
-    client = Client(KubeConfig.from_file(real_cluster.kubeconfig), field_manager="stateward-tests")
-    install_crds(client)
-    ensure_namespace(client, OPERATOR_NAMESPACE)
-    ns = f"faults-{uuid.uuid4().hex[:8]}"
-    client.create(Namespace(metadata=ObjectMeta(name=ns)))
-    operator = start_operator(
-        real_cluster, extra=[f"--resync-interval={RESYNC_SECONDS}"], name="faults-operator"
-    )
-    lab = Lab(real_cluster, client, ns, operator)
-    try:
-        wait_leading(lab.operator)
-        create_cluster(
-            client,
-            ns,
-            NAME,
-            replicas=REPLICAS,
-            resources={"requests": {"memory": "128Mi"}, "limits": {"memory": MEMORY_LIMIT}},
-        )
-        healthy(lab)
-        # Node faults need one instance per node: a node taking two would take the primary
-        # and its synchronous standby at once, which no operator survives without loss.
-        placed = {lab.node_of(f"{NAME}-{i}") for i in range(REPLICAS)}
-        assert len(placed) == REPLICAS, f"instances share nodes: {placed}"
+    with lab_on(real_cluster, "faults") as lab:
         yield lab
-    finally:
-        for node, state in real_cluster.node_states():
-            if state != "running":  # a failed test must not leave the next module a dead node
-                real_cluster.node_start(node.name)
-        lab.operator.stop()
-        client.delete(Namespace, ns)
 
 
 # --- process faults in the primary's container ---------------------------------------------

@@ -15,17 +15,26 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from lightkube import Client
-from lightkube.resources.core_v1 import Pod, Secret
+from lightkube.config.kubeconfig import KubeConfig
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Namespace, Pod, Secret
 
-from stateward.cli.run import OperatorProcess, start_operator
+from stateward.cli.run import (
+    OPERATOR_NAMESPACE,
+    OperatorProcess,
+    ensure_namespace,
+    install_crds,
+    start_operator,
+)
 from stateward.local import binaries, nodes
 from stateward.local.cluster import LocalCluster
 from tests.integration.conftest import RESYNC_SECONDS, wait_leading
-from tests.support.dataplane import Writer, sql, status_of
+from tests.support.dataplane import Writer, create_cluster, sql, status_of
 from tests.support.waiting import wait_for
 
 NAME = "f"
@@ -158,6 +167,42 @@ class Lab:
 
     def sql(self, pod: str, statement: str) -> str:
         return sql(self.real, self.ns, pod, statement)
+
+
+@contextlib.contextmanager
+def lab_on(real: LocalCluster, prefix: str) -> Iterator[Lab]:
+    """The fault cluster on ``real``: its own namespace and operator, one 3-instance
+    PostgresCluster with a memory limit (for the OOM fault), one instance per node (a node
+    taking two would take the primary and its synchronous standby at once, which nothing
+    survives without loss). Afterwards every node runs again and the namespace goes."""
+    client = Client(KubeConfig.from_file(real.kubeconfig), field_manager=f"stateward-{prefix}")
+    install_crds(client)
+    ensure_namespace(client, OPERATOR_NAMESPACE)
+    ns = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    client.create(Namespace(metadata=ObjectMeta(name=ns)))
+    operator = start_operator(
+        real, extra=[f"--resync-interval={RESYNC_SECONDS}"], name=f"{prefix}-operator"
+    )
+    lab = Lab(real, client, ns, operator)
+    try:
+        wait_leading(lab.operator)
+        create_cluster(
+            client,
+            ns,
+            NAME,
+            replicas=REPLICAS,
+            resources={"requests": {"memory": "128Mi"}, "limits": {"memory": MEMORY_LIMIT}},
+        )
+        healthy(lab)
+        placed = {lab.node_of(f"{NAME}-{i}") for i in range(REPLICAS)}
+        assert len(placed) == REPLICAS, f"instances share nodes: {placed}"
+        yield lab
+    finally:
+        for node, state in real.node_states():
+            if state != "running":  # a failed fault must not leave a dead node behind
+                real.node_start(node.name)
+        lab.operator.stop()
+        client.delete(Namespace, ns)
 
 
 def healthy(lab: Lab, timeout: float = 300) -> tuple[str, str]:
