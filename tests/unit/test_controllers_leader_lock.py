@@ -217,3 +217,31 @@ async def test_two_primary_labels_during_a_leader_race_are_left_alone() -> None:
     )
     assert await DataPlane().follow_leader_lock(the_scope) is None
     assert kube.patches == []
+
+
+async def test_a_crash_looping_primary_relabelled_replica_is_found_by_its_lock() -> None:
+    # Restarted, Patroni labels its pod a replica while it starts read-only; the kubelet then
+    # backs off: the lock still names it, and its container died after the last renewal.
+    died = {"finishedAt": "2026-12-02T10:00:05Z", "reason": "Error", "exitCode": 137}
+    kube = FakeKube(
+        {
+            ("Node", "node-1"): {"metadata": {"name": "node-1"}, "spec": {}},
+            ("ConfigMap", "demo-leader"): lock("demo-0"),
+        }
+    )
+    backing_off = {"waiting": {"reason": "CrashLoopBackOff"}}
+    the_scope = scope(
+        kube,
+        pod("demo-0", role="replica", node="node-1", ready=False, state=backing_off, last=died),
+        pod("demo-1", role="replica", node="node-2"),
+    )
+    note = await DataPlane().follow_leader_lock(the_scope)
+    assert note == "released the leader lock of demo-0 (ContainerTerminated)"
+    assert kube.gets.count(("ConfigMap", "demo-leader")) == 1  # read once, used twice
+
+
+async def test_no_primary_and_nobody_unwell_reads_nothing() -> None:
+    kube = FakeKube({})
+    the_scope = scope(kube, pod("demo-0", role="replica", node="node-1"))
+    assert await DataPlane().follow_leader_lock(the_scope) is None
+    assert kube.gets == []

@@ -203,7 +203,20 @@ class DataPlane:
         labelled = [p for p in pods if _role(p) == meta.PRIMARY_ROLE]
         if len(labelled) > 1:
             return await self._unlabel_stale(scope, labelled)
-        pod = labelled[0] if labelled else _named_primary(scope, pods)
+        lock: Body | None = None
+        if labelled:
+            pod: Body | None = labelled[0]
+        elif any(takeover.suspect(p, CONTAINER_NAME) for p in pods):
+            # No pod labelled primary, and one is unwell: a restarted Patroni relabels its
+            # pod a replica while it starts read-only, so only the lock still tells whose
+            # it is. (Read only then: a healthy cluster without a primary is bootstrapping.)
+            lock = await scope.kube.get("v1", "ConfigMap", scope.namespace, _lock_name(scope))
+            holder = ((lock or {}).get("metadata", {}).get("annotations") or {}).get(
+                takeover.LEADER_ANNOTATION
+            )
+            pod = next((p for p in pods if p["metadata"]["name"] == holder), None)
+        else:
+            pod = _named_primary(scope, pods)
         if pod is None or not takeover.suspect(pod, CONTAINER_NAME):
             lost = self._lost.get(key)
             if lost is not None and pod is not None and lost.pod == pod["metadata"]["name"]:
@@ -219,7 +232,8 @@ class DataPlane:
         scope.requeue(RECHECK)
         if lost.released:
             return None
-        lock = await scope.kube.get("v1", "ConfigMap", scope.namespace, _lock_name(scope))
+        if lock is None:
+            lock = await scope.kube.get("v1", "ConfigMap", scope.namespace, _lock_name(scope))
         if lock is None:
             return None
         found = takeover.proof(
