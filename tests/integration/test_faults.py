@@ -12,6 +12,7 @@ Write downtime is printed, not asserted: numbers live in `make bench`.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 from collections.abc import Iterator
@@ -224,6 +225,17 @@ def instance_entry(lab: Lab, pod: str) -> dict[str, object]:
     return next((i for i in instances if i["name"] == pod), {})
 
 
+@contextlib.contextmanager
+def fenced(lab: Lab, pod: str) -> Iterator[None]:
+    """``pod`` fenced inside the block, unfenced after it whatever happened (the next test
+    needs every instance)."""
+    fence(lab, "fence", pod)
+    try:
+        yield
+    finally:
+        fence(lab, "unfence", pod)
+
+
 def test_a_fenced_replica_stops_postgresql_keeps_its_pod_and_rejoins_when_unfenced(
     lab: Lab,
 ) -> None:
@@ -235,32 +247,29 @@ def test_a_fenced_replica_stops_postgresql_keeps_its_pod_and_rejoins_when_unfenc
     )
     uid = lab.pod(replica).metadata.uid  # type: ignore[union-attr]
     restarts = restart_count(lab, replica)  # earlier faults may have restarted it
-    fence(lab, "fence", replica)
-    wait_for(
-        lambda: instance_entry(lab, replica).get("state") == "fenced",
-        what=f"{replica} to be reported fenced",
-        timeout=90,
-    )
-    # Neither Patroni nor PostgreSQL runs (the pod learns of the fence through its watch,
-    # which may be reconnecting after an earlier fault).
-    wait_for(
-        lambda: faults.instance_processes(lab.ns, replica) == {},
-        what=f"Patroni and PostgreSQL of {replica} to stop",
-        timeout=60,
-    )
-    ready = next(
-        c for c in status_of(lab.client, lab.ns, NAME)["conditions"] if c["type"] == "Ready"
-    )
-    assert ready["status"] == "False" and ready["reason"] == "InstancesFenced"
-    assert replica in ready["message"]
-    assert "InstancesFenced" in event_reasons(lab.client, lab.ns)
-    # The pod, its container and its data stay; the primary goes on writing.
-    pod = lab.pod(replica)
-    assert pod.metadata.uid == uid  # type: ignore[union-attr]
-    assert restart_count(lab, replica) == restarts  # fenced without a container restart
-    assert lab.sql(primary, "create table while_fenced (n int)") == "CREATE TABLE"
-
-    fence(lab, "unfence", replica)
+    with fenced(lab, replica):
+        wait_for(
+            lambda: instance_entry(lab, replica).get("state") == "fenced",
+            what=f"{replica} to be reported fenced",
+            timeout=90,
+        )
+        # Neither Patroni nor PostgreSQL runs (the pod learns of the fence through its
+        # watch, which may be reconnecting after an earlier fault).
+        wait_for(
+            lambda: faults.instance_processes(lab.ns, replica) == {},
+            what=f"Patroni and PostgreSQL of {replica} to stop",
+            timeout=60,
+        )
+        ready = next(
+            c for c in status_of(lab.client, lab.ns, NAME)["conditions"] if c["type"] == "Ready"
+        )
+        assert ready["status"] == "False" and ready["reason"] == "InstancesFenced"
+        assert replica in ready["message"]
+        assert "InstancesFenced" in event_reasons(lab.client, lab.ns)
+        # The pod, its container and its data stay; the primary goes on writing.
+        assert lab.pod(replica).metadata.uid == uid  # type: ignore[union-attr]
+        assert restart_count(lab, replica) == restarts  # fenced without a container restart
+        assert lab.sql(primary, "create table while_fenced (n int)") == "CREATE TABLE"
     healthy(lab)
     assert lab.pod(replica).metadata.uid == uid  # type: ignore[union-attr]
     wait_for(
@@ -272,9 +281,8 @@ def test_a_fenced_replica_stops_postgresql_keeps_its_pod_and_rejoins_when_unfenc
 def test_a_fenced_primary_hands_over_to_its_synchronous_standby_first(lab: Lab) -> None:
     old, standby = healthy(lab)
     with Writer(lab.client, lab.ns, NAME, table="w_fence_primary") as writer:
-        fence(lab, "fence", old)
-        assert new_primary(lab, old) == standby
-        writer.wait_acks(20)
-        fence(lab, "unfence", old)
+        with fenced(lab, old):
+            assert new_primary(lab, old) == standby
+            writer.wait_acks(20)
         writer.wait_acks(5)
     verdict(lab, writer, "fence-primary")
