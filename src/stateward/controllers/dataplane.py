@@ -210,10 +210,8 @@ class DataPlane:
             # No pod labelled primary, and one is unwell: a restarted Patroni relabels its
             # pod a replica while it starts read-only, so only the lock still tells whose
             # it is. (Read only then: a healthy cluster without a primary is bootstrapping.)
-            lock = await scope.kube.get("v1", "ConfigMap", scope.namespace, _lock_name(scope))
-            holder = ((lock or {}).get("metadata", {}).get("annotations") or {}).get(
-                takeover.LEADER_ANNOTATION
-            )
+            lock = await _read_lock(scope)
+            holder = _holder(lock)
             pod = next((p for p in pods if p["metadata"]["name"] == holder), None)
         else:
             pod = _named_primary(scope, pods)
@@ -233,7 +231,7 @@ class DataPlane:
         if lost.released:
             return None
         if lock is None:
-            lock = await scope.kube.get("v1", "ConfigMap", scope.namespace, _lock_name(scope))
+            lock = await _read_lock(scope)
         if lock is None:
             return None
         found = takeover.proof(
@@ -257,10 +255,8 @@ class DataPlane:
         return f"released the leader lock of {name} ({found.reason})"
 
     async def _unlabel_stale(self, scope: Scope, labelled: list[Body]) -> str | None:
-        lock = await scope.kube.get("v1", "ConfigMap", scope.namespace, _lock_name(scope))
-        holder = ((lock or {}).get("metadata", {}).get("annotations") or {}).get(
-            takeover.LEADER_ANNOTATION
-        )
+        lock = await _read_lock(scope)
+        holder = _holder(lock)
         if not holder or holder not in {p["metadata"]["name"] for p in labelled}:
             scope.requeue(RECHECK)  # a leader race is under way: look again shortly
             return None
@@ -597,5 +593,14 @@ def _named_primary(scope: Scope, pods: list[Body]) -> Body | None:
     return next((p for p in pods if p["metadata"]["name"] == named), None)
 
 
-def _lock_name(scope: Scope) -> str:
-    return f"{scope.cluster.name}-leader"
+async def _read_lock(scope: Scope) -> Body | None:
+    """Patroni's leader lock, read fresh (it is not a watched child)."""
+    return await scope.kube.get(
+        "v1", "ConfigMap", scope.namespace, scope.cluster.leader_config_map_name
+    )
+
+
+def _holder(lock: Body | None) -> str | None:
+    """The member holding the lock, by its annotations; None when nobody does."""
+    annotations = (lock or {}).get("metadata", {}).get("annotations") or {}
+    return annotations.get(takeover.LEADER_ANNOTATION)
