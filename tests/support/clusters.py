@@ -15,3 +15,15 @@ def make_cluster(*, metadata: dict[str, Any] | None = None, **spec: Any) -> Post
             "spec": {"version": "16", "replicas": 3, "storageSize": "1Gi", **spec},
         }
     )
+
+
+REPOSITORY: dict[str, Any] = {
+    "s3": {
+        "endpoint": "s3.example.com",
+        "bucket": "backups",
+        "credentialsSecret": "s3-credentials",
+    }
+}
+"""A complete ``spec.backup.repository``: an S3 bucket and its credentials Secret."""
+BACKUP: dict[str, Any] = {"repository": REPOSITORY}
+"""A complete ``spec.backup``."""

@@ -216,7 +216,8 @@ def test_spec_defaults_are_kept_so_users_see_them(schema: dict[str, Any]) -> Non
     policy = at(schema, "spec.deletionPolicy")
     # {} makes the API server fill in the children's defaults when the user omits it
     assert policy["default"] == {}
-    assert policy["properties"]["finalBackup"]["default"] is True
+    # Unset means "when there is a repository": no default to show.
+    assert "default" not in policy["properties"]["finalBackup"]
     assert policy["properties"]["persistentVolumeClaims"]["default"] == "Delete"
     for path in ("spec.resources", "spec.postgresql", "spec.storageClassName", "spec.image"):
         assert "default" not in at(schema, path), path
@@ -236,6 +237,7 @@ def test_status_is_complete(schema: dict[str, Any]) -> None:
         "readyReplicas",
         "conditions",
         "lastBackupTime",
+        "backups",
         "observedGeneration",
         "finalBackupAttempts",
         "pendingRestart",
@@ -274,8 +276,9 @@ def test_every_rule_has_a_message_naming_its_field(schema: dict[str, Any]) -> No
             assert rule.get("reason", "FieldValueInvalid") in {
                 "FieldValueInvalid",
                 "FieldValueForbidden",
+                "FieldValueRequired",
             }
-    assert found == 11
+    assert found == 13
 
 
 def test_storage_size_rules(schema: dict[str, Any]) -> None:
@@ -364,6 +367,10 @@ def test_rules_only_use_kubernetes_cel_functions(schema: dict[str, Any]) -> None
                     "mode",
                     "number",
                     "replicas",
+                    "backupSchedule",
+                    "backup",
+                    "deletionPolicy",
+                    "finalBackup",
                 }
                 assert words - fields <= known, words - fields - known
 
@@ -549,6 +556,16 @@ def test_committed_sample_is_valid() -> None:
         "replicas": 3,
         "storageSize": "1Gi",
         "backupSchedule": "0 3 * * *",
+        "backup": {
+            "repository": {
+                "s3": {
+                    "endpoint": "stateward-objectstore.kube-system.svc",
+                    "bucket": "stateward",
+                    "credentialsSecret": "stateward-objectstore",
+                    "caKey": "ca.crt",
+                }
+            }
+        },
     }
     cluster = v1alpha1.PostgresCluster.model_validate(sample)
     assert cluster.spec.replicas == 3

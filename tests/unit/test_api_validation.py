@@ -24,6 +24,7 @@ from stateward.api.validation import (
     validate_spec,
 )
 from stateward.local import provisioner as prov
+from tests.support import clusters
 
 pytestmark = pytest.mark.unit
 
@@ -440,13 +441,27 @@ def test_allowed_parameters_pass() -> None:
 
 
 def test_valid_spec() -> None:
-    assert validate_spec(spec(backupSchedule="0 3 * * *")) == []
+    assert validate_spec(spec(backupSchedule="0 3 * * *", backup=clusters.BACKUP)) == []
     full = spec(
         version="17.2",
         replicas=16,
         storageSize="100Gi",
         storageClassName="fast-ssd",
         backupSchedule="*/30 * * * *",
+        backup={
+            "repository": {
+                "s3": {
+                    "endpoint": "minio.storage.svc:9000",
+                    "bucket": "db.backups",
+                    "region": "eu-west-1",
+                    "path": "/prod/orders",
+                    "credentialsSecret": "s3",
+                    "caKey": "ca.crt",
+                    "uriStyle": "Host",
+                }
+            },
+            "retention": {"full": 4},
+        },
         image="registry.example/pg:17",
         resources={"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
         postgresql={"parameters": {"max_connections": "200"}},
@@ -470,9 +485,55 @@ def test_valid_spec() -> None:
         ({"storageSize": "0"}, "spec.storageSize: must be a positive"),
         ({"storageSize": "-1Gi"}, "spec.storageSize: must be a positive"),
         ({"storageClassName": "Fast_SSD"}, "spec.storageClassName: must be a StorageClass name"),
-        ({"backupSchedule": "61 * * * *"}, "spec.backupSchedule: minute: 61 is out of range"),
-        ({"backupSchedule": "* * *"}, "spec.backupSchedule: must be a 5-field cron expression"),
-        ({"backupSchedule": "0 0 30 2 *"}, "spec.backupSchedule: never fires"),
+        (
+            {"backupSchedule": "61 * * * *", "backup": clusters.BACKUP},
+            "spec.backupSchedule: minute: 61 is out of range",
+        ),
+        (
+            {"backupSchedule": "* * *", "backup": clusters.BACKUP},
+            "spec.backupSchedule: must be a 5-field cron expression",
+        ),
+        (
+            {"backupSchedule": "0 0 30 2 *", "backup": clusters.BACKUP},
+            "spec.backupSchedule: never fires",
+        ),
+        (
+            {"backupSchedule": "0 3 * * *"},
+            "spec.backupSchedule: needs a repository to write to: set spec.backup.repository",
+        ),
+        (
+            {"deletionPolicy": {"finalBackup": True}},
+            "spec.deletionPolicy.finalBackup: needs a repository to write to: set"
+            " spec.backup.repository, or set finalBackup to false",
+        ),
+        ({"backup": {}}, "spec.backup.repository: is required"),
+        ({"backup": {"repository": {}}}, "spec.backup.repository.s3: is required"),
+        (
+            {"backup": {"repository": {"s3": {"endpoint": "s3.example.com", "bucket": "bkp"}}}},
+            "spec.backup.repository.s3.credentialsSecret: is required",
+        ),
+        (
+            {"backup": {"repository": {"s3": {**clusters.REPOSITORY["s3"], "bucket": "B"}}}},
+            "spec.backup.repository.s3.bucket: ",
+        ),
+        (
+            {
+                "backup": {
+                    "repository": {
+                        "s3": {**clusters.REPOSITORY["s3"], "endpoint": "https://s3.example.com"}
+                    }
+                }
+            },
+            "spec.backup.repository.s3.endpoint: ",
+        ),
+        (
+            {"backup": {"repository": {"s3": {**clusters.REPOSITORY["s3"], "path": "relative"}}}},
+            "spec.backup.repository.s3.path: ",
+        ),
+        (
+            {"backup": {**clusters.BACKUP, "retention": {"full": 0}}},
+            "spec.backup.retention.full: ",
+        ),
         (
             {"resources": {"requests": {"cpu": "lots"}}},
             'spec.resources.requests.cpu: must be a Kubernetes quantity such as "500m" or "1Gi"',

@@ -9,6 +9,7 @@ import yaml
 
 from stateward.api.v1alpha1 import PostgresCluster
 from stateward.instance import patroni
+from tests.support import clusters
 from tests.support.clusters import make_cluster
 
 pytestmark = pytest.mark.unit
@@ -114,6 +115,10 @@ def test_rewind_and_slots() -> None:
 def test_managed_parameters_without_user_parameters() -> None:
     parameters = rendered(make_cluster())["bootstrap"]["dcs"]["postgresql"]["parameters"]
     assert parameters == {
+        # On in every cluster (no restart when backups are configured later); without a
+        # repository WAL is discarded as it would be without archiving.
+        "archive_command": "/bin/true",
+        "archive_mode": "on",
         "hot_standby": "on",
         "max_replication_slots": "20",
         "max_wal_senders": "20",
@@ -125,6 +130,13 @@ def test_managed_parameters_without_user_parameters() -> None:
         "wal_receiver_timeout": "5s",
         "wal_sender_timeout": "5s",
     }
+
+
+def test_wal_is_archived_with_pgbackrest_when_there_is_a_repository() -> None:
+    cluster = make_cluster(backup=clusters.BACKUP)
+    parameters = rendered(cluster)["bootstrap"]["dcs"]["postgresql"]["parameters"]
+    assert parameters["archive_mode"] == "on"
+    assert parameters["archive_command"] == "pgbackrest --stanza=demo archive-push %p"
 
 
 def test_the_operators_defaults_yield_to_the_users_parameters() -> None:

@@ -107,7 +107,17 @@ class Children:
         return child
 
     def running(self) -> list[subprocess.Popen[bytes]]:
-        return [c for c in self.spawned if c.poll() is None]
+        """Children alive, seen from /proc without reaping them: a poll() from this thread
+        raced the supervisor's reaper, and a child it had reaped then read as exit code 0."""
+        return [c for c in self.spawned if c.returncode is None and _alive(c.pid)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def supervise(source: Source, children: Children, drive: Callable[[], None]) -> int:

@@ -29,6 +29,11 @@ CLUSTER = PostgresCluster.model_validate(
             "replicas": 3,
             "storageSize": "1Gi",
             "backupSchedule": "0 3 * * *",
+            "backup": {
+                "repository": {
+                    "s3": {"endpoint": "s3.example.com", "bucket": "bkp", "credentialsSecret": "s"}
+                }
+            },
         },
     }
 )
@@ -53,11 +58,10 @@ def reconciler_writes() -> dict[str, set[str]]:
     # apply_children: server-side apply, which is a patch that creates when absent.
     for child in specs.children(CLUSTER, patroni_config=config.patroni_config(CLUSTER)):
         writes.setdefault(child["kind"], set()).update({"create", "patch"})
-    # Created once: the Secrets, the backup repository claim, the final backup Job.
+    # Created once: the Secrets, the final backup Job.
     for made in (
         secrets.superuser_secret(CLUSTER, password="p"),
         secrets.replication_secret(CLUSTER, password="p"),
-        backup.backup_repository_pvc(CLUSTER),
         backup.final_backup_job(CLUSTER),
     ):
         writes.setdefault(made["kind"], set()).add("create")
@@ -93,10 +97,10 @@ def test_every_write_of_the_reconciler_is_allowed(kind: str, verb: str) -> None:
     assert allows(rbac.cluster_role(), group, plural, verb)
 
 
-def test_the_operator_holds_every_right_it_grants_the_instance_pods() -> None:
+def test_the_operator_holds_every_right_it_grants_the_instance_pods_and_backup_jobs() -> None:
     # Without `escalate`, the API server refuses a Role that grants more than its creator has.
     role = rbac.cluster_role()
-    for rule in instance_rbac.INSTANCE_RULES:
+    for rule in (*instance_rbac.INSTANCE_RULES, *instance_rbac.BACKUP_RULES):
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 for verb in rule["verbs"]:

@@ -1,4 +1,4 @@
-"""The backup CronJob, the final backup Job and the backup repository."""
+"""The backup CronJob, the final backup Job, and pgBackRest in the instance pods."""
 
 from __future__ import annotations
 
@@ -14,7 +14,14 @@ pytestmark = pytest.mark.unit
 
 
 def make_cluster(**spec: Any) -> PostgresCluster:
-    return clusters.make_cluster(**{"storageSize": "10Gi", "backupSchedule": "0 3 * * *", **spec})
+    return clusters.make_cluster(
+        **{
+            "storageSize": "10Gi",
+            "backupSchedule": "0 3 * * *",
+            "backup": clusters.BACKUP,
+            **spec,
+        }
+    )
 
 
 def test_cronjob() -> None:
@@ -44,9 +51,11 @@ def test_cronjob() -> None:
     assert spec["jobTemplate"]["metadata"]["labels"]["stateward.io/backup"] == "scheduled"
 
 
-def test_cronjob_needs_a_schedule() -> None:
+def test_cronjob_needs_a_schedule_and_a_repository() -> None:
     with pytest.raises(ValueError, match="backupSchedule"):
         backup.backup_cronjob(make_cluster(backupSchedule=None))
+    with pytest.raises(ValueError, match="backup"):
+        backup.backup_cronjob(make_cluster(backup=None))
 
 
 def test_final_backup_job() -> None:
@@ -86,14 +95,18 @@ def test_scheduled_and_final_backups_run_the_same_pod() -> None:
 
 
 @pytest.mark.parametrize("template", pod_templates())
-def test_backup_pod(template: dict[str, Any]) -> None:
+def test_backup_pod_runs_pgbackrest_in_the_primary_with_its_own_identity(
+    template: dict[str, Any],
+) -> None:
     cluster = make_cluster()
     labels = template["metadata"]["labels"]
     assert meta.labels(cluster, component="backup").items() <= labels.items()
     assert not meta.selector_labels(cluster).items() <= labels.items()
     spec = template["spec"]
     assert spec["restartPolicy"] == "Never"
-    assert spec["automountServiceAccountToken"] is False
+    # It finds the primary and execs pgBackRest there: the API with its own account.
+    assert spec["serviceAccountName"] == "demo-backup"
+    assert spec["automountServiceAccountToken"] is True
     assert spec["securityContext"] == {
         "runAsNonRoot": True,
         "runAsUser": 999,
@@ -102,15 +115,25 @@ def test_backup_pod(template: dict[str, Any]) -> None:
         "fsGroupChangePolicy": "OnRootMismatch",
         "seccompProfile": {"type": "RuntimeDefault"},
     }
-    assert spec["volumes"] == [
-        {"name": "backups", "persistentVolumeClaim": {"claimName": "demo-backups"}},
-        {"name": "tmp", "emptyDir": {}},
-    ]
+    # No data, no repository, no credentials: those stay in the instance pods.
+    assert spec["volumes"] == [{"name": "tmp", "emptyDir": {}}]
     (container,) = spec["containers"]
+    assert "env" not in container
     assert container["name"] == "backup"
     assert container["image"] == cluster.image
-    assert container["command"][:4] == ["stateward-instance", "backup", "--cluster", "demo"]
-    assert {"name": "backups", "mountPath": "/backups"} in container["volumeMounts"]
+    assert container["command"] == [
+        "stateward-instance",
+        "backup",
+        "--cluster",
+        "demo",
+        "--container",
+        "postgres",
+        "--stanza",
+        "demo",
+        "--type",
+        "full",
+    ]
+    assert container["terminationMessagePolicy"] == "File"
     assert container["securityContext"] == {
         "allowPrivilegeEscalation": False,
         "readOnlyRootFilesystem": True,
@@ -118,45 +141,75 @@ def test_backup_pod(template: dict[str, Any]) -> None:
     }
 
 
-@pytest.mark.parametrize("template", pod_templates())
-def test_backup_pod_connects_to_the_primary_with_secret_credentials(
-    template: dict[str, Any],
-) -> None:
-    (container,) = template["spec"]["containers"]
-    env = {variable["name"]: variable for variable in container["env"]}
-    assert env["PGHOST"] == {"name": "PGHOST", "value": "demo-primary"}
-    assert env["PGPORT"] == {"name": "PGPORT", "value": "5432"}
-    assert env["PGUSER"]["valueFrom"] == {
-        "secretKeyRef": {"name": "demo-superuser", "key": "username"}
-    }
-    assert env["PGPASSWORD"]["valueFrom"] == {
-        "secretKeyRef": {"name": "demo-superuser", "key": "password"}
-    }
-    assert "value" not in env["PGPASSWORD"]
+def env_of(cluster: PostgresCluster) -> dict[str, dict[str, Any]]:
+    return {variable["name"]: variable for variable in backup.instance_env(cluster)}
 
 
-def test_backup_repository_is_not_owned() -> None:
-    cluster = make_cluster(backupSchedule=None)
-    pvc = backup.backup_repository_pvc(cluster)
-    assert pvc["apiVersion"] == "v1"
-    assert pvc["kind"] == "PersistentVolumeClaim"
-    assert pvc["metadata"] == {
-        "name": "demo-backups",
-        "namespace": "db",
-        "labels": {
-            **meta.labels(cluster, component="backup"),
-            "stateward.io/backup-repository": "true",
-            # the lineage: which cluster's backups these are
-            "stateward.io/cluster-uid": cluster.uid,
-        },
-    }
-    assert "ownerReferences" not in pvc["metadata"]
-    assert pvc["spec"] == {
-        "accessModes": ["ReadWriteOnce"],
-        "resources": {"requests": {"storage": "10Gi"}},
-    }
+def test_instance_env_configures_pgbackrest_for_the_repository() -> None:
+    env = env_of(make_cluster())
+    values = {name: v.get("value") for name, v in env.items()}
+    assert values["PGBACKREST_STANZA"] == "demo"
+    assert values["PGBACKREST_REPO1_TYPE"] == "s3"
+    assert values["PGBACKREST_REPO1_PATH"] == "/db/demo"
+    assert values["PGBACKREST_REPO1_S3_ENDPOINT"] == "s3.example.com"
+    assert values["PGBACKREST_REPO1_S3_BUCKET"] == "backups"
+    assert values["PGBACKREST_REPO1_S3_REGION"] == "us-east-1"
+    assert values["PGBACKREST_REPO1_S3_URI_STYLE"] == "path"
+    assert values["PGBACKREST_REPO1_RETENTION_FULL"] == "2"
+    assert values["PGBACKREST_PG1_PATH"] == "/var/lib/postgresql/data/pgdata"
+    assert values["PGBACKREST_PG1_SOCKET_PATH"] == "/var/run/postgresql"
+    assert "PGBACKREST_REPO1_STORAGE_PORT" not in values
+    assert "PGBACKREST_REPO1_STORAGE_CA_FILE" not in values
 
 
-def test_backup_repository_with_storage_class() -> None:
-    pvc = backup.backup_repository_pvc(make_cluster(storageClassName="slow-hdd"))
-    assert pvc["spec"]["storageClassName"] == "slow-hdd"
+def test_instance_env_takes_the_keys_from_the_secret_and_never_inlines_them() -> None:
+    env = env_of(make_cluster())
+    for name, key in (
+        ("PGBACKREST_REPO1_S3_KEY", "accessKeyId"),
+        ("PGBACKREST_REPO1_S3_KEY_SECRET", "secretAccessKey"),
+    ):
+        assert "value" not in env[name]
+        # Optional: a missing Secret must not keep PostgreSQL from starting.
+        assert env[name]["valueFrom"] == {
+            "secretKeyRef": {"name": "s3-credentials", "key": key, "optional": True}
+        }
+
+
+def test_instance_env_with_port_path_ca_and_host_style() -> None:
+    repository = {
+        "s3": {
+            **clusters.REPOSITORY["s3"],
+            "endpoint": "minio.storage:9000",
+            "path": "/prod/orders",
+            "caKey": "ca.crt",
+            "uriStyle": "Host",
+        }
+    }
+    cluster = make_cluster(backup={"repository": repository, "retention": {"full": 7}})
+    values = {name: v.get("value") for name, v in env_of(cluster).items()}
+    assert values["PGBACKREST_REPO1_S3_ENDPOINT"] == "minio.storage"
+    assert values["PGBACKREST_REPO1_STORAGE_PORT"] == "9000"
+    assert values["PGBACKREST_REPO1_PATH"] == "/prod/orders"
+    assert values["PGBACKREST_REPO1_S3_URI_STYLE"] == "host"
+    assert values["PGBACKREST_REPO1_RETENTION_FULL"] == "7"
+    assert values["PGBACKREST_REPO1_STORAGE_CA_FILE"] == "/etc/stateward/backup/ca.crt"
+    assert backup.instance_volumes(cluster) == [
+        {
+            "name": "backup-ca",
+            "secret": {
+                "secretName": "s3-credentials",
+                "items": [{"key": "ca.crt", "path": "ca.crt"}],
+                "optional": True,
+            },
+        }
+    ]
+    assert backup.instance_mounts(cluster) == [
+        {"name": "backup-ca", "mountPath": "/etc/stateward/backup", "readOnly": True}
+    ]
+
+
+def test_no_pgbackrest_without_a_repository() -> None:
+    cluster = make_cluster(backup=None, backupSchedule=None)
+    assert backup.instance_env(cluster) == []
+    assert backup.instance_volumes(cluster) == []
+    assert backup.instance_mounts(cluster) == []

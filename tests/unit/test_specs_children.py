@@ -26,6 +26,7 @@ def make_cluster(**spec: Any) -> PostgresCluster:
 
 FULL_SPEC: dict[str, Any] = {
     "backupSchedule": "*/30 * * * *",
+    "backup": clusters.BACKUP,
     "storageClassName": "standard",
     "image": "registry.example/pg:16.4",
     "resources": {"requests": {"cpu": "250m"}, "limits": {"memory": "1Gi"}},
@@ -44,7 +45,6 @@ def built(cluster: PostgresCluster) -> list[dict[str, Any]]:
         secrets.superuser_secret(cluster, password=SUPERUSER_PASSWORD),
         secrets.replication_secret(cluster, password=REPLICATION_PASSWORD),
         backup.final_backup_job(cluster),
-        backup.backup_repository_pvc(cluster),
     ]
 
 
@@ -63,7 +63,7 @@ def kinds_and_names(objects: list[dict[str, Any]]) -> list[tuple[str, str]]:
 
 
 def test_children_in_apply_order_with_backup_schedule() -> None:
-    cluster = make_cluster(backupSchedule="0 3 * * *")
+    cluster = make_cluster(backupSchedule="0 3 * * *", backup=clusters.BACKUP)
     assert kinds_and_names(specs.children(cluster, patroni_config=HASHED)) == [
         ("ServiceAccount", "demo-instance"),
         ("Role", "demo-instance"),
@@ -75,6 +75,10 @@ def test_children_in_apply_order_with_backup_schedule() -> None:
         ("Service", "demo-replicas"),
         ("PodDisruptionBudget", "demo"),
         ("StatefulSet", "demo"),
+        # The backup Jobs' identity: they exec pgBackRest in the primary.
+        ("ServiceAccount", "demo-backup"),
+        ("Role", "demo-backup"),
+        ("RoleBinding", "demo-backup"),
         ("CronJob", "demo-backup"),
     ]
 
@@ -85,7 +89,7 @@ def test_no_cronjob_without_backup_schedule() -> None:
     assert len(kinds) == 10
 
 
-def test_children_exclude_secrets_jobs_and_the_repository() -> None:
+def test_children_exclude_secrets_jobs_and_volumes() -> None:
     kinds = {
         obj["kind"] for obj in specs.children(make_cluster(**FULL_SPEC), patroni_config=HASHED)
     }
@@ -172,7 +176,8 @@ def test_credentials_in_env_are_secret_refs(cluster: PostgresCluster) -> None:
         for path, value in walk(obj):
             if path.endswith(".env"):
                 for variable in value:
-                    if any(word in variable["name"] for word in ("PASSWORD", "USER")):
+                    credential = ("PASSWORD", "USERNAME", "KEY_SECRET", "S3_KEY")
+                    if any(word in variable["name"] for word in credential):
                         assert "value" not in variable, f"{obj['kind']}{path}"
                         assert "secretKeyRef" in variable["valueFrom"]
 
@@ -197,7 +202,8 @@ def test_builders_return_independent_objects() -> None:
     for obj in first:
         obj["metadata"]["labels"]["mutated"] = "yes"
         obj["metadata"].get("ownerReferences", [{}])[0]["name"] = "mutated"
-    first[-2]["spec"]["template"]["spec"]["containers"][0]["env"].clear()
+    (sts,) = [obj for obj in first if obj["kind"] == "StatefulSet"]
+    sts["spec"]["template"]["spec"]["containers"][0]["env"].clear()
     for obj in built(cluster):
         assert "mutated" not in obj["metadata"]["labels"]
         assert "mutated" not in json.dumps(obj)

@@ -479,6 +479,27 @@ POSTGRESCLUSTER_EXTRAS: dict[str, dict[str, Any]] = {
                 reason="FieldValueForbidden",
             ),
             Rule(
+                rule="!has(self.backupSchedule) || has(self.backup)",
+                message=(
+                    "spec.backupSchedule needs a repository to write to: set"
+                    " spec.backup.repository (or remove the schedule)"
+                ),
+                field_path=".backupSchedule",
+                reason="FieldValueRequired",
+            ),
+            Rule(
+                rule=(
+                    "!has(self.deletionPolicy) || !has(self.deletionPolicy.finalBackup) || "
+                    "!self.deletionPolicy.finalBackup || has(self.backup)"
+                ),
+                message=(
+                    "spec.deletionPolicy.finalBackup needs a repository to write to: set"
+                    " spec.backup.repository, or set finalBackup to false"
+                ),
+                field_path=".deletionPolicy.finalBackup",
+                reason="FieldValueRequired",
+            ),
+            Rule(
                 rule=(
                     "!has(self.synchronous) || !has(self.synchronous.mode) || "
                     "self.synchronous.mode != 'Required' || self.replicas > "

@@ -63,6 +63,18 @@ def sample_yaml() -> str:
             "replicas": 3,
             "storageSize": "1Gi",
             "backupSchedule": "0 3 * * *",
+            # The local cluster's object store (`stateward local up` with real nodes runs it
+            # and creates the Secret in `default`); elsewhere, name your own bucket.
+            "backup": {
+                "repository": {
+                    "s3": {
+                        "endpoint": "stateward-objectstore.kube-system.svc",
+                        "bucket": "stateward",
+                        "credentialsSecret": "stateward-objectstore",
+                        "caKey": "ca.crt",
+                    }
+                }
+            },
         },
     }
     return yaml.safe_dump(sample, sort_keys=False)

@@ -62,8 +62,9 @@ class PVCPolicy(enum.StrEnum):
 class DeletionPolicy(_Model):
     """What happens to data when the PostgresCluster is deleted."""
 
-    final_backup: bool = True
-    """Take a final backup before the cluster goes away; deletion waits until it succeeds."""
+    final_backup: bool | None = None
+    """Take a final backup before the cluster goes away; deletion waits until it succeeds.
+    Unset: take one when spec.backup configures a repository. true needs spec.backup."""
 
     persistent_volume_claims: PVCPolicy = PVCPolicy.DELETE
     """Delete the instance volumes after the final backup, or Retain them."""
@@ -115,6 +116,84 @@ class Bootstrap(_Model):
     """The application role (LOGIN); its credentials are in the Secret ``NAME-app``."""
 
 
+BUCKET_PATTERN = "^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$"
+"""An S3 bucket name: 3 to 63 lower case letters, digits, dots and hyphens."""
+ENDPOINT_PATTERN = "^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?(:[0-9]{1,5})?$"
+"""A host name or address with an optional port; no scheme: the store is always HTTPS."""
+REPOSITORY_PATH_PATTERN = "^(/[A-Za-z0-9._-]+)+$"
+"""An absolute path in the bucket, e.g. /production/orders."""
+SECRET_KEY_PATTERN = "^[-._a-zA-Z0-9]+$"  # noqa: S105 - a pattern
+"""A key of a Secret's data."""
+
+
+class UriStyle(enum.StrEnum):
+    PATH = "Path"
+    HOST = "Host"
+
+
+class S3Repository(_Model):
+    """A pgBackRest repository in an S3-compatible object store, reached over HTTPS."""
+
+    endpoint: str = Field(min_length=1, max_length=260, pattern=ENDPOINT_PATTERN)
+    """The store's host name with an optional port, e.g. "s3.eu-west-1.amazonaws.com" or,
+    on the local cluster, "stateward-objectstore.kube-system.svc"."""
+
+    bucket: str = Field(min_length=3, max_length=63, pattern=BUCKET_PATTERN)
+    """The bucket; it must exist."""
+
+    region: str = Field(default="us-east-1", min_length=1, max_length=64)
+    """The bucket's region (S3 signs every request with it)."""
+
+    path: str | None = Field(default=None, max_length=255, pattern=REPOSITORY_PATH_PATTERN)
+    """Where in the bucket this cluster's repository lives; /NAMESPACE/NAME by default. Two
+    clusters must never share one: pgBackRest refuses to mix their WAL."""
+
+    credentials_secret: str = Field(min_length=1, max_length=253)
+    """Secret in the cluster's namespace with the keys accessKeyId and secretAccessKey."""
+
+    ca_key: str | None = Field(default=None, max_length=253, pattern=SECRET_KEY_PATTERN)
+    """Key of credentialsSecret holding the PEM certificate of the CA that signed the
+    store's certificate (e.g. "ca.crt"); unset: the system's public CAs."""
+
+    uri_style: UriStyle = UriStyle.PATH
+    """Path (bucket in the URL path, what most self-hosted stores want) or Host (bucket in
+    the host name, virtual-hosted style)."""
+
+    @property
+    def host(self) -> str:
+        return self.endpoint.rsplit(":", 1)[0] if ":" in self.endpoint else self.endpoint
+
+    @property
+    def port(self) -> int | None:
+        return int(self.endpoint.rsplit(":", 1)[1]) if ":" in self.endpoint else None
+
+
+class BackupRepository(_Model):
+    """Where backups and archived WAL go."""
+
+    s3: S3Repository
+    """An S3-compatible object store."""
+
+
+class BackupRetention(_Model):
+    """How many backups to keep; older ones, and the WAL only they needed, are expired after
+    each backup."""
+
+    full: int = Field(default=2, ge=1, le=100)
+    """Full backups to keep: the recoverable window reaches back to the oldest of them."""
+
+
+class BackupConfiguration(_Model):
+    """pgBackRest backups and continuous WAL archiving."""
+
+    repository: BackupRepository
+    """The repository (required): every WAL segment is archived there continuously and
+    every backup (scheduled, on demand, final) is written there."""
+
+    retention: BackupRetention = Field(default_factory=BackupRetention)
+    """How many backups to keep."""
+
+
 class ResourceRequirements(_Model):
     """Compute resources of each instance's database container."""
 
@@ -142,8 +221,12 @@ class PostgresClusterSpec(_Model):
     """StorageClass of the data volumes; the cluster's default when unset. Immutable."""
 
     backup_schedule: str | None = Field(default=None, max_length=100)
-    """When to take scheduled backups, a 5-field cron expression in UTC ("0 3 * * *").
-    No scheduled backups when unset."""
+    """When to take scheduled full backups, a 5-field cron expression in UTC ("0 3 * * *").
+    Needs spec.backup. No scheduled backups when unset."""
+
+    backup: BackupConfiguration | None = None
+    """Backups with pgBackRest: the repository, WAL archiving and retention. No backups and
+    no WAL archiving when unset."""
 
     image: str | None = Field(default=None, max_length=512)
     """Instance image override; by default the Stateward instance image for `version`."""
@@ -166,6 +249,12 @@ class PostgresClusterSpec(_Model):
     @property
     def major_version(self) -> int:
         return int(self.version.split(".")[0])
+
+    @property
+    def takes_final_backup(self) -> bool:
+        """Whether deletion waits for a final backup (unset: when there is a repository)."""
+        wanted = self.deletion_policy.final_backup
+        return self.backup is not None if wanted is None else wanted
 
 
 class ConditionStatus(enum.StrEnum):
@@ -284,6 +373,46 @@ class RollingRestartStatus(_Model):
     finished_at: str | None = None
 
 
+class BackupInfo(_Model):
+    """One backup in the repository."""
+
+    label: str
+    """pgBackRest's label, e.g. 20261202-101500F (F full, D differential, I incremental)."""
+
+    type: str
+    """full, diff or incr."""
+
+    started_at: str
+    finished_at: str
+    size_bytes: int | None = None
+    """Size of the database it copies."""
+
+    repository_bytes: int | None = None
+    """What it takes in the repository (compressed; an incremental only its changes)."""
+
+
+class BackupsStatus(_Model):
+    """The backup repository, from ``pgbackrest info`` after the last backup."""
+
+    count: int = 0
+    """Backups in the repository."""
+
+    full: int = 0
+    """Full backups among them."""
+
+    latest: BackupInfo | None = None
+    """The newest complete backup."""
+
+    recoverable_from: str | None = None
+    """The earliest point a restore can reach: the end of the oldest backup."""
+
+    archived_wal: str | None = None
+    """The newest WAL segment in the repository when the backup finished."""
+
+    job: str | None = None
+    """The backup Job that reported this."""
+
+
 class PostgresClusterStatus(_Model):
     """The observed state of a PostgreSQL cluster."""
 
@@ -303,7 +432,11 @@ class PostgresClusterStatus(_Model):
     """Ready, Progressing, Degraded, BackupScheduled and more."""
 
     last_backup_time: str | None = None
-    """When the last successful backup finished."""
+    """When the last backup pgBackRest reports complete finished."""
+
+    backups: BackupsStatus | None = None
+    """The repository as pgBackRest last reported it: backups kept, the latest one, and
+    the recoverable window."""
 
     observed_generation: int | None = None
     """The spec generation the status describes."""
@@ -407,8 +540,20 @@ class PostgresCluster(_Model):
         return f"{self.name}-final-backup"
 
     @property
-    def backup_repository_name(self) -> str:
-        return f"{self.name}-backups"
+    def backup_account_name(self) -> str:
+        """The backup Jobs' identity: it may exec pgBackRest in the instance pods."""
+        return f"{self.name}-backup"
+
+    @property
+    def backup_stanza(self) -> str:
+        """pgBackRest's name for the cluster in its repository."""
+        return self.name
+
+    @property
+    def backup_repository_path(self) -> str | None:
+        if self.spec.backup is None:
+            return None
+        return self.spec.backup.repository.s3.path or f"/{self.namespace}/{self.name}"
 
     @property
     def leader_config_map_name(self) -> str:

@@ -76,6 +76,10 @@ OPERATOR_PARAMETERS: Mapping[str, str] = {
     "wal_log_hints": "on",
     "password_encryption": "scram-sha-256",
     "unix_socket_directories": SOCKET_DIR,
+    # On in every cluster, so that configuring backups later needs no restart; the
+    # archive_command (instance.pgbackrest) archives to the repository, or discards WAL as
+    # a cluster without archiving would.
+    "archive_mode": "on",
 }
 """Parameters the operator sets to fixed values in every instance's configuration."""
 
@@ -535,6 +539,25 @@ def _check_schedule(spec: Mapping[str, Any]) -> list[str]:
     return [f"spec.backupSchedule: {message}" for message in validate_cron(schedule)]
 
 
+def _check_backup(spec: Mapping[str, Any]) -> list[str]:
+    """What needs a repository: scheduled backups and an explicit final backup."""
+    if spec.get("backup") is not None:
+        return []
+    errors = []
+    if spec.get("backupSchedule") is not None:
+        errors.append(
+            "spec.backupSchedule: needs a repository to write to: set spec.backup.repository"
+            " (or remove the schedule)"
+        )
+    policy = spec.get("deletionPolicy")
+    if isinstance(policy, Mapping) and policy.get("finalBackup") is True:
+        errors.append(
+            "spec.deletionPolicy.finalBackup: needs a repository to write to: set"
+            " spec.backup.repository, or set finalBackup to false"
+        )
+    return errors
+
+
 def _check_parameters(spec: Mapping[str, Any]) -> list[str]:
     postgresql = spec.get("postgresql")
     if not isinstance(postgresql, Mapping):
@@ -589,6 +612,7 @@ def validate_spec(new: Mapping[str, Any], old: Mapping[str, Any] | None = None) 
         *_check_replicas(new),
         *_check_storage(new, old),
         *_check_schedule(new),
+        *_check_backup(new),
         *_check_parameters(new),
         *_check_resources(new),
     ]

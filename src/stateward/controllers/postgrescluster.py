@@ -25,14 +25,15 @@ from lightkube import ApiError
 from stateward import specs
 from stateward.api import v1alpha1, validation
 from stateward.api.v1alpha1 import PostgresCluster
+from stateward.controllers import backups, diff
 from stateward.controllers import conditions as cond
-from stateward.controllers import diff
+from stateward.controllers.backups import backup_result
 from stateward.controllers.dataplane import DataPlane, start_switchover
 from stateward.controllers.kube import Body, Kube, Ref
 from stateward.controllers.members import Member, instances, member
 from stateward.controllers.queue import Outcome
 from stateward.controllers.store import ObjectStore
-from stateward.instance import patroni
+from stateward.instance import patroni, pgbackrest
 from stateward.specs import backup, meta, secrets
 from stateward.specs import config as config_spec
 
@@ -87,6 +88,8 @@ class Scope:
     """Set when a scale-down waits for the primary to move below this ordinal."""
     fenced: list[str] = dataclasses.field(default_factory=list)
     """The fenced instances the annotation asks for (``["*"]`` for all)."""
+    backups: dict[str, Any] | None = None
+    """``status.backups``: read at the start, updated from the backup pods' reports."""
     _members: list[Member] | None = dataclasses.field(default=None, init=False, repr=False)
 
     @property
@@ -171,6 +174,7 @@ class Reconciler:
             switchover=(body.get("status") or {}).get("switchover"),
             last_failover=(body.get("status") or {}).get("lastFailover"),
             rolling_restart=(body.get("status") or {}).get("rollingRestart"),
+            backups=(body.get("status") or {}).get("backups"),
         )
         deleting = bool(body["metadata"].get("deletionTimestamp"))
         phases: list[Phase] = (
@@ -183,7 +187,7 @@ class Reconciler:
                 check_fencing,
                 apply_children,
                 remove_backup_cronjob,
-                ensure_backup_repository,
+                check_backup_credentials,
                 expand_volumes,
                 self.data_plane.follow_leader_lock,
                 self.data_plane.report_failover,
@@ -193,6 +197,7 @@ class Reconciler:
                 roll_pods,
                 self.data_plane.restart_pending,
                 check_instances,
+                report_backups,
             ]
         )
         try:
@@ -374,10 +379,6 @@ async def apply_children(scope: Scope) -> str | None:
         return None
     cluster = scope.cluster
     desired = specs.children(cluster, patroni_config=config_spec.patroni_config(cluster))
-    if foreign_repository(scope) is not None:
-        for child in desired:
-            if child["kind"] == "CronJob":
-                child["spec"]["suspend"] = True  # never write into another lineage
     _hold_scale_down(scope, desired)
     created: list[str] = []
     updated: list[str] = []
@@ -459,7 +460,7 @@ def _hold_scale_down(scope: Scope, desired: list[Body]) -> None:
 
 
 async def remove_backup_cronjob(scope: Scope) -> str | None:
-    if scope.cluster.spec.backup_schedule is not None:
+    if scope.cluster.spec.backup_schedule is not None and scope.cluster.spec.backup is not None:
         return None
     observed = scope.observed("CronJob", scope.cluster.backup_cronjob_name)
     if observed is None:
@@ -470,62 +471,66 @@ async def remove_backup_cronjob(scope: Scope) -> str | None:
     return "deleted the backup CronJob"
 
 
-async def ensure_backup_repository(scope: Scope) -> str | None:
-    if (
-        scope.cluster.spec.backup_schedule is None
-        and not scope.cluster.spec.deletion_policy.final_backup
-    ):
+async def check_backup_credentials(scope: Scope) -> str | None:
+    """The repository's credentials Secret: PostgreSQL starts without it (the pods mark it
+    optional), but WAL archiving and every backup fail, so say so in ``Degraded``."""
+    backup_spec = scope.cluster.spec.backup
+    if backup_spec is None:
         return None
-    name = scope.cluster.backup_repository_name
-    if scope.observed("PersistentVolumeClaim", name) is not None:
-        return await _check_repository_lineage(scope)
-    if any(reason == "StorageClassNotFound" for reason, _ in scope.degraded):
-        return None  # an unowned PVC that can never bind would outlive the cluster
-    try:
-        created = await scope.kube.create(backup.backup_repository_pvc(scope.cluster))
-    except ApiError as error:
-        if error.status.code != 409:
-            raise
-        return None
-    scope.store.observe(created)
-    await scope.event("BackupRepositoryCreated", f"Created backup repository PVC {name}")
-    return f"created backup repository {name}"
-
-
-FOREIGN_REPOSITORY = "BackupRepositoryForeign"
-
-
-def foreign_repository(scope: Scope) -> str | None:
-    """Why the backup repository must not be written to, or None.
-
-    The repository outlives its cluster. A new cluster of the same name must not mix its
-    backups into the old one's: refuse until the user deletes the PVC or adopts it by
-    relabelling it with this cluster's UID. A repository made before the label existed has
-    none and is taken as this cluster's."""
-    claim = scope.observed("PersistentVolumeClaim", scope.cluster.backup_repository_name)
-    if claim is None:
-        return None
-    owner = (claim["metadata"].get("labels") or {}).get(meta.CLUSTER_UID_LABEL)
-    if owner is None or owner == scope.cluster.uid:
-        return None
-    name = claim["metadata"]["name"]
-    return (
-        f"backup repository PVC {name} belongs to an earlier cluster of this name (UID"
-        f" {owner}); backups stay off until you delete it (its backups go with it) or adopt"
-        f" it: kubectl label pvc {name} {meta.CLUSTER_UID_LABEL}={scope.cluster.uid}"
-        " --overwrite"
+    s3 = backup_spec.repository.s3
+    found = await scope.kube.get("v1", "Secret", scope.namespace, s3.credentials_secret)
+    wanted = [pgbackrest.ACCESS_KEY_KEY, pgbackrest.SECRET_KEY_KEY]
+    if s3.ca_key is not None:
+        wanted.append(s3.ca_key)
+    if found is None:
+        problem = f"Secret {s3.credentials_secret} does not exist in namespace {scope.namespace}"
+    else:
+        present = set(found.get("data") or {}) | set(found.get("stringData") or {})
+        missing = [key for key in wanted if key not in present]
+        if not missing:
+            return None
+        problem = f"Secret {s3.credentials_secret} lacks the keys {', '.join(missing)}"
+    message = (
+        f"spec.backup.repository.s3.credentialsSecret: {problem}; create it with the keys"
+        f" {', '.join(wanted)}. Until then WAL archiving and backups fail."
     )
-
-
-async def _check_repository_lineage(scope: Scope) -> str | None:
-    message = foreign_repository(scope)
-    if message is None:
-        return None
     previous = cond.get_condition(scope.conditions, "Degraded") or {}
-    if previous.get("reason") != FOREIGN_REPOSITORY:
-        await scope.event(FOREIGN_REPOSITORY, message, warning=True)
-    scope.degraded.append((FOREIGN_REPOSITORY, message))
-    return "backup repository belongs to an earlier cluster"
+    if previous.get("reason") != BACKUP_CREDENTIALS_MISSING or previous.get("message") != message:
+        await scope.event(BACKUP_CREDENTIALS_MISSING, message, warning=True)
+    scope.degraded.append((BACKUP_CREDENTIALS_MISSING, message))
+    scope.requeue(UNSATISFIABLE_RECHECK)
+    return "the backup credentials are missing"
+
+
+BACKUP_CREDENTIALS_MISSING = "BackupCredentialsMissing"
+LAST_BACKUP = "LastBackupSucceeded"
+
+
+async def report_backups(scope: Scope) -> str | None:
+    """``status.backups`` and ``LastBackupSucceeded`` from the backup pods' own reports; an
+    Event for each backup that finished since the last reconcile."""
+    found = backups.outcomes(scope.owned("Pod"))
+    scope.backups = backups.backups_status(found, scope.backups)
+    if not found:
+        return None
+    newest = found[-1]
+    if newest.succeeded:
+        latest = newest.summary.get("latest") or {}
+        message = (
+            f"{latest.get('type', 'full')} backup {latest.get('label')} finished at"
+            f" {latest.get('finishedAt')} (Job {newest.job}); {newest.summary.get('count', 0)}"
+            " backups in the repository"
+        )
+        reason, status = "Succeeded", True
+    else:
+        message = f"Job {newest.job} failed: {newest.summary.get('error')}"
+        reason, status = "Failed", False
+    previous = cond.get_condition(scope.conditions, LAST_BACKUP) or {}
+    scope.set_condition(LAST_BACKUP, status, reason, message)
+    if previous.get("message") == message:
+        return None
+    await scope.event(f"Backup{reason}", message, warning=not status)
+    return f"backup {reason.lower()}: {newest.job}"
 
 
 def _quantity(text: str) -> Decimal:
@@ -644,7 +649,7 @@ async def finalize(scope: Scope) -> str | None:
     if v1alpha1.FINALIZER not in (scope.body["metadata"].get("finalizers") or []):
         return None
     cluster = scope.cluster
-    if cluster.spec.deletion_policy.final_backup:
+    if cluster.spec.takes_final_backup:
         waiting = await _final_backup(scope)
         if waiting:
             return waiting
@@ -708,9 +713,18 @@ async def _final_backup(scope: Scope) -> str | None:
             )
         return None
     if job is not None and state == "Failed":
+        reason = next(
+            (
+                r
+                for pod in _job_pods(scope, cluster.final_backup_job_name)
+                if (r := backup_result(pod).get("error"))
+            ),
+            None,
+        )
         message = (
-            f"attempt {attempts} failed; retrying in {delay:.0f}s. The cluster stays until a"
-            " final backup succeeds; set spec.deletionPolicy.finalBackup=false to skip it."
+            f"attempt {attempts} failed{f': {reason}' if reason else ''}; retrying in"
+            f" {delay:.0f}s. The cluster stays until a final backup succeeds; set"
+            " spec.deletionPolicy.finalBackup=false to delete it without one."
         )
         scope.set_condition("FinalBackup", False, "Failed", message)
         await scope.event("FinalBackupFailed", f"Final backup {message}", warning=True)
@@ -729,17 +743,6 @@ async def _final_backup(scope: Scope) -> str | None:
             if wait > 0:
                 scope.requeue(wait)
                 return f"final backup retry in {wait:.0f}s"
-        await ensure_backup_repository(scope)
-        blocked = foreign_repository(scope)
-        if blocked is not None:
-            scope.set_condition(
-                "FinalBackup",
-                False,
-                FOREIGN_REPOSITORY,
-                f"{blocked}; or set spec.deletionPolicy.finalBackup=false to delete without",
-            )
-            scope.requeue(UNSATISFIABLE_RECHECK)
-            return "final backup waits: the repository belongs to an earlier cluster"
         try:
             created = await scope.kube.create(backup.final_backup_job(cluster))
         except ApiError as error:
@@ -998,8 +1001,9 @@ async def write_status(scope: Scope, *, deleting: bool) -> None:
         "replicaPods": replicas,
         "readyReplicas": ready,
         "conditions": scope.conditions,
-        "lastBackupTime": ((cronjob or {}).get("status") or {}).get("lastSuccessfulTime")
+        "lastBackupTime": ((scope.backups or {}).get("latest") or {}).get("finishedAt")
         or current.get("lastBackupTime"),
+        "backups": scope.backups,
         "observedGeneration": cluster.generation,
         "finalBackupAttempts": scope.final_backup_attempts,
         "pendingRestart": sorted(x.name for x in scope.members if x.pending_restart) or None,

@@ -5,6 +5,8 @@ passwd entry for the uid), then stays as the container's PID 1 with Patroni as i
 child (``supervisor``): the runtime's signals go to Patroni, the container ends when Patroni
 does, and Patroni is stopped, the pod kept, while the instance is fenced.
 
+``backup`` is what the backup Jobs run (``instance.backup``).
+
 ``post-bootstrap`` is Patroni's hook after initdb: it creates the application role and
 database named in the spec, with the password from the ``NAME-app`` Secret.
 
@@ -27,7 +29,7 @@ from typing import Final
 import yaml
 
 from stateward.api import v1alpha1
-from stateward.instance import patroni, supervisor
+from stateward.instance import backup, patroni, supervisor
 
 PROGRAM: Final = "stateward-instance"
 
@@ -239,6 +241,17 @@ def _parser() -> argparse.ArgumentParser:
         help="Patroni's post_bootstrap hook: create the application role and database",
     )
     hook.add_argument("connection", help="the superuser connection string Patroni passes")
+    backup_parser = commands.add_parser(
+        "backup", help="take a pgBackRest backup in the cluster's primary (the backup Jobs)"
+    )
+    backup_parser.add_argument("--cluster", required=True, help="the PostgresCluster's name")
+    backup_parser.add_argument(
+        "--container", required=True, help="the instance container to run pgBackRest in"
+    )
+    backup_parser.add_argument("--stanza", required=True, help="pgBackRest's stanza")
+    backup_parser.add_argument(
+        "--type", dest="backup_type", choices=backup.BACKUP_TYPES, default="full"
+    )
     commands.add_parser("version", help="print the stateward version")
     return parser
 
@@ -251,6 +264,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if arguments.command == "post-bootstrap":
             return post_bootstrap(arguments.connection, os.environ)
+        if arguments.command == "backup":
+            return backup.main(
+                cluster=arguments.cluster,
+                container=arguments.container,
+                stanza=arguments.stanza,
+                backup_type=arguments.backup_type,
+            )
         return run(arguments.config)
     except InstanceError as error:
         print(f"{PROGRAM}: {error}", file=sys.stderr)

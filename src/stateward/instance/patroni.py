@@ -15,6 +15,7 @@ from typing import Any, Final
 import yaml
 
 from stateward.api import v1alpha1, validation
+from stateward.instance import pgbackrest
 
 # --- the contract between Patroni and the operator's Services ---------------------------
 
@@ -108,6 +109,7 @@ def parameters(cluster: v1alpha1.PostgresCluster) -> dict[str, str]:
         if name.lower() not in PATRONI_OWNED_PARAMETERS | OPERATOR_PARAMETERS.keys()
     }
     merged.update(OPERATOR_PARAMETERS)
+    merged["archive_command"] = pgbackrest.archive_command(cluster)
     return dict(sorted(merged.items()))
 
 

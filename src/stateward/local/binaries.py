@@ -2,8 +2,8 @@
 
 Each component is a small wrapper Go module under ``tools/`` (package data of
 ``stateward.local``, installed with the wheel) that pins one upstream release:
-the control plane (Kubernetes, etcd), kwok for simulated nodes, and containerd, the CNI
-plugins and CoreDNS for real nodes. The build output lands in
+the control plane (Kubernetes, etcd), kwok for simulated nodes, containerd, the CNI plugins
+and CoreDNS for real nodes, and versitygw, the S3 store of local backups. The build lands in
 ``$STATEWARD_CACHE_DIR/bin/<component>-<version>/`` (default ``~/.cache/stateward``). Builds
 write to a ``.partial`` sibling and rename it into place only when every binary is linked; a
 directory that lacks one of its component's files (an older cache, built before a binary was
@@ -32,6 +32,7 @@ KWOK_VERSION = "v0.8.0"
 CONTAINERD_VERSION = "v2.4.2"
 CNI_PLUGINS_VERSION = "v1.9.1"
 COREDNS_VERSION = "v1.15.0"
+VERSITYGW_VERSION = "v1.8.0"
 
 # kwok's stock stage sets, copied next to the kwok binary when it is built (they live in the
 # kwok module, not in its binary). Loading any Stage replaces kwok's built-in defaults, so the
@@ -180,8 +181,15 @@ COREDNS = Component(
     tags=("grpcnotrace",),  # upstream Makefile's default GOTAGS
     ldflags=f"-s -w -X github.com/coredns/coredns/coremain.GitCommit={COREDNS_VERSION}",
 )
+VERSITYGW = Component(
+    name="versitygw",
+    version=VERSITYGW_VERSION,
+    module_dir="versitygw",
+    packages=("github.com/versity/versitygw/cmd/versitygw",),
+    ldflags=f"-s -w -X main.Version={VERSITYGW_VERSION}",
+)
 # Smallest builds first, so a slow network or an interrupted run still leaves most of them.
-COMPONENTS = (CNI, ETCD, KWOK, CONTAINERD, COREDNS, KUBERNETES)
+COMPONENTS = (CNI, ETCD, KWOK, CONTAINERD, COREDNS, VERSITYGW, KUBERNETES)
 
 
 def cache_dir() -> Path:
@@ -223,6 +231,7 @@ class Binaries:
     # The directory holding the CNI plugins (containerd's `bin_dir`), not a single binary.
     cni_bin_dir: Path
     coredns: Path
+    versitygw: Path
 
 
 def missing_files(component: Component) -> list[Path]:
@@ -240,8 +249,8 @@ def locate() -> Binaries:
                 f"missing binary {absent[0]}: run `stateward local build` (or `make binaries`)"
                 " first"
             )
-    kubernetes, etcd, kwok, containerd, cni, coredns = (
-        component_dir(c) for c in (KUBERNETES, ETCD, KWOK, CONTAINERD, CNI, COREDNS)
+    kubernetes, etcd, kwok, containerd, cni, coredns, versitygw = (
+        component_dir(c) for c in (KUBERNETES, ETCD, KWOK, CONTAINERD, CNI, COREDNS, VERSITYGW)
     )
     return Binaries(
         etcd=etcd / "etcd",
@@ -258,6 +267,7 @@ def locate() -> Binaries:
         containerd_shim=containerd / "containerd-shim-runc-v2",
         cni_bin_dir=cni,
         coredns=coredns / "coredns",
+        versitygw=versitygw / "versitygw",
     )
 
 

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import yaml
 
-from stateward.local import binaries, host, images, nodes, pki, provisioner
+from stateward.local import binaries, host, images, nodes, objectstore, pki, provisioner
 from stateward.local.errors import LocalClusterError
 
 DEFAULT_PORT_BASE = 16443
@@ -246,6 +246,7 @@ class LocalCluster:
                         ("provisioner", self._provisioner_argv()),
                     ):
                         records.append(self._start(name, argv))
+                    records.append(self._start_objectstore(paths))
                     nodes.record_sysctls(self.journal, nodes.KERNEL_TUNABLES)
                     for node in real:
                         for component in ("kubelet", "kube-proxy"):
@@ -261,6 +262,9 @@ class LocalCluster:
                     f"{self.config.kwok_nodes + len(real)} nodes Ready", self._nodes_ready, records
                 )
                 self._wait("default service account", self._default_sa_exists, records)
+                if real:
+                    self._wait("object store serving", self._objectstore_ready, records)
+                    self._publish_objectstore()
             for thread in imports:
                 thread.join(timeout=max(1.0, 300 - (time.monotonic() - started)))
             if import_errors:
@@ -526,6 +530,46 @@ class LocalCluster:
         corefile.write_text(nodes.corefile(self.state_dir / "coredns.kubeconfig"))
         return [str(paths.coredns), "-conf", str(corefile)]
 
+    @property
+    def objectstore_dir(self) -> Path:
+        """The object store's buckets (one directory each) and credentials."""
+        return self.state_dir / "objectstore"
+
+    def _start_objectstore(self, paths: binaries.Binaries) -> ProcessRecord:
+        root = self.objectstore_dir / "data"
+        (root / objectstore.BUCKET).mkdir(parents=True, exist_ok=True)
+        credentials = objectstore.Credentials.generate()
+        credentials.save(self.objectstore_dir / "credentials.json")
+        argv = objectstore.argv(
+            paths.versitygw,
+            root=root,
+            cert=self.pki_dir / "objectstore.crt",
+            key=self.pki_dir / "objectstore.key",
+        )
+        return self._start("objectstore", argv, env=credentials.environment())
+
+    def _objectstore_ready(self) -> bool:
+        url = f"https://{nodes.HOST_IP}:{objectstore.PORT}/"
+        with httpx.Client(verify=ssl.create_default_context(cafile=self.pki_dir / "ca.crt")) as c:
+            # Anonymous: refused (403) once it serves, which is all this asks.
+            return c.get(url, timeout=2).status_code in (403, 200)
+
+    def _publish_objectstore(self) -> None:
+        credentials = objectstore.Credentials.load(self.objectstore_dir / "credentials.json")
+        with self.http_client() as client:
+            namespace = objectstore.SERVICE_NAMESPACE
+            _create(client, f"/api/v1/namespaces/{namespace}/services", objectstore.service())
+            _create(
+                client,
+                f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices",
+                objectstore.endpoint_slice(),
+            )
+            _create(
+                client,
+                f"/api/v1/namespaces/{objectstore.SECRET_NAMESPACE}/secrets",
+                objectstore.secret(credentials, ca_pem=(self.pki_dir / "ca.crt").read_text()),
+            )
+
     def _provisioner_argv(self) -> list[str]:
         return [
             sys.executable,
@@ -589,7 +633,9 @@ class LocalCluster:
 
     # --- processes ------------------------------------------------------------------------
 
-    def _start(self, name: str, argv: list[str]) -> ProcessRecord:
+    def _start(
+        self, name: str, argv: list[str], *, env: dict[str, str] | None = None
+    ) -> ProcessRecord:
         logs = self.state_dir / "logs"
         logs.mkdir(exist_ok=True)
         log_path = logs / f"{name}.log"
@@ -601,6 +647,7 @@ class LocalCluster:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
                 cwd=self.state_dir,
+                env=None if env is None else {**os.environ, **env},
             )
         # The start time is read back at once so the record can always tell our process
         # from a later one that reuses the pid.
@@ -714,6 +761,12 @@ class LocalCluster:
             self._write_kubeconfig(
                 self.state_dir / f"kubelet-{node.name}.kubeconfig", pair, user, server=bridge
             )
+        authority.issue(
+            "objectstore",
+            common_name=objectstore.endpoint(),
+            hosts=objectstore.certificate_hosts(),
+            server=True,
+        )
         pair = authority.issue("kube-proxy", common_name="system:kube-proxy")
         self._write_kubeconfig(
             self.state_dir / "kube-proxy.kubeconfig", pair, "system:kube-proxy", server=bridge

@@ -5,9 +5,9 @@ YAML committed under ``config/rbac/``. The rules come from three sources in the 
 
 * :data:`stateward.runtime.operator.CHILD_RESOURCES`, the kinds the operator watches and
   writes;
-* :data:`stateward.specs.rbac.INSTANCE_RULES`: Kubernetes refuses to let anyone create a Role
-  granting more than they hold themselves (no ``escalate``), so every right the operator gives
-  the instance pods is a right it needs;
+* :data:`stateward.specs.rbac.INSTANCE_RULES` and ``BACKUP_RULES``: Kubernetes refuses to let
+  anyone create a Role granting more than they hold themselves (no ``escalate``), so every
+  right the operator gives the instance pods and the backup Jobs is a right it needs;
 * the few other calls of the runtime and the controllers (status, finalizers, Events,
   StorageClass lookups, the leader Lease, the webhook configuration).
 
@@ -62,9 +62,9 @@ CHILD_VERBS: Final[dict[str, tuple[str, ...]]] = {
     # The reconciler never creates or updates pods: it deletes them to roll them. The
     # patch (and update, from INSTANCE_RULES) are what it grants Patroni.
     "pods": ("delete", "get", "list", "patch", "watch"),
-    # Claims are made by the StatefulSet controller, except the backup repository; the
-    # reconciler grows them (patch) and deletes them on cluster deletion.
-    "persistentvolumeclaims": ("create", "delete", "get", "list", "patch", "watch"),
+    # Claims are made by the StatefulSet controller; the reconciler grows them (patch) and
+    # deletes them on cluster deletion.
+    "persistentvolumeclaims": ("delete", "get", "list", "patch", "watch"),
 }
 """Child kinds that need less than :data:`ALL`."""
 
@@ -112,7 +112,7 @@ def cluster_role() -> dict[str, Any]:
     rules = _Rules()
     for group, _version, plural, _kind in CHILD_RESOURCES:
         rules.allow(group, [plural], CHILD_VERBS.get(plural, ALL))
-    for rule in instance_rbac.INSTANCE_RULES:
+    for rule in (*instance_rbac.INSTANCE_RULES, *instance_rbac.BACKUP_RULES):
         for group in rule["apiGroups"]:
             rules.allow(group, rule["resources"], rule["verbs"])
     # The cluster itself: watched by Kopf, finalizer added and removed (patch), status

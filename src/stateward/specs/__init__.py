@@ -19,7 +19,7 @@ def children(
     text goes into the ConfigMap, its hash into the pod template.
 
     Not included: the Secrets (created once, with generated passwords), the final backup Job
-    (created by the finalizer) and the backup repository PVC (not owned). Nor the fencing
+    (created by the finalizer). Nor the fencing
     ConfigMap while the fencing annotation is invalid: the one applied last stays, so a typo
     never unfences an instance (admission refuses such a value; this covers older objects).
     """
@@ -35,7 +35,9 @@ def children(
         pdb.pod_disruption_budget(cluster),
         statefulset.statefulset(cluster, config_hash=patroni_config.hash),
     ]
-    if cluster.spec.backup_schedule is not None:
+    if cluster.spec.backup is not None:
+        objects += rbac.backup_identity(cluster)
+    if cluster.spec.backup_schedule is not None and cluster.spec.backup is not None:
         objects.append(backup.backup_cronjob(cluster))
     return objects
 

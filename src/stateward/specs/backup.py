@@ -1,21 +1,23 @@
-"""Backups: the scheduled CronJob, the final Job of the finalizer, and their repository.
+"""Backups: the scheduled CronJob, the final Job of the finalizer, and pgBackRest's settings
+in the instance pods.
 
-Both run the same pod: the instance image's ``stateward-instance backup`` command, connected
-to the primary Service as the superuser, writing into the repository volume.
+Both Jobs run the same pod: the instance image's ``stateward-instance backup``, which runs
+pgBackRest in the primary's container through the API server (``instance.backup``). The
+repository is ``spec.backup.repository``; pgBackRest's options reach the instance pods as
+environment variables (``instance.pgbackrest``).
 """
 
 from __future__ import annotations
 
 from stateward.api import v1alpha1
-from stateward.instance import patroni
-from stateward.specs import meta, pods, secrets
+from stateward.instance import patroni, pgbackrest
+from stateward.specs import meta, pods
 
 SCHEDULED = "scheduled"
 FINAL = "final"
-REPOSITORY_MOUNT = "/backups"
 CONTAINER_NAME = "backup"
-REPOSITORY_VOLUME = "backups"
 TMP_VOLUME = "tmp"
+CA_VOLUME = "backup-ca"
 
 CRONJOB_TIME_ZONE = "Etc/UTC"
 """``backupSchedule`` is documented as UTC, whatever the controller manager's zone."""
@@ -31,10 +33,10 @@ would keep the cluster Terminating forever with nothing saying so."""
 
 
 def backup_cronjob(cluster: v1alpha1.PostgresCluster) -> meta.Object:
-    """``NAME-backup``; only for a cluster with a ``backupSchedule``."""
+    """``NAME-backup``; only for a cluster with a ``backupSchedule`` (and so a repository)."""
     schedule = cluster.spec.backup_schedule
-    if schedule is None:
-        raise ValueError(f"PostgresCluster {cluster.name!r} has no backupSchedule")
+    if schedule is None or cluster.spec.backup is None:
+        raise ValueError(f"PostgresCluster {cluster.name!r} has no backupSchedule or backup")
     job_labels = _labels(cluster, SCHEDULED)
     return {
         "apiVersion": "batch/v1",
@@ -87,28 +89,6 @@ def final_backup_job(cluster: v1alpha1.PostgresCluster) -> meta.Object:
     }
 
 
-def backup_repository_pvc(cluster: v1alpha1.PostgresCluster) -> meta.Object:
-    """``NAME-backups``: NOT owned by the cluster, a backup must outlive what it backs up.
-
-    Sized like one instance volume: a base backup is at most the size of the data directory.
-    """
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": meta.object_meta(
-            cluster,
-            cluster.backup_repository_name,
-            component=meta.BACKUP_COMPONENT,
-            extra_labels={
-                meta.BACKUP_REPOSITORY_LABEL: "true",
-                meta.CLUSTER_UID_LABEL: cluster.uid,
-            },
-            owned=False,
-        ),
-        "spec": pods.volume_claim_spec(cluster),
-    }
-
-
 def _labels(cluster: v1alpha1.PostgresCluster, kind: str) -> dict[str, str]:
     return {
         **meta.labels(cluster, component=meta.BACKUP_COMPONENT),
@@ -117,7 +97,9 @@ def _labels(cluster: v1alpha1.PostgresCluster, kind: str) -> dict[str, str]:
 
 
 def _pod_template(cluster: v1alpha1.PostgresCluster, kind: str) -> meta.Object:
-    """The backup pod, shared by the scheduled and the final backup."""
+    """The backup pod, shared by the scheduled and the final backup: it runs pgBackRest in
+    the primary's container (``stateward-instance backup``) and needs nothing but its
+    identity; the data and the repository's credentials stay in the instance pods."""
     container: meta.Object = {
         "name": CONTAINER_NAME,
         "image": cluster.image,
@@ -126,41 +108,80 @@ def _pod_template(cluster: v1alpha1.PostgresCluster, kind: str) -> meta.Object:
             "backup",
             "--cluster",
             cluster.name,
-            "--repository",
-            REPOSITORY_MOUNT,
+            "--container",
+            pods.INSTANCE_CONTAINER,
+            "--stanza",
+            cluster.backup_stanza,
+            "--type",
+            "full",
         ],
-        # libpq's own variables: pg_basebackup and psql read them as they are.
-        "env": [
-            {"name": "PGHOST", "value": cluster.primary_service_name},
-            {"name": "PGPORT", "value": str(patroni.POSTGRES_PORT)},
-            pods.secret_env(
-                "PGUSER", secret=cluster.superuser_secret_name, key=secrets.USERNAME_KEY
-            ),
-            pods.secret_env(
-                "PGPASSWORD", secret=cluster.superuser_secret_name, key=secrets.PASSWORD_KEY
-            ),
-        ],
-        "volumeMounts": [
-            {"name": REPOSITORY_VOLUME, "mountPath": REPOSITORY_MOUNT},
-            {"name": TMP_VOLUME, "mountPath": patroni.TMP_DIR},
-        ],
+        "volumeMounts": [{"name": TMP_VOLUME, "mountPath": patroni.TMP_DIR}],
+        "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}},
+        # The summary (or the error) the operator reads, also when the log is gone.
+        "terminationMessagePolicy": "File",
         "securityContext": pods.container_security_context(),
     }
     return {
         "metadata": {"labels": _labels(cluster, kind)},
         "spec": {
             "restartPolicy": "Never",
-            # The backup talks to PostgreSQL only, never to the Kubernetes API.
-            "automountServiceAccountToken": False,
+            "serviceAccountName": cluster.backup_account_name,
+            "automountServiceAccountToken": True,
             "enableServiceLinks": False,
             "securityContext": pods.pod_security_context(),
             "containers": [container],
-            "volumes": [
-                {
-                    "name": REPOSITORY_VOLUME,
-                    "persistentVolumeClaim": {"claimName": cluster.backup_repository_name},
-                },
-                pods.empty_dir(TMP_VOLUME),
-            ],
+            "volumes": [pods.empty_dir(TMP_VOLUME)],
         },
     }
+
+
+# --- pgBackRest in the instance pods ---------------------------------------------------------
+
+
+def instance_env(cluster: v1alpha1.PostgresCluster) -> list[meta.Object]:
+    """pgBackRest's options for the instance container (none without ``spec.backup``).
+
+    The keys come from the credentials Secret, marked optional: a missing Secret or key
+    must not keep PostgreSQL from starting (archiving fails and the operator reports it)."""
+    if cluster.spec.backup is None:
+        return []
+    s3 = cluster.spec.backup.repository.s3
+    options = pgbackrest.options(
+        cluster,
+        data_dir=patroni.DATA_DIR,
+        socket_dir=patroni.SOCKET_DIR,
+        port=patroni.POSTGRES_PORT,
+    )
+    env: list[meta.Object] = [{"name": k, "value": v} for k, v in options.items()]
+    for name, key in (
+        (pgbackrest.KEY_ENV, pgbackrest.ACCESS_KEY_KEY),
+        (pgbackrest.KEY_SECRET_ENV, pgbackrest.SECRET_KEY_KEY),
+    ):
+        ref = pods.secret_env(name, secret=s3.credentials_secret, key=key)
+        ref["valueFrom"]["secretKeyRef"]["optional"] = True
+        env.append(ref)
+    return env
+
+
+def instance_volumes(cluster: v1alpha1.PostgresCluster) -> list[meta.Object]:
+    """The store's CA certificate, when ``caKey`` names one."""
+    backup = cluster.spec.backup
+    if backup is None or backup.repository.s3.ca_key is None:
+        return []
+    s3 = backup.repository.s3
+    return [
+        {
+            "name": CA_VOLUME,
+            "secret": {
+                "secretName": s3.credentials_secret,
+                "items": [{"key": s3.ca_key, "path": pgbackrest.CA_FILE_NAME}],
+                "optional": True,
+            },
+        }
+    ]
+
+
+def instance_mounts(cluster: v1alpha1.PostgresCluster) -> list[meta.Object]:
+    if not instance_volumes(cluster):
+        return []
+    return [{"name": CA_VOLUME, "mountPath": pgbackrest.CA_DIR, "readOnly": True}]

@@ -7,6 +7,8 @@ from typing import Final
 from stateward.api import v1alpha1
 from stateward.specs import meta
 
+INSTANCE_CONTAINER: Final = "postgres"
+"""The instance pods' container: Patroni, PostgreSQL, and pgBackRest the backup Jobs exec."""
 POSTGRES_UID: Final = 999
 """The postgres user of the Debian-based instance image (as in the official postgres image).
 PostgreSQL and Patroni refuse to run as root."""

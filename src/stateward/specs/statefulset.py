@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from stateward.api import v1alpha1
 from stateward.instance import patroni
-from stateward.specs import meta, pods, secrets, services
+from stateward.specs import backup, meta, pods, secrets, services
 
-CONTAINER_NAME = "postgres"
+CONTAINER_NAME = pods.INSTANCE_CONTAINER
 DATA_VOLUME = "pgdata"
 CONFIG_VOLUME = "config"
 SOCKET_VOLUME = "run"
@@ -67,6 +67,7 @@ def _pod_template(cluster: v1alpha1.PostgresCluster, *, config_hash: str) -> met
                 pods.empty_dir(TMP_VOLUME),
                 # The runtime's default /dev/shm (64 MiB) is too small for parallel queries.
                 pods.empty_dir(SHM_VOLUME, memory=True),
+                *backup.instance_volumes(cluster),
             ],
         },
     }
@@ -94,6 +95,7 @@ def _postgres_container(cluster: v1alpha1.PostgresCluster) -> meta.Object:
                 {"name": SOCKET_VOLUME, "mountPath": patroni.SOCKET_DIR},
                 {"name": TMP_VOLUME, "mountPath": patroni.TMP_DIR},
                 {"name": SHM_VOLUME, "mountPath": SHM_MOUNT},
+                *backup.instance_mounts(cluster),
             ],
             # Until the REST API answers (Patroni start-up); Patroni's loop keeps running
             # during a long base backup, so this need not cover cloning.
@@ -152,6 +154,8 @@ def _env(cluster: v1alpha1.PostgresCluster) -> list[meta.Object]:
         ),
         # `patronictl` in the pod (kubectl exec) finds the configuration without flags.
         {"name": "PATRONICTL_CONFIG_FILE", "value": patroni.CONFIG_FILE},
+        # pgBackRest (archive_command, the backup Jobs' exec): the repository's options.
+        *backup.instance_env(cluster),
     ]
 
 

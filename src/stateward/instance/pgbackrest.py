@@ -1,0 +1,134 @@
+"""pgBackRest in the instance pods: its options, the archive command, and what its
+``info`` says.
+
+pgBackRest reads every option from ``PGBACKREST_*`` environment variables as well as from
+its configuration file; the instance pods set them (the S3 keys from the credentials
+Secret), so no file holds a secret and ``pgbackrest`` works the same from Patroni's
+``archive_command``, from ``kubectl exec`` and from the backup Job's exec. The stanza is the
+cluster's name, the repository its ``spec.backup`` (repo1).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from stateward.api import v1alpha1
+
+CA_DIR: Final = "/etc/stateward/backup"
+CA_FILE_NAME: Final = "ca.crt"
+CA_FILE: Final = f"{CA_DIR}/{CA_FILE_NAME}"
+LOCK_PATH: Final = "/tmp/pgbackrest"  # noqa: S108 - the container's private emptyDir
+KEY_ENV: Final = "PGBACKREST_REPO1_S3_KEY"
+KEY_SECRET_ENV: Final = "PGBACKREST_REPO1_S3_KEY_SECRET"  # noqa: S105 - a variable name
+ACCESS_KEY_KEY: Final = "accessKeyId"
+SECRET_KEY_KEY: Final = "secretAccessKey"  # noqa: S105 - a key name
+COMPRESS_TYPE: Final = "lz4"
+"""Fast enough that compression never holds back WAL archiving (gz, the default, is ~5x
+slower for a similar ratio on WAL)."""
+ARCHIVE_DISABLED: Final = "/bin/true"
+"""The archive_command of a cluster without a repository: archive_mode stays on for every
+cluster (turning it on later would need a restart), and WAL is recycled as without it."""
+
+
+def archive_command(cluster: v1alpha1.PostgresCluster) -> str:
+    if cluster.spec.backup is None:
+        return ARCHIVE_DISABLED
+    return f"pgbackrest --stanza={cluster.backup_stanza} archive-push %p"
+
+
+def options(
+    cluster: v1alpha1.PostgresCluster, *, data_dir: str, socket_dir: str, port: int
+) -> dict[str, str]:
+    """Every pgBackRest option but the keys, as environment variables (sorted)."""
+    backup = cluster.spec.backup
+    if backup is None:
+        return {}
+    s3 = backup.repository.s3
+    path = cluster.backup_repository_path
+    assert path is not None
+    values = {
+        "PGBACKREST_STANZA": cluster.backup_stanza,
+        "PGBACKREST_PG1_PATH": data_dir,
+        "PGBACKREST_PG1_PORT": str(port),
+        "PGBACKREST_PG1_SOCKET_PATH": socket_dir,
+        "PGBACKREST_PG1_USER": "postgres",
+        "PGBACKREST_REPO1_TYPE": "s3",
+        "PGBACKREST_REPO1_PATH": path,
+        "PGBACKREST_REPO1_S3_ENDPOINT": s3.host,
+        "PGBACKREST_REPO1_S3_BUCKET": s3.bucket,
+        "PGBACKREST_REPO1_S3_REGION": s3.region,
+        "PGBACKREST_REPO1_S3_URI_STYLE": s3.uri_style.value.lower(),
+        "PGBACKREST_REPO1_RETENTION_FULL": str(backup.retention.full),
+        # Backups start with an immediate checkpoint instead of waiting for a spread one.
+        "PGBACKREST_START_FAST": "y",
+        "PGBACKREST_COMPRESS_TYPE": COMPRESS_TYPE,
+        # The console (the pod's log, the Job's log) is enough; the root filesystem is
+        # read-only and /var/log/pgbackrest does not exist.
+        "PGBACKREST_LOG_LEVEL_FILE": "off",
+        "PGBACKREST_LOCK_PATH": LOCK_PATH,
+    }
+    if s3.port is not None:
+        values["PGBACKREST_REPO1_STORAGE_PORT"] = str(s3.port)
+    if s3.ca_key is not None:
+        values["PGBACKREST_REPO1_STORAGE_CA_FILE"] = CA_FILE
+    return dict(sorted(values.items()))
+
+
+# --- what `pgbackrest info --output=json` says --------------------------------------------
+
+
+def _time(epoch: object) -> str | None:
+    if not isinstance(epoch, int | float) or isinstance(epoch, bool):
+        return None
+    moment = datetime.datetime.fromtimestamp(epoch, tz=datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _backup(entry: Mapping[str, Any]) -> dict[str, Any] | None:
+    stamps = entry.get("timestamp") or {}
+    started, finished = _time(stamps.get("start")), _time(stamps.get("stop"))
+    if not entry.get("label") or started is None or finished is None or entry.get("error"):
+        return None
+    info = entry.get("info") or {}
+    summary: dict[str, Any] = {
+        "label": str(entry["label"]),
+        "type": str(entry.get("type", "")),
+        "startedAt": started,
+        "finishedAt": finished,
+    }
+    if isinstance(info.get("size"), int):
+        summary["sizeBytes"] = info["size"]
+    repository = info.get("repository") or {}
+    if isinstance(repository.get("delta"), int):
+        summary["repositoryBytes"] = repository["delta"]
+    return summary
+
+
+def summarize(info: Sequence[Mapping[str, Any]], stanza: str) -> dict[str, Any]:
+    """``status.backups`` (camelCase) from ``pgbackrest info --output=json``: complete backups
+    only (one pgBackRest marks as errored does not count), oldest first.
+
+    Raises ValueError when the stanza is missing or pgBackRest reports it unusable."""
+    entry = next((s for s in info if isinstance(s, Mapping) and s.get("name") == stanza), None)
+    if entry is None:
+        raise ValueError(f"pgbackrest info does not list the stanza {stanza!r}")
+    status = entry.get("status") or {}
+    if status.get("code") not in (0, None):
+        raise ValueError(
+            f"pgBackRest reports stanza {stanza!r} unusable: {status.get('message', 'no reason')}"
+        )
+    backups = [b for b in (_backup(e) for e in entry.get("backup") or []) if b is not None]
+    backups.sort(key=lambda b: b["finishedAt"])
+    result: dict[str, Any] = {
+        "count": len(backups),
+        "full": sum(1 for b in backups if b["type"] == "full"),
+    }
+    if backups:
+        result["latest"] = backups[-1]
+        result["recoverableFrom"] = backups[0]["finishedAt"]
+    newest = [a.get("max") for a in entry.get("archive") or [] if a.get("max")]
+    if newest:
+        result["archivedWal"] = str(max(newest))
+    return result

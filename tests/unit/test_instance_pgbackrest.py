@@ -1,0 +1,117 @@
+"""pgBackRest's options, the archive command, and reading ``pgbackrest info``."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from stateward.instance import pgbackrest
+from tests.support import clusters
+
+pytestmark = pytest.mark.unit
+
+
+def _backup(label: str, kind: str, start: int, stop: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "archive": {"start": "000000010000000000000002", "stop": "000000010000000000000003"},
+        "error": False,
+        "info": {
+            "delta": 22992597,
+            "repository": {"delta": 4534023, "size": 4534023},
+            "size": 22992597,
+        },
+        "label": label,
+        "timestamp": {"start": start, "stop": stop},
+        "type": kind,
+        **extra,
+    }
+
+
+# The shape pgBackRest 2.45 prints (trimmed), measured against versitygw.
+INFO: list[dict[str, Any]] = [
+    {
+        "archive": [
+            {
+                "id": "15-1",
+                "max": "000000010000000000000005",
+                "min": "000000010000000000000001",
+            }
+        ],
+        "backup": [
+            _backup("20261202-142441F", "full", 1796221481, 1796221488),
+            _backup(
+                "20261202-142441F_20261202-142451I",
+                "incr",
+                1796221491,
+                1796221493,
+                prior="20261202-142441F",
+            ),
+        ],
+        "name": "demo",
+        "status": {"code": 0, "message": "ok"},
+    }
+]
+
+
+def test_summary_counts_complete_backups_and_gives_the_window() -> None:
+    summary = pgbackrest.summarize(INFO, "demo")
+    assert summary == {
+        "count": 2,
+        "full": 1,
+        "latest": {
+            "label": "20261202-142441F_20261202-142451I",
+            "type": "incr",
+            "startedAt": "2026-12-02T14:24:51Z",
+            "finishedAt": "2026-12-02T14:24:53Z",
+            "sizeBytes": 22992597,
+            "repositoryBytes": 4534023,
+        },
+        "recoverableFrom": "2026-12-02T14:24:48Z",
+        "archivedWal": "000000010000000000000005",
+    }
+
+
+def test_a_backup_pgbackrest_marks_as_errored_does_not_count() -> None:
+    info = copy.deepcopy(INFO)
+    info[0]["backup"][1]["error"] = True
+    summary = pgbackrest.summarize(info, "demo")
+    assert summary["count"] == 1
+    assert summary["latest"]["label"] == "20261202-142441F"
+
+
+def test_an_empty_repository_has_no_latest_backup() -> None:
+    info = [{"name": "demo", "backup": [], "archive": [], "status": {"code": 2}}]
+    with pytest.raises(ValueError, match="unusable"):
+        pgbackrest.summarize(info, "demo")
+    info[0]["status"] = {"code": 0}
+    assert pgbackrest.summarize(info, "demo") == {"count": 0, "full": 0}
+
+
+def test_a_missing_stanza_is_an_error() -> None:
+    with pytest.raises(ValueError, match="stanza 'other'"):
+        pgbackrest.summarize(INFO, "other")
+
+
+def test_a_backup_without_timestamps_is_ignored() -> None:
+    info = copy.deepcopy(INFO)
+    del info[0]["backup"][0]["timestamp"]
+    assert pgbackrest.summarize(info, "demo")["count"] == 1
+
+
+def test_archive_command_without_and_with_a_repository() -> None:
+    assert pgbackrest.archive_command(clusters.make_cluster()) == "/bin/true"
+    cluster = clusters.make_cluster(backup=clusters.BACKUP)
+    assert pgbackrest.archive_command(cluster) == "pgbackrest --stanza=demo archive-push %p"
+
+
+def test_options_never_hold_the_keys() -> None:
+    cluster = clusters.make_cluster(backup=clusters.BACKUP)
+    options = pgbackrest.options(cluster, data_dir="/d", socket_dir="/s", port=5432)
+    assert pgbackrest.KEY_ENV not in options
+    assert pgbackrest.KEY_SECRET_ENV not in options
+    assert list(options) == sorted(options)
+    assert options["PGBACKREST_LOG_LEVEL_FILE"] == "off"
+    assert options["PGBACKREST_START_FAST"] == "y"
+    assert pgbackrest.options(clusters.make_cluster(), data_dir="/d", socket_dir="/s", port=1) == {}
