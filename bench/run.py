@@ -51,6 +51,7 @@ import httpx
 import yaml
 from lightkube import Client
 from lightkube.config.kubeconfig import KubeConfig
+from lightkube.resources.core_v1 import Secret
 from tests.support.kwok import simulate
 
 from stateward.api import v1alpha1
@@ -73,6 +74,7 @@ NAMESPACE = "bench"
 # A schedule that does not fire during a run (midnight on 1 January), so no backup Job
 # disturbs the steady-state window.
 BACKUP_SCHEDULE = "0 0 1 1 *"
+BACKUP_SECRET = "bench-s3"  # noqa: S105 - a name; the keys are dummies (nothing runs on kwok)
 PODS_PER_NODE = 100  # kwok nodes advertise 110; keep some room
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 READ_VERBS = frozenset({"get", "list", "watch"})
@@ -199,6 +201,15 @@ def pgc_body(name: str, replicas: int) -> dict[str, Any]:
             "replicas": replicas,
             "storageSize": "1Gi",
             "backupSchedule": BACKUP_SCHEDULE,
+            "backup": {
+                "repository": {
+                    "s3": {
+                        "endpoint": "s3.example.invalid",
+                        "bucket": "bench",
+                        "credentialsSecret": BACKUP_SECRET,
+                    }
+                }
+            },
         },
     }
 
@@ -219,6 +230,9 @@ def expected_children(name: str, replicas: int) -> set[tuple[str, str]]:
         ("RoleBinding", model.instance_account_name),
         ("PodDisruptionBudget", model.name),
         ("CronJob", model.backup_cronjob_name),
+        ("ServiceAccount", model.backup_account_name),
+        ("Role", model.backup_account_name),
+        ("RoleBinding", model.backup_account_name),
     }
 
 
@@ -483,6 +497,15 @@ class Run:
             install_crds(client)
             ensure_namespace(client, OPERATOR_NAMESPACE)
             ensure_namespace(client, NAMESPACE)
+            client.create(
+                Secret.from_dict(
+                    {
+                        "metadata": {"name": BACKUP_SECRET},
+                        "stringData": {"accessKeyId": "AK", "secretAccessKey": "SK"},
+                    }
+                ),
+                namespace=NAMESPACE,
+            )
             api = Api(cluster, connections=self.args.workers + 4)
             operator = start_operator(cluster, extra=[f"--resync-interval={self.args.resync}"])
             say(f"    operator pid {operator.process.pid}, log {operator.log}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -12,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 from lightkube import ApiError, Client, codecs
+from lightkube.resources.core_v1 import Secret
 
 from stateward.cli.run import (
     OPERATOR_NAMESPACE,
@@ -22,6 +24,7 @@ from stateward.cli.run import (
     start_operator,
 )
 from stateward.local.cluster import OPERATOR_USER, LocalCluster
+from tests.support import clusters
 from tests.support.waiting import wait_for
 
 RESYNC_SECONDS = 3
@@ -105,7 +108,21 @@ def pgc_body(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
 @pytest.fixture
 def make_cluster(kube: Client, namespace: str, operator: OperatorProcess) -> Callable[..., str]:
     def make(name: str | None = None, **spec: Any) -> str:
+        """Create a PostgresCluster; with ``spec.backup`` naming the test repository's
+        credentials Secret (``clusters.BACKUP``), that Secret too, holding dummy keys."""
         name = name or f"pg-{uuid.uuid4().hex[:6]}"
+        secret = ((spec.get("backup") or {}).get("repository") or {}).get("s3", {})
+        if secret.get("credentialsSecret") == clusters.REPOSITORY["s3"]["credentialsSecret"]:
+            with contextlib.suppress(ApiError):
+                kube.create(
+                    Secret.from_dict(
+                        {
+                            "metadata": {"name": secret["credentialsSecret"]},
+                            "stringData": {"accessKeyId": "AK", "secretAccessKey": "SK"},
+                        }
+                    ),
+                    namespace=namespace,
+                )
         kube.create(codecs.from_dict(pgc_body(name, namespace, **spec)))
         return name
 

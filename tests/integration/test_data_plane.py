@@ -1,8 +1,8 @@
 """The data plane on real nodes: Patroni-managed PostgreSQL 15 in the instance pods.
 
 The operator runs as a process against the session's cluster with real nodes; each test
-makes its own PostgresCluster in its own namespace. Clusters here opt out of the final
-backup (`stateward-instance backup` is not written yet), so their namespaces can go.
+makes its own PostgresCluster in its own namespace. Clusters here have no backup repository
+(test_backups.py covers backups), so they go without a final backup.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from tests.support.dataplane import (
     annotate,
     create_cluster,
     event_reasons,
+    local_repository,
     now_stamp,
     ready,
     roles,
@@ -256,6 +257,7 @@ def test_a_final_backup_that_cannot_start_says_why_and_can_be_skipped(
         "stuck",
         replicas=1,
         image="localhost/stateward/not-built:1",
+        backup=local_repository(client, ns, f"/{ns}/stuck"),
         deletionPolicy={"finalBackup": True},
     )
     wait_for(

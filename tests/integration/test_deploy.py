@@ -30,6 +30,7 @@ from stateward.local.cluster import LocalCluster
 from stateward.runtime import rbac
 from stateward.specs import backup, config, secrets
 from tests.conftest import client_for
+from tests.support import clusters
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -153,6 +154,7 @@ def test_make_deploy_gives_the_operator_every_right_it_uses(apiserver: LocalClus
                 "replicas": 3,
                 "storageSize": "1Gi",
                 "backupSchedule": "0 3 * * *",
+                "backup": clusters.BACKUP,
             },
         }
     )
@@ -160,7 +162,6 @@ def test_make_deploy_gives_the_operator_every_right_it_uses(apiserver: LocalClus
         *specs.children(cluster, patroni_config=config.patroni_config(cluster)),
         secrets.superuser_secret(cluster, password="not-a-secret-1"),
         secrets.replication_secret(cluster, password="not-a-secret-2"),
-        backup.backup_repository_pvc(cluster),
         backup.final_backup_job(cluster),
     ]
     created = kubectl(

@@ -44,6 +44,7 @@ from stateward.local.cluster import OPERATOR_USER, LocalCluster
 from stateward.runtime import webhook
 from tests.conftest import client_for
 from tests.integration.conftest import AuditLog, metric, pgc_body, wait_leading
+from tests.support import clusters
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -446,7 +447,7 @@ def test_the_webhook_serves_a_replaced_certificate_and_reports_one_it_cannot_ser
     namespace = _new_namespace(bare)
 
     def refused_by_the_webhook() -> bool:
-        body = pgc_body("feb30", namespace, backupSchedule="0 0 30 2 *")
+        body = pgc_body("feb30", namespace, backupSchedule="0 0 30 2 *", backup=clusters.BACKUP)
         try:
             bare.create(codecs.from_dict(body), dry_run=True)
         except ApiError as error:

@@ -13,7 +13,7 @@ import yaml
 from lightkube import ApiError, Client, codecs
 from lightkube.models.core_v1 import ResourceRequirements
 from lightkube.resources.apps_v1 import StatefulSet
-from lightkube.resources.batch_v1 import CronJob
+from lightkube.resources.batch_v1 import CronJob, Job
 from lightkube.resources.core_v1 import (
     ConfigMap,
     Event,
@@ -41,6 +41,7 @@ from tests.integration.conftest import (
     wait_condition,
     wait_phase,
 )
+from tests.support import clusters
 from tests.support.kwok import SIMULATED_FAILURE_SUFFIX
 from tests.support.waiting import wait_for
 
@@ -61,6 +62,9 @@ CHILDREN: list[tuple[Any, str]] = [
     (RoleBinding, "{}-instance"),
     (PodDisruptionBudget, "{}"),
     (CronJob, "{}-backup"),
+    (ServiceAccount, "{}-backup"),
+    (Role, "{}-backup"),
+    (RoleBinding, "{}-backup"),
 ]
 
 
@@ -81,7 +85,7 @@ def events(kube: Client, namespace: str, name: str) -> list[str]:
 def test_children_exist_owned_and_labelled_and_status_converges(
     kube: Client, namespace: str, make_cluster: MakeCluster
 ) -> None:
-    name = make_cluster(backupSchedule="0 3 * * *")
+    name = make_cluster(backupSchedule="0 3 * * *", backup=clusters.BACKUP)
     ready = wait_phase(kube, name, namespace, "Ready", timeout=90)
     uid = ready["metadata"]["uid"]
     for resource, pattern in CHILDREN:
@@ -92,8 +96,8 @@ def test_children_exist_owned_and_labelled_and_status_converges(
         assert labels["app.kubernetes.io/managed-by"] == "stateward"
         assert labels["stateward.io/cluster"] == name
         assert not any(k.startswith("kopf.") for k in child.metadata.annotations or {})  # type: ignore[union-attr]
-    repository = kube.get(PersistentVolumeClaim, f"{name}-backups", namespace=namespace)
-    assert not repository.metadata.ownerReferences  # type: ignore[union-attr]
+    # The repository is the object store's: no volume of ours holds backups.
+    assert gone(kube, PersistentVolumeClaim, f"{name}-backups", namespace)
 
     status = ready["status"]
     assert status["readyReplicas"] == 3
@@ -151,7 +155,7 @@ def _wait_restored(kube: Client, resource: Any, name: str, namespace: str, old_u
 def test_deleted_child_is_recreated(
     kube: Client, namespace: str, make_cluster: MakeCluster, resource: Any, suffix: str
 ) -> None:
-    name = make_cluster(backupSchedule="*/5 * * * *")
+    name = make_cluster(backupSchedule="*/5 * * * *", backup=clusters.BACKUP)
     wait_phase(kube, name, namespace, "Ready", timeout=90)
     child = f"{name}{suffix}"
     old = kube.get(resource, child, namespace=namespace)
@@ -160,7 +164,7 @@ def test_deleted_child_is_recreated(
 
 
 def test_hand_edits_are_repaired(kube: Client, namespace: str, make_cluster: MakeCluster) -> None:
-    name = make_cluster(backupSchedule="0 3 * * *")
+    name = make_cluster(backupSchedule="0 3 * * *", backup=clusters.BACKUP)
     wait_phase(kube, name, namespace, "Ready", timeout=90)
     kube.patch(
         Service,
@@ -227,7 +231,7 @@ def test_deleted_secret_with_existing_data_is_reported_not_regenerated(
 def test_backup_schedule_set_changed_cleared(
     kube: Client, namespace: str, make_cluster: MakeCluster
 ) -> None:
-    name = make_cluster()
+    name = make_cluster(backup=clusters.BACKUP)
     wait_phase(kube, name, namespace, "Ready", timeout=90)
     assert gone(kube, CronJob, f"{name}-backup", namespace)
     assert condition(get_pgc(kube, name, namespace), "BackupScheduled")["status"] == "False"
@@ -382,8 +386,6 @@ def test_unknown_storage_class_is_a_condition_not_a_hot_loop(
     assert condition(failing, "Degraded")["reason"] == "StorageClassNotFound"
     assert "spec.storageClassName" in condition(failing, "Degraded")["message"]
     assert gone(kube, StatefulSet, name, namespace)
-    # Nor the backup repository: an unowned PVC that can never bind would outlive the cluster.
-    assert gone(kube, PersistentVolumeClaim, f"{name}-backups", namespace)
     writes = len(audit.writes(namespace=namespace))
     # A label change makes the operator look again, and resyncs keep coming; neither may
     # write anything new. Wait until reconciles have demonstrably happened since.
@@ -408,6 +410,7 @@ def test_converged_cluster_makes_zero_writes(
     # must not look like drift to be repaired on every resync.
     name = make_cluster(
         backupSchedule="0 3 * * *",
+        backup=clusters.BACKUP,
         storageSize="1024Mi",
         resources={"requests": {"cpu": "1000m", "memory": "1024Mi"}},
     )
@@ -479,7 +482,7 @@ def test_cleared_limits_are_removed_from_the_statefulset_then_nothing_is_written
     assert_no_writes_at_rest(audit, operator, namespace)
 
 
-def test_delete_runs_final_backup_then_removes_volumes(
+def test_delete_without_a_repository_removes_volumes_and_patronis_state(
     kube: Client, namespace: str, make_cluster: MakeCluster
 ) -> None:
     name = make_cluster()
@@ -517,8 +520,10 @@ def test_delete_runs_final_backup_then_removes_volumes(
     assert gone(kube, ConfigMap, f"{name}-leader", namespace)
     kept = kube.get(ConfigMap, f"{name}-app-settings", namespace=namespace)
     assert kept.data == {"keep": "me"}
+    # No repository, so no final backup (finalBackup defaults to "when there is one").
     reasons = [e.split(":")[0] for e in events(kube, namespace, name)]
-    assert "FinalBackupStarted" in reasons and "FinalBackupSucceeded" in reasons
+    assert "FinalBackupStarted" not in reasons
+    assert gone(kube, Job, f"{name}-final-backup", namespace)
     wait_for(
         lambda: (
             not [
@@ -530,15 +535,47 @@ def test_delete_runs_final_backup_then_removes_volumes(
         what="the data volumes to be deleted",
         timeout=60,
     )
-    # The backup repository outlives the cluster.
-    assert kube.get(PersistentVolumeClaim, f"{name}-backups", namespace=namespace)
 
 
-def test_failing_final_backup_keeps_the_cluster_and_retries(
+def test_a_final_backup_that_reports_no_backup_keeps_the_cluster_until_skipped(
+    kube: Client, namespace: str, make_cluster: MakeCluster
+) -> None:
+    # Simulated nodes complete every pod without running it: the final backup Job "succeeds"
+    # with no pgBackRest report. That is no backup, and the volumes must stay.
+    name = make_cluster(backup=clusters.BACKUP)
+    wait_phase(kube, name, namespace, "Ready", timeout=90)
+    kube.delete(PostgresClusterResource, name, namespace=namespace)
+    failed = wait_condition(kube, name, namespace, "FinalBackup", reason="Failed", timeout=90)
+    message = condition(failed, "FinalBackup")["message"]
+    assert "pgBackRest reported no backup" in message
+    assert "finalBackup=false" in message
+    assert failed["metadata"]["deletionTimestamp"]
+    assert failed["status"]["phase"] == "Deleting"
+    # The attempt count, which drives the backoff, is a status field, not prose to parse.
+    assert failed["status"]["finalBackupAttempts"] >= 1
+    assert "lastBackupTime" not in failed["status"]
+    assert any(e.startswith("FinalBackupFailed") for e in events(kube, namespace, name))
+    claims = [
+        c
+        for c in kube.list(PersistentVolumeClaim, namespace=namespace)
+        if c.metadata.name.startswith(f"pgdata-{name}")  # type: ignore[union-attr]
+    ]
+    assert len(claims) == 3 and not any(c.metadata.deletionTimestamp for c in claims)  # type: ignore[union-attr]
+    # The override the message names lets the deletion finish.
+    patch_cluster(kube, name, namespace, {"spec": {"deletionPolicy": {"finalBackup": False}}})
+    wait_for(
+        lambda: gone(kube, PostgresClusterResource, name, namespace),
+        what="the cluster to go once the final backup is skipped",
+        timeout=120,
+    )
+
+
+def test_failing_final_backup_pods_keep_the_cluster_and_retry(
     kube: Client, namespace: str, make_cluster: MakeCluster
 ) -> None:
     name = make_cluster(
         image=f"example.invalid/postgres{SIMULATED_FAILURE_SUFFIX}",
+        backup=clusters.BACKUP,
         deletionPolicy={"persistentVolumeClaims": "Retain"},
     )
     wait_for(
@@ -548,17 +585,19 @@ def test_failing_final_backup_keeps_the_cluster_and_retries(
     )
     kube.delete(PostgresClusterResource, name, namespace=namespace)
     failed = wait_condition(kube, name, namespace, "FinalBackup", reason="Failed", timeout=90)
-    assert failed["metadata"]["deletionTimestamp"]
-    assert failed["status"]["phase"] == "Deleting"
-    assert "finalBackup=false" in condition(failed, "FinalBackup")["message"]
-    # The attempt count, which drives the backoff, is a status field, not prose to parse.
-    assert failed["status"]["finalBackupAttempts"] >= 1
-    assert any(e.startswith("FinalBackupFailed") for e in events(kube, namespace, name))
-    # The next attempt runs with the fixed image and lets the deletion finish.
-    patch_cluster(kube, name, namespace, {"spec": {"image": "example.invalid/postgres:16"}})
+    assert "attempt 1 failed" in condition(failed, "FinalBackup")["message"]
+    # It retries with backoff: a second attempt starts by itself.
+    wait_for(
+        lambda: (
+            (get_pgc(kube, name, namespace).get("status") or {}).get("finalBackupAttempts", 0) >= 2
+        ),
+        what="a second final backup attempt",
+        timeout=120,
+    )
+    patch_cluster(kube, name, namespace, {"spec": {"deletionPolicy": {"finalBackup": False}}})
     wait_for(
         lambda: gone(kube, PostgresClusterResource, name, namespace),
-        what="the cluster to go after a successful retry",
+        what="the cluster to go once the final backup is skipped",
         timeout=120,
     )
     retained = [
@@ -604,60 +643,6 @@ def test_a_failing_reconcile_is_reported_in_status_and_events_and_cleared_on_suc
     assert kube.get(Service, f"{name}-primary", namespace=namespace)
 
 
-def test_a_recreated_cluster_does_not_write_into_the_earlier_clusters_backup_repository(
-    kube: Client, namespace: str, make_cluster: MakeCluster
-) -> None:
-    name = make_cluster(backupSchedule="0 3 * * *", deletionPolicy={"finalBackup": False})
-    first_uid = get_pgc(kube, name, namespace)["metadata"]["uid"]
-    repository = wait_for(
-        lambda: kube.get(PersistentVolumeClaim, f"{name}-backups", namespace=namespace),
-        what="the backup repository",
-    )
-    assert repository.metadata.labels["stateward.io/cluster-uid"] == first_uid  # type: ignore[index, union-attr]
-    # What an earlier cluster of another name leaves behind, under the name a new cluster
-    # will use: the repository outlives its cluster by design.
-    other = f"{name}-again"
-    leftover = repository.to_dict()
-    leftover["metadata"] = {
-        "name": f"{other}-backups",
-        "namespace": namespace,
-        "labels": {
-            **repository.metadata.labels,  # type: ignore[union-attr]
-            "stateward.io/cluster": other,
-            "app.kubernetes.io/instance": other,
-        },
-    }
-    leftover.pop("status", None)
-    leftover["spec"].pop("volumeName", None)
-    kube.create(PersistentVolumeClaim.from_dict(leftover))
-    name = other
-    # A new cluster of that name: the repository is refused, scheduled backups suspended.
-    make_cluster(name, backupSchedule="0 3 * * *", deletionPolicy={"finalBackup": False})
-    second_uid = get_pgc(kube, name, namespace)["metadata"]["uid"]
-    refused = wait_condition(
-        kube, name, namespace, "Degraded", reason="BackupRepositoryForeign", timeout=90
-    )
-    message = condition(refused, "Degraded")["message"]
-    assert first_uid in message and f"stateward.io/cluster-uid={second_uid}" in message
-    wait_for(
-        lambda: kube.get(CronJob, f"{name}-backup", namespace=namespace).spec.suspend is True,  # type: ignore[union-attr]
-        what="scheduled backups to be suspended",
-    )
-    # Adopting it, as the message says, resumes backups.
-    kube.patch(
-        PersistentVolumeClaim,
-        f"{name}-backups",
-        {"metadata": {"labels": {"stateward.io/cluster-uid": second_uid}}},
-        namespace=namespace,
-    )
-    wait_for(
-        lambda: kube.get(CronJob, f"{name}-backup", namespace=namespace).spec.suspend is False,  # type: ignore[union-attr]
-        what="scheduled backups to resume after adoption",
-        timeout=90,
-    )
-    wait_condition(kube, name, namespace, "Degraded", status="False")
-
-
 def test_invalid_specs_are_refused_with_the_field_named(
     kube: Client, namespace: str, operator: OperatorProcess
 ) -> None:
@@ -676,6 +661,13 @@ def test_invalid_specs_are_refused_with_the_field_named(
         ({"bootstrap": {"owner": "postgres"}}, "spec.bootstrap.owner"),
         ({"bootstrap": {"database": "template1"}}, "spec.bootstrap.database"),
         ({"bootstrap": {"database": "My-App"}}, "spec.bootstrap.database"),
+        ({"backupSchedule": "0 3 * * *"}, "spec.backupSchedule needs a repository"),
+        ({"deletionPolicy": {"finalBackup": True}}, "spec.deletionPolicy.finalBackup needs"),
+        ({"backup": {"repository": {"s3": {"bucket": "bkp"}}}}, "spec.backup.repository.s3."),
+        (
+            {"backup": {"repository": {"s3": {**clusters.REPOSITORY["s3"], "bucket": "A_B"}}}},
+            "spec.backup.repository.s3.bucket",
+        ),
     ]
     for index, (spec, field) in enumerate(cases):
         with pytest.raises(ApiError) as refused:
@@ -683,11 +675,40 @@ def test_invalid_specs_are_refused_with_the_field_named(
         assert field in str(refused.value.status.message), (spec, refused.value.status.message)
 
 
+def test_missing_backup_credentials_are_a_condition_naming_the_field(
+    kube: Client, namespace: str, make_cluster: MakeCluster
+) -> None:
+    repository = {"s3": {**clusters.REPOSITORY["s3"], "credentialsSecret": "not-yet"}}
+    name = make_cluster(backup={"repository": repository})
+    failing = wait_condition(
+        kube, name, namespace, "Degraded", reason="BackupCredentialsMissing", timeout=60
+    )
+    message = condition(failing, "Degraded")["message"]
+    assert "spec.backup.repository.s3.credentialsSecret" in message and "not-yet" in message
+    assert "accessKeyId" in message and "secretAccessKey" in message
+    # PostgreSQL is not held back: the keys are optional in the pods.
+    assert kube.get(StatefulSet, name, namespace=namespace)
+    kube.create(
+        Secret.from_dict(
+            {
+                "metadata": {"name": "not-yet"},
+                "stringData": {"accessKeyId": "AK", "secretAccessKey": "SK"},
+            }
+        ),
+        namespace=namespace,
+    )
+    wait_condition(kube, name, namespace, "Degraded", status="False", timeout=90)
+
+
 def test_never_firing_schedule_is_refused_by_the_webhook(
     kube: Client, namespace: str, operator: OperatorProcess
 ) -> None:
     with pytest.raises(ApiError) as refused:
-        kube.create(codecs.from_dict(pgc_body("feb30", namespace, backupSchedule="0 0 30 2 *")))
+        kube.create(
+            codecs.from_dict(
+                pgc_body("feb30", namespace, backupSchedule="0 0 30 2 *", backup=clusters.BACKUP)
+            )
+        )
     message = str(refused.value.status.message)
     assert "backupSchedule" in message and "admission webhook" in message
 

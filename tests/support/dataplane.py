@@ -13,12 +13,12 @@ import threading
 import time
 from typing import Any, NamedTuple
 
-from lightkube import Client, codecs
+from lightkube import ApiError, Client, codecs
 from lightkube.resources.core_v1 import Event, Pod, Secret
 from lightkube.types import PatchType
 
 from stateward.cli.run import PostgresClusterResource
-from stateward.local import binaries
+from stateward.local import binaries, objectstore
 from stateward.local.cluster import LocalCluster
 from tests.integration.conftest import get_pgc
 from tests.support.waiting import wait_for
@@ -38,6 +38,18 @@ def create_cluster(client: Client, ns: str, name: str, replicas: int, **spec: An
         },
     }
     client.create(codecs.from_dict(body))
+
+
+def local_repository(client: Client, ns: str, path: str) -> dict[str, Any]:
+    """A ``spec.backup`` on the local cluster's object store, at ``path`` in its bucket, with
+    its credentials Secret copied into ``ns`` (a Secret is read in the cluster's namespace)."""
+    source = client.get(
+        Secret, objectstore.SECRET_NAME, namespace=objectstore.SECRET_NAMESPACE
+    ).to_dict()
+    copy = {"metadata": {"name": objectstore.SECRET_NAME}, "data": source["data"]}
+    with contextlib.suppress(ApiError):
+        client.create(Secret.from_dict(copy), namespace=ns)
+    return {"repository": objectstore.repository(path)}
 
 
 def ready(client: Client, ns: str, name: str, timeout: float = 240) -> dict[str, Any]:

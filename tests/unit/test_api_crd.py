@@ -238,6 +238,7 @@ def test_status_is_complete(schema: dict[str, Any]) -> None:
         "conditions",
         "lastBackupTime",
         "backups",
+        "onDemandBackup",
         "observedGeneration",
         "finalBackupAttempts",
         "pendingRestart",

@@ -9,6 +9,7 @@ schema's descriptions, so they are written for users.
 from __future__ import annotations
 
 import enum
+import hashlib
 from typing import Any
 
 import pydantic
@@ -39,7 +40,11 @@ FENCED_INSTANCES_ANNOTATION = "stateward.io/fenced-instances"
 """Set on a PostgresCluster to fence instances: a JSON list of pod names, or ``["*"]`` for
 all. A fenced instance's PostgreSQL is stopped cleanly (a fenced primary hands over to a
 synchronous standby first); its pod and volume stay for inspection until it is unfenced."""
-REQUEST_ANNOTATIONS = (SWITCHOVER_ANNOTATION, FENCED_INSTANCES_ANNOTATION)
+BACKUP_ANNOTATION = "stateward.io/backup"
+"""Set on a PostgresCluster to request a full backup now: any new value (a timestamp, say)
+is a new request. The operator runs it once per value and reports it in
+``status.onDemandBackup``, ``LastBackupSucceeded`` and Events (as PGO's backup annotation)."""
+REQUEST_ANNOTATIONS = (SWITCHOVER_ANNOTATION, FENCED_INSTANCES_ANNOTATION, BACKUP_ANNOTATION)
 """Annotations that are requests to the operator: a change of one is a change of intent."""
 
 
@@ -413,6 +418,23 @@ class BackupsStatus(_Model):
     """The backup Job that reported this."""
 
 
+class OnDemandBackupStatus(_Model):
+    """The last backup requested with the ``stateward.io/backup`` annotation."""
+
+    request: str
+    """The annotation's value it answers."""
+
+    job: str | None = None
+    """The Job that runs it."""
+
+    phase: SwitchoverPhase
+    """Running, Succeeded or Failed."""
+
+    started_at: str
+    finished_at: str | None = None
+    message: str = ""
+
+
 class PostgresClusterStatus(_Model):
     """The observed state of a PostgreSQL cluster."""
 
@@ -433,6 +455,9 @@ class PostgresClusterStatus(_Model):
 
     last_backup_time: str | None = None
     """When the last backup pgBackRest reports complete finished."""
+
+    on_demand_backup: OnDemandBackupStatus | None = None
+    """The last backup requested with the ``stateward.io/backup`` annotation."""
 
     backups: BackupsStatus | None = None
     """The repository as pgBackRest last reported it: backups kept, the latest one, and
@@ -538,6 +563,11 @@ class PostgresCluster(_Model):
     @property
     def final_backup_job_name(self) -> str:
         return f"{self.name}-final-backup"
+
+    def on_demand_backup_job_name(self, request: str) -> str:
+        """``NAME-backup-<digest of the request>``: one Job per request value."""
+        digest = hashlib.sha256(request.encode()).hexdigest()[:8]
+        return f"{self.name[:45]}-backup-{digest}"
 
     @property
     def backup_account_name(self) -> str:

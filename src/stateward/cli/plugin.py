@@ -144,10 +144,17 @@ def report(
             f"Last failover: {failover.get('fromPod')} -> {failover.get('toPod')},"
             f" {_ago(failover.get('detectedAt'), now)}"
         )
+    backups = status.get("backups") or {}
     lines += [
         "",
         f"Backups: schedule {spec.get('backupSchedule') or 'none'}, last"
-        f" {_ago(status.get('lastBackupTime'), now)}",
+        f" {_ago(status.get('lastBackupTime'), now)}"
+        + (
+            f", {backups.get('count', 0)} in the repository, recoverable from"
+            f" {backups['recoverableFrom']}"
+            if backups.get("recoverableFrom")
+            else ""
+        ),
     ]
     if status.get("pendingRestart"):
         lines.append(f"Pending restart: {', '.join(status['pendingRestart'])}")
@@ -245,6 +252,39 @@ def switchover_command(args: argparse.Namespace, out: Callable[[str], None]) -> 
             out(f"switchover {record['phase'].lower()}: {record.get('message', '')}")
             return 0 if record["phase"] == "Succeeded" else 1
         time.sleep(0.5)
+    raise PluginError(f"no outcome within {args.timeout:.0f}s; `{PROGRAM} status {args.name}`")
+
+
+# --- backup ----------------------------------------------------------------------------------
+
+
+def backup_command(args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    """Request a full backup now (the ``stateward.io/backup`` annotation) and, unless told
+    not to, wait for its outcome in ``status.onDemandBackup``."""
+    client, namespace = _client(args)
+    get_cluster(client, args.name, namespace)
+    request = _now().strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    try:
+        client.patch(
+            PostgresClusterResource,
+            args.name,
+            {"metadata": {"annotations": {v1alpha1.BACKUP_ANNOTATION: request}}},
+            namespace=namespace,
+            patch_type=PatchType.MERGE,
+        )
+    except ApiError as error:
+        raise _explain(error, f"postgrescluster {args.name!r}") from None
+    out(f"backup of {namespace}/{args.name} requested ({request})")
+    if not args.wait:
+        return 0
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        obj = get_cluster(client, args.name, namespace)
+        record = (obj.get("status") or {}).get("onDemandBackup") or {}
+        if record.get("request") == request and record.get("phase") in ("Succeeded", "Failed"):
+            out(f"backup {record['phase'].lower()}: {record.get('message', '')}")
+            return 0 if record["phase"] == "Succeeded" else 1
+        time.sleep(1)
     raise PluginError(f"no outcome within {args.timeout:.0f}s; `{PROGRAM} status {args.name}`")
 
 
@@ -387,6 +427,10 @@ def parser() -> argparse.ArgumentParser:
     switchover.add_argument("--to", metavar="POD", help="the pod to promote (default: the best)")
     switchover.add_argument("--no-wait", dest="wait", action="store_false", help="do not wait")
     switchover.add_argument("--timeout", type=float, default=120, help="seconds to wait (120)")
+    backup = commands.add_parser("backup", help="take a full backup now and wait for it")
+    backup.add_argument("name")
+    backup.add_argument("--no-wait", dest="wait", action="store_false", help="do not wait")
+    backup.add_argument("--timeout", type=float, default=600, help="seconds to wait (600)")
     psql = commands.add_parser(
         "psql", help="a psql shell on the primary (or a replica); psql arguments after --"
     )
@@ -408,6 +452,7 @@ def parser() -> argparse.ArgumentParser:
 COMMANDS: dict[str, Callable[[argparse.Namespace, Callable[[str], None]], int]] = {
     "status": status_command,
     "switchover": switchover_command,
+    "backup": backup_command,
     "psql": psql_command,
     "fence": fence_command,
     "unfence": fence_command,

@@ -90,6 +90,8 @@ class Scope:
     """The fenced instances the annotation asks for (``["*"]`` for all)."""
     backups: dict[str, Any] | None = None
     """``status.backups``: read at the start, updated from the backup pods' reports."""
+    on_demand_backup: dict[str, Any] | None = None
+    """``status.onDemandBackup``: the last ``stateward.io/backup`` request and its outcome."""
     _members: list[Member] | None = dataclasses.field(default=None, init=False, repr=False)
 
     @property
@@ -175,6 +177,7 @@ class Reconciler:
             last_failover=(body.get("status") or {}).get("lastFailover"),
             rolling_restart=(body.get("status") or {}).get("rollingRestart"),
             backups=(body.get("status") or {}).get("backups"),
+            on_demand_backup=(body.get("status") or {}).get("onDemandBackup"),
         )
         deleting = bool(body["metadata"].get("deletionTimestamp"))
         phases: list[Phase] = (
@@ -197,6 +200,7 @@ class Reconciler:
                 roll_pods,
                 self.data_plane.restart_pending,
                 check_instances,
+                run_backup_request,
                 report_backups,
             ]
         )
@@ -506,6 +510,80 @@ BACKUP_CREDENTIALS_MISSING = "BackupCredentialsMissing"
 LAST_BACKUP = "LastBackupSucceeded"
 
 
+async def run_backup_request(scope: Scope) -> str | None:
+    """A ``stateward.io/backup`` request: one Job per annotation value, followed to its end
+    in ``status.onDemandBackup``. Done only when pgBackRest reported the backup."""
+    cluster = scope.cluster
+    request = (cluster.metadata.get("annotations") or {}).get(v1alpha1.BACKUP_ANNOTATION)
+    record = scope.on_demand_backup
+    if not request or not isinstance(request, str):
+        return None
+    if record is not None and record.get("request") == request:
+        if record.get("phase") != v1alpha1.SwitchoverPhase.RUNNING.value:
+            return None
+        return await _follow_backup_request(scope, record)
+    if cluster.spec.backup is None:
+        message = "no repository to write to: set spec.backup.repository, then request again"
+        scope.on_demand_backup = {
+            "request": request,
+            "phase": v1alpha1.SwitchoverPhase.FAILED.value,
+            "startedAt": scope.now,
+            "finishedAt": scope.now,
+            "message": message,
+        }
+        await scope.event(
+            "BackupRequestRefused", f"Backup request {request!r}: {message}", warning=True
+        )
+        return "backup request refused: no repository"
+    job = backup.on_demand_backup_job(cluster, request)
+    try:
+        created = await scope.kube.create(job)
+    except ApiError as error:
+        if error.status.code != 409:
+            raise
+    else:
+        scope.store.observe(created)
+    name = job["metadata"]["name"]
+    scope.on_demand_backup = {
+        "request": request,
+        "job": name,
+        "phase": v1alpha1.SwitchoverPhase.RUNNING.value,
+        "startedAt": scope.now,
+        "message": f"running in Job {name}",
+    }
+    await scope.event("BackupRequested", f"Backup requested ({request!r}): running in Job {name}")
+    scope.requeue(PROGRESS_RECHECK)
+    return f"started requested backup {name}"
+
+
+async def _follow_backup_request(scope: Scope, record: dict[str, Any]) -> str | None:
+    name = str(record.get("job") or "")
+    job = scope.observed("Job", name)
+    pods = _job_pods(scope, name)
+    if job is None:
+        phase, message = v1alpha1.SwitchoverPhase.FAILED, f"its Job {name} is gone"
+    else:
+        state = _job_state(job)
+        latest = next((r["latest"] for p in pods if (r := backup_result(p)).get("latest")), None)
+        if state == "Complete" and latest is not None:
+            phase = v1alpha1.SwitchoverPhase.SUCCEEDED
+            message = f"backup {latest.get('label')} finished at {latest.get('finishedAt')}"
+        elif state in ("Complete", "Failed"):
+            reason = next((str(e) for p in pods if (e := backup_result(p).get("error"))), None)
+            phase = v1alpha1.SwitchoverPhase.FAILED
+            message = reason or f"Job {name} ended without pgBackRest reporting a backup"
+        else:
+            scope.requeue(PROGRESS_RECHECK)
+            return None
+    scope.on_demand_backup = {
+        **record,
+        "phase": phase.value,
+        "finishedAt": scope.now,
+        "message": message,
+    }
+    return f"requested backup {phase.value.lower()}"
+
+
 async def report_backups(scope: Scope) -> str | None:
     """``status.backups`` and ``LastBackupSucceeded`` from the backup pods' own reports; an
     Event for each backup that finished since the last reconcile."""
@@ -704,6 +782,13 @@ async def _final_backup(scope: Scope) -> str | None:
     # continues the same backoff whatever the condition's message says.
     attempts = scope.final_backup_attempts or 0
     delay = min(FINAL_BACKUP_MAX_DELAY, 5.0 * 2 ** max(attempts - 1, 0))
+    pods = _job_pods(scope, cluster.final_backup_job_name)
+    reported = any(backup_result(pod).get("latest") for pod in pods)
+    unreported = state == "Complete" and not reported
+    if unreported:
+        # A Job whose pod ended well without pgBackRest's report took no backup we know of
+        # (a simulated node completes any pod): deleting the data on its word could lose it.
+        state = "Failed"
     if state == "Complete":
         if previous is None or previous.get("reason") != "Succeeded":
             scope.set_condition("FinalBackup", True, "Succeeded", f"attempt {attempts} succeeded")
@@ -713,14 +798,9 @@ async def _final_backup(scope: Scope) -> str | None:
             )
         return None
     if job is not None and state == "Failed":
-        reason = next(
-            (
-                r
-                for pod in _job_pods(scope, cluster.final_backup_job_name)
-                if (r := backup_result(pod).get("error"))
-            ),
-            None,
-        )
+        reason = next((r for pod in pods if (r := backup_result(pod).get("error"))), None)
+        if unreported:
+            reason = "its pod completed but pgBackRest reported no backup"
         message = (
             f"attempt {attempts} failed{f': {reason}' if reason else ''}; retrying in"
             f" {delay:.0f}s. The cluster stays until a final backup succeeds; set"
@@ -766,10 +846,7 @@ async def _final_backup(scope: Scope) -> str | None:
         scope.requeue(PROGRESS_RECHECK)
         return f"started final backup attempt {attempts}"
     scope.requeue(PROGRESS_RECHECK)
-    problem = next(
-        (p for pod in _job_pods(scope, cluster.final_backup_job_name) if (p := pod_problem(pod))),
-        None,
-    )
+    problem = next((p for pod in pods if (p := pod_problem(pod))), None)
     if problem is not None:
         message = (
             f"attempt {attempts} in Job {cluster.final_backup_job_name} cannot run: {problem}."
@@ -1004,6 +1081,7 @@ async def write_status(scope: Scope, *, deleting: bool) -> None:
         "lastBackupTime": ((scope.backups or {}).get("latest") or {}).get("finishedAt")
         or current.get("lastBackupTime"),
         "backups": scope.backups,
+        "onDemandBackup": scope.on_demand_backup,
         "observedGeneration": cluster.generation,
         "finalBackupAttempts": scope.final_backup_attempts,
         "pendingRestart": sorted(x.name for x in scope.members if x.pending_restart) or None,

@@ -159,5 +159,6 @@ def repository(path: str) -> dict[str, Any]:
             "region": REGION,
             "path": path,
             "credentialsSecret": SECRET_NAME,
+            "caKey": CA_KEY,
         }
     }

@@ -89,6 +89,32 @@ def final_backup_job(cluster: v1alpha1.PostgresCluster) -> meta.Object:
     }
 
 
+ON_DEMAND = "on-demand"
+ON_DEMAND_TTL_SECONDS = 24 * 3600
+"""A requested backup's Job (and the log of its pod) stays a day; status keeps its result."""
+REQUEST_ANNOTATION = "stateward.io/backup-request"
+
+
+def on_demand_backup_job(cluster: v1alpha1.PostgresCluster, request: str) -> meta.Object:
+    """The Job of one ``stateward.io/backup`` request: the scheduled backup's pod, once."""
+    name = cluster.on_demand_backup_job_name(request)
+    meta_ = meta.object_meta(
+        cluster, name, component=meta.BACKUP_COMPONENT, extra_labels={meta.BACKUP_LABEL: ON_DEMAND}
+    )
+    meta_["annotations"] = {REQUEST_ANNOTATION: request}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": meta_,
+        "spec": {
+            "backoffLimit": 2,
+            "activeDeadlineSeconds": SCHEDULED_DEADLINE_SECONDS,
+            "ttlSecondsAfterFinished": ON_DEMAND_TTL_SECONDS,
+            "template": _pod_template(cluster, ON_DEMAND),
+        },
+    }
+
+
 def _labels(cluster: v1alpha1.PostgresCluster, kind: str) -> dict[str, str]:
     return {
         **meta.labels(cluster, component=meta.BACKUP_COMPONENT),

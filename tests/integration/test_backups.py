@@ -1,0 +1,225 @@
+"""Backups on real nodes: pgBackRest in the instance pods, the local S3 object store
+(versitygw, run by ``local up``), WAL archiving, scheduled and final backups, and failures.
+
+The repository is checked from both sides: what the operator reports (status, conditions,
+Events) and what the object store holds on the host (pgBackRest's ``backup.info`` in the
+bucket directory), so a status that claims a backup nobody wrote fails here.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from lightkube import ApiError, Client
+from lightkube.config.kubeconfig import KubeConfig
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Namespace
+from lightkube.types import PatchType
+
+from stateward.cli.run import (
+    OPERATOR_NAMESPACE,
+    OperatorProcess,
+    PostgresClusterResource,
+    ensure_namespace,
+    install_crds,
+    start_operator,
+)
+from stateward.local import objectstore
+from stateward.local.cluster import LocalCluster
+from tests.integration.conftest import RESYNC_SECONDS, condition, get_pgc, wait_leading
+from tests.support.dataplane import (
+    create_cluster,
+    event_reasons,
+    local_repository,
+    ready,
+    sql,
+    status_of,
+)
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+EVERY_MINUTE = "* * * * *"
+LABEL = re.compile(r"^(\d{8}-\d{6}F(_\d{8}-\d{6}[DI])?)=", re.MULTILINE)
+
+
+@pytest.fixture(scope="module")
+def client(real_cluster: LocalCluster) -> Client:
+    return Client(KubeConfig.from_file(real_cluster.kubeconfig), field_manager="stateward-tests")
+
+
+@pytest.fixture(scope="module")
+def backup_operator(real_cluster: LocalCluster, client: Client) -> Iterator[OperatorProcess]:
+    install_crds(client)
+    ensure_namespace(client, OPERATOR_NAMESPACE)
+    handle = start_operator(
+        real_cluster, extra=[f"--resync-interval={RESYNC_SECONDS}"], name="backup-operator"
+    )
+    try:
+        wait_leading(handle)
+        yield handle
+    finally:
+        handle.stop()
+
+
+@pytest.fixture
+def ns(client: Client, backup_operator: OperatorProcess) -> Iterator[str]:
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    client.create(Namespace(metadata=ObjectMeta(name=name)))
+    yield name
+    client.delete(Namespace, name)
+
+
+def stored_backups(real: LocalCluster, path: str, stanza: str) -> list[str]:
+    """The backup labels pgBackRest's ``backup.info`` in the bucket lists, oldest first."""
+    info = Path(
+        real.objectstore_dir, "data", objectstore.BUCKET, path.lstrip("/"), "backup", stanza
+    )
+    try:
+        text = (info / "backup.info").read_text()
+    except FileNotFoundError:
+        return []
+    current = (
+        text.split("[backup:current]", 1)[1].split("\n[", 1)[0]
+        if "[backup:current]" in (text)
+        else ""
+    )
+    return [match.group(1) for match in LABEL.finditer(current)]
+
+
+def gone(client: Client, ns: str, name: str) -> bool:
+    try:
+        get_pgc(client, name, ns)
+    except ApiError as error:
+        return error.status.code == 404
+    return False
+
+
+def test_scheduled_and_final_backups_are_real_pgbackrest_backups(
+    real_cluster: LocalCluster, client: Client, ns: str
+) -> None:
+    path = f"/{ns}/orders"
+    create_cluster(
+        client,
+        ns,
+        "orders",
+        replicas=2,
+        backupSchedule=EVERY_MINUTE,
+        backup=local_repository(client, ns, path),
+        deletionPolicy={},
+    )
+    ready(client, ns, "orders")
+    primary = status_of(client, ns, "orders")["primaryPod"]
+    assert sql(real_cluster, ns, primary, "CREATE TABLE t AS SELECT generate_series(1, 1000) n")
+    # The schedule fires within a minute; the Job execs pgBackRest in the primary.
+    reported = wait_for(
+        lambda: (s := status_of(client, ns, "orders")).get("lastBackupTime") and s,
+        what="a scheduled backup reported in status",
+        timeout=300,
+        interval=2,
+    )
+    backups = reported["backups"]
+    assert backups["count"] >= 1 and backups["full"] >= 1
+    assert backups["latest"]["type"] == "full"
+    assert reported["lastBackupTime"] == backups["latest"]["finishedAt"]
+    assert backups["recoverableFrom"] <= backups["latest"]["finishedAt"]
+    assert backups["job"].startswith("orders-backup-")
+    # What status claims is in the bucket, written by pgBackRest.
+    assert backups["latest"]["label"] in stored_backups(real_cluster, path, "orders")
+    last = condition(get_pgc(client, "orders", ns), "LastBackupSucceeded")
+    assert last["status"] == "True" and backups["latest"]["label"] in last["message"]
+    assert "BackupSucceeded" in event_reasons(client, ns)
+    # WAL is archived continuously, and none failed.
+    sql(real_cluster, ns, primary, "SELECT pg_switch_wal()")
+    wait_for(
+        lambda: (
+            sql(
+                real_cluster,
+                ns,
+                primary,
+                "SELECT archived_count > 0 AND failed_count = 0 FROM pg_stat_archiver",
+            )
+            == "t"
+        ),
+        what="WAL segments archived to the repository",
+        timeout=60,
+    )
+    # Stop the schedule (one backup a minute is enough), then delete: the final backup is
+    # a real one too, and the cluster goes only after it.
+    client.patch(
+        PostgresClusterResource,
+        "orders",
+        {"spec": {"backupSchedule": None}},
+        namespace=ns,
+        patch_type=PatchType.MERGE,
+    )
+    before = stored_backups(real_cluster, path, "orders")
+    client.delete(PostgresClusterResource, "orders", namespace=ns)
+    wait_for(lambda: gone(client, ns, "orders"), what="the cluster to go", timeout=300)
+    after = stored_backups(real_cluster, path, "orders")
+    assert len(after) > len(before) or after[-1] not in before, (before, after)
+    assert {"FinalBackupStarted", "FinalBackupSucceeded"} <= set(event_reasons(client, ns))
+
+
+def test_an_unreachable_repository_fails_visibly_and_never_counts_as_a_backup(
+    real_cluster: LocalCluster, client: Client, ns: str
+) -> None:
+    backup = local_repository(client, ns, f"/{ns}/lost")
+    # A store that does not answer: a Service name nothing serves.
+    backup["repository"]["s3"]["endpoint"] = "nowhere.kube-system.svc"
+    create_cluster(
+        client,
+        ns,
+        "lost",
+        replicas=1,
+        backupSchedule=EVERY_MINUTE,
+        backup=backup,
+        deletionPolicy={},
+    )
+    ready(client, ns, "lost")
+    failed = wait_for(
+        lambda: (
+            (c := condition(get_pgc(client, "lost", ns), "LastBackupSucceeded"))
+            and c["status"] == "False"
+            and c
+        ),
+        what="the failed scheduled backup reported",
+        timeout=300,
+        interval=2,
+    )
+    assert "failed" in failed["message"] and "lost-backup-" in failed["message"]
+    status = status_of(client, ns, "lost")
+    assert "lastBackupTime" not in status and "backups" not in status
+    assert "BackupFailed" in event_reasons(client, ns)
+    # Deletion waits for a final backup it cannot take, and says how to go without one.
+    client.patch(
+        PostgresClusterResource,
+        "lost",
+        {"spec": {"backupSchedule": None}},
+        namespace=ns,
+        patch_type=PatchType.MERGE,
+    )
+    client.delete(PostgresClusterResource, "lost", namespace=ns)
+    waiting = wait_for(
+        lambda: (
+            (c := condition(get_pgc(client, "lost", ns), "FinalBackup"))
+            and c.get("reason") == "Failed"
+            and c
+        ),
+        what="the final backup to fail",
+        timeout=300,
+        interval=2,
+    )
+    assert "spec.deletionPolicy.finalBackup=false" in waiting["message"]
+    client.patch(
+        PostgresClusterResource,
+        "lost",
+        {"spec": {"deletionPolicy": {"finalBackup": False}}},
+        namespace=ns,
+        patch_type=PatchType.MERGE,
+    )
+    wait_for(lambda: gone(client, ns, "lost"), what="the cluster to go", timeout=120)
