@@ -20,6 +20,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace
 from lightkube.types import PatchType
 
+from stateward.cli import plugin
 from stateward.cli.run import (
     OPERATOR_NAMESPACE,
     OperatorProcess,
@@ -148,8 +149,8 @@ def test_scheduled_and_final_backups_are_real_pgbackrest_backups(
         what="WAL segments archived to the repository",
         timeout=60,
     )
-    # Stop the schedule (one backup a minute is enough), then delete: the final backup is
-    # a real one too, and the cluster goes only after it.
+    # Stop the schedule (one backup a minute is enough); a backup on request, through the
+    # kubectl plugin, which waits for the outcome.
     client.patch(
         PostgresClusterResource,
         "orders",
@@ -157,6 +158,15 @@ def test_scheduled_and_final_backups_are_real_pgbackrest_backups(
         namespace=ns,
         patch_type=PatchType.MERGE,
     )
+    lines: list[str] = []
+    argv = ["--kubeconfig", str(real_cluster.kubeconfig), "-n", ns, "backup", "orders"]
+    assert plugin.COMMANDS["backup"](plugin.parse(argv), lines.append) == 0, lines
+    requested = status_of(client, ns, "orders")["onDemandBackup"]
+    assert requested["phase"] == "Succeeded" and requested["job"].startswith("orders-backup-")
+    label = requested["message"].split()[1]
+    assert label in stored_backups(real_cluster, path, "orders")
+    assert "BackupRequested" in event_reasons(client, ns)
+    # Deletion: the final backup is a real one too, and the cluster goes only after it.
     before = stored_backups(real_cluster, path, "orders")
     client.delete(PostgresClusterResource, "orders", namespace=ns)
     wait_for(lambda: gone(client, ns, "orders"), what="the cluster to go", timeout=300)

@@ -97,3 +97,10 @@ def test_fencing_adds_and_unfencing_removes_one_pod_or_all() -> None:
     assert fenced_after(["*", "pg-1"], "*", fence=False) == []
     with pytest.raises(PluginError, match="unfence '\\*' first"):
         fenced_after(["*"], "pg-1", fence=False)
+
+
+def test_backup_waits_by_default_with_a_generous_timeout() -> None:
+    args = plugin.parse(["backup", "orders"])
+    assert args.command == "backup" and args.name == "orders"
+    assert args.wait is True and args.timeout == 600
+    assert plugin.parse(["backup", "orders", "--no-wait"]).wait is False

@@ -213,3 +213,23 @@ def test_no_pgbackrest_without_a_repository() -> None:
     assert backup.instance_env(cluster) == []
     assert backup.instance_volumes(cluster) == []
     assert backup.instance_mounts(cluster) == []
+
+
+def test_a_requested_backup_runs_the_same_pod_once_per_request() -> None:
+    cluster = make_cluster()
+    job = backup.on_demand_backup_job(cluster, "2026-12-02T10:00:00Z")
+    again = backup.on_demand_backup_job(cluster, "2026-12-02T10:00:00Z")
+    other = backup.on_demand_backup_job(cluster, "2026-12-02T11:00:00Z")
+    assert job == again
+    assert job["metadata"]["name"].startswith("demo-backup-")
+    assert job["metadata"]["name"] != other["metadata"]["name"]
+    assert job["metadata"]["labels"]["stateward.io/backup"] == "on-demand"
+    assert job["metadata"]["annotations"] == {"stateward.io/backup-request": "2026-12-02T10:00:00Z"}
+    assert job["spec"]["ttlSecondsAfterFinished"] == 24 * 3600
+    scheduled = backup.backup_cronjob(cluster)["spec"]["jobTemplate"]["spec"]["template"]
+    assert job["spec"]["template"]["spec"] == scheduled["spec"]
+
+
+def test_job_names_fit_kubernetes_limits_for_long_cluster_names() -> None:
+    cluster = clusters.make_cluster(metadata={"name": "x" * 63}, backup=clusters.BACKUP)
+    assert len(cluster.on_demand_backup_job_name("r")) <= 63

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -20,6 +21,10 @@ from stateward.instance import patroni, pgbackrest, podexec
 
 TERMINATION_LOG: Final = Path("/dev/termination-log")
 BACKUP_TYPES: Final = ("full", "diff", "incr")
+LOCK_EXIT_CODE: Final = 50
+"""pgBackRest's LockAcquireError: another backup (or stanza command) holds the lock."""
+LOCK_RETRY_SECONDS: Final = 10.0
+LOCK_WAIT_SECONDS: Final = 1800.0
 MESSAGE_LIMIT: Final = 4000
 """The kubelet keeps at most 4096 bytes of a termination message."""
 
@@ -67,6 +72,14 @@ def backup(
     )
     for step, command in steps:
         code = podexec.run(api, pod, container, command)
+        waited = 0.0
+        while code == LOCK_EXIT_CODE and waited < LOCK_WAIT_SECONDS:
+            # Another backup of this stanza holds pgBackRest's lock (a scheduled one and a
+            # requested one met): take ours after it rather than fail.
+            _say(f"another backup is running; retrying in {LOCK_RETRY_SECONDS:.0f}s")
+            time.sleep(LOCK_RETRY_SECONDS)
+            waited += LOCK_RETRY_SECONDS
+            code = podexec.run(api, pod, container, command)
         if code != 0:
             raise BackupError(
                 f"pgbackrest {step} in {pod} failed (exit code {code}); its output is in this"
