@@ -150,7 +150,8 @@ def test_pods_keep_metadata_node_phase_ip_conditions_and_container_states() -> N
                 "restartCount": 0,
                 "state": {"waiting": {"reason": "ImagePullBackOff"}},
             },
-            {"name": "job", "restartCount": 0, "state": {"terminated": died}},
+            # a backup pod's report: its termination message
+            {"name": "job", "restartCount": 0, "state": {"terminated": {**died, "message": "m"}}},
         ],
     }
     assert kept["metadata"]["labels"] == {"stateward.io/cluster": "pg"}

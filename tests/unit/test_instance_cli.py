@@ -277,3 +277,35 @@ def test_patroni_runs_the_hook_after_initdb() -> None:
     document = patroni.configuration(cluster(), labels={})
     assert document["bootstrap"]["post_bootstrap"] == "stateward-instance post-bootstrap"
     assert cli._parser().parse_args(["post-bootstrap", "postgres://x"]).connection == "postgres://x"
+
+
+def test_the_stanza_is_created_at_bootstrap_only_with_a_repository() -> None:
+    import subprocess as sp
+
+    from stateward.instance import cli
+
+    calls: list[list[str]] = []
+
+    def run(argv: list[str], **_: object) -> sp.CompletedProcess[str]:
+        calls.append(argv)
+        return sp.CompletedProcess(argv, 0, "", "")
+
+    assert cli.create_stanza({}, run) is False
+    assert calls == []
+    assert cli.create_stanza({"PGBACKREST_STANZA": "demo"}, run) is True
+    assert calls == [["pgbackrest", "stanza-create"]]
+
+
+def test_an_unreachable_repository_does_not_fail_the_bootstrap() -> None:
+    import subprocess as sp
+
+    from stateward.instance import cli
+
+    def failing(argv: list[str], **_: object) -> sp.CompletedProcess[str]:
+        return sp.CompletedProcess(argv, 49, "", "ERROR: [049]: unable to connect")
+
+    def hanging(argv: list[str], **_: object) -> sp.CompletedProcess[str]:
+        raise sp.TimeoutExpired(argv, 60)
+
+    assert cli.create_stanza({"PGBACKREST_STANZA": "demo"}, failing) is False
+    assert cli.create_stanza({"PGBACKREST_STANZA": "demo"}, hanging) is False

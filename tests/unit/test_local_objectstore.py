@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,9 @@ def test_pods_reach_the_host_through_a_service_with_a_fixed_endpoint() -> None:
     assert endpoints["metadata"]["labels"]["endpointslice.kubernetes.io/managed-by"] != (
         "endpointslice-controller.k8s.io"
     )
+    # Label values: no slashes (the API server refused "stateward.io/local").
+    for value in endpoints["metadata"]["labels"].values():
+        assert re.fullmatch(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?", value), value
     assert endpoints["endpoints"][0]["addresses"] == [nodes.HOST_IP]
     assert endpoints["ports"][0]["port"] == objectstore.PORT
 

@@ -147,7 +147,9 @@ def _slim_container(status: Body) -> Body:
         kept["state"] = {"waiting": copy.deepcopy(state["waiting"])}
     elif "terminated" in state:
         ended = state["terminated"] or {}
-        kept["state"] = {"terminated": {k: ended[k] for k in _TERMINATED_KEYS if k in ended}}
+        # The message too: a backup pod's report of what pgBackRest did (at most 4 KiB).
+        keys = (*_TERMINATED_KEYS, "message")
+        kept["state"] = {"terminated": {k: ended[k] for k in keys if k in ended}}
     elif "running" in state:
         kept["state"] = {"running": {}}
     last = (status.get("lastState") or {}).get("terminated")

@@ -66,9 +66,13 @@ def backup(
     pods = api.get(f"/api/v1/namespaces/{api.namespace}/pods?labelSelector={selector(cluster)}")
     pod = primary_pod(pods)
     _say(f"{backup_type} backup of {cluster} from its primary {pod}")
+    # Info level on the console: the Job's log then tells what pgBackRest did.
     steps = (
-        ("stanza-create", ["pgbackrest", "stanza-create"]),
-        ("backup", ["pgbackrest", "backup", f"--type={backup_type}"]),
+        ("stanza-create", ["pgbackrest", "--log-level-console=info", "stanza-create"]),
+        (
+            "backup",
+            ["pgbackrest", "--log-level-console=info", "backup", f"--type={backup_type}"],
+        ),
     )
     for step, command in steps:
         code = podexec.run(api, pod, container, command)

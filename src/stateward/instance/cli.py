@@ -24,7 +24,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Final
+from typing import Any, Final
 
 import yaml
 
@@ -212,7 +212,36 @@ def post_bootstrap(connection: str, env: Mapping[str, str]) -> int:
         f"{PROGRAM}: created role {env[patroni.APP_OWNER_ENV]} and database"
         f" {env[patroni.APP_DATABASE_ENV]}"
     )
+    create_stanza(env)
     return 0
+
+
+STANZA_TIMEOUT: Final = 60.0
+
+
+def create_stanza(env: Mapping[str, str], run: Callable[..., Any] = subprocess.run) -> bool:
+    """With a repository, create pgBackRest's stanza right away, so archiving works from the
+    first WAL segment instead of failing until the first backup creates it. Best effort: an
+    unreachable repository must not fail the bootstrap (archiving retries, the backup Job
+    creates the stanza too, and the operator reports what fails)."""
+    if not env.get("PGBACKREST_STANZA"):
+        return False
+    try:
+        result = run(
+            ["pgbackrest", "stanza-create"],
+            capture_output=True,
+            text=True,
+            timeout=STANZA_TIMEOUT,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        print(f"{PROGRAM}: pgbackrest stanza-create did not finish: {type(error).__name__}")
+        return False
+    if result.returncode != 0:
+        print(f"{PROGRAM}: pgbackrest stanza-create failed: {result.stderr.strip()[-500:]}")
+        return False
+    print(f"{PROGRAM}: created the pgBackRest stanza {env['PGBACKREST_STANZA']}")
+    return True
 
 
 def version() -> str:

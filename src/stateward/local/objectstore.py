@@ -35,7 +35,7 @@ REGION: Final = "us-east-1"
 ACCESS_KEY_KEY: Final = "accessKeyId"
 SECRET_KEY_KEY: Final = "secretAccessKey"  # noqa: S105 - a key name
 CA_KEY: Final = "ca.crt"
-MANAGED_BY: Final = "stateward.io/local"
+MANAGED_BY: Final = "local.stateward.io"
 """EndpointSlice owner label: the EndpointSlice controller leaves slices it does not manage
 alone (the Service has no selector)."""
 
