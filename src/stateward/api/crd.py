@@ -479,6 +479,15 @@ POSTGRESCLUSTER_EXTRAS: dict[str, dict[str, Any]] = {
                 reason="FieldValueForbidden",
             ),
             Rule(
+                rule="!has(self.bootstrap) || !has(self.bootstrap.restore) || has(self.backup)",
+                message=(
+                    "spec.bootstrap.restore needs spec.backup.repository: the object store"
+                    " that holds the backups to restore"
+                ),
+                field_path=".bootstrap.restore",
+                reason="FieldValueRequired",
+            ),
+            Rule(
                 rule="!has(self.backupSchedule) || has(self.backup)",
                 message=(
                     "spec.backupSchedule needs a repository to write to: set"
@@ -524,6 +533,14 @@ POSTGRESCLUSTER_EXTRAS: dict[str, dict[str, Any]] = {
                     " when the cluster is initialized"
                 ),
                 reason="FieldValueForbidden",
+            ),
+        ]
+    },
+    "spec.bootstrap.restore": {
+        "x-kubernetes-validations": [
+            Rule(
+                rule="!has(self.targetTime) || !has(self.restorePoint)",
+                message="spec.bootstrap.restore takes targetTime or restorePoint, not both",
             ),
         ]
     },

@@ -111,6 +111,37 @@ RESERVED_ROLES = ("postgres", "replicator")
 RESERVED_DATABASES = ("postgres", "template0", "template1")
 
 
+REPOSITORY_PATH_PATTERN = "^(/[A-Za-z0-9._-]+)+$"
+"""An absolute path in the bucket, e.g. /production/orders."""
+CLUSTER_NAME_PATTERN = "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+"""A PostgresCluster name (a DNS label)."""
+_DATE = "[0-9]{4}-[0-9]{2}-[0-9]{2}"
+_TIME = "[0-9]{2}:[0-9]{2}:[0-9]{2}([.][0-9]{1,6})?"
+TIMESTAMP_PATTERN = f"^{_DATE}T{_TIME}(Z|[+-][0-9]{{2}}:[0-9]{{2}})$"
+"""An RFC 3339 timestamp with seconds and a zone, e.g. 2026-12-02T10:15:00Z."""
+RESTORE_POINT_PATTERN = "^[A-Za-z0-9_.-]{1,63}$"
+
+
+class Restore(_Model):
+    """Initialize from another cluster's pgBackRest repository instead of an empty database:
+    its latest state (a clone), or a point in time."""
+
+    cluster: str = Field(max_length=63, pattern=CLUSTER_NAME_PATTERN)
+    """The cluster whose backups to restore (its pgBackRest stanza is its name). It may be
+    running, or deleted (its final backup stays), or this very name. Its repository is in the
+    same object store as spec.backup.repository."""
+
+    path: str | None = Field(default=None, max_length=255, pattern=REPOSITORY_PATH_PATTERN)
+    """That repository's path in the bucket; /NAMESPACE/CLUSTER by default."""
+
+    target_time: str | None = Field(default=None, max_length=40, pattern=TIMESTAMP_PATTERN)
+    """Recover up to this moment and no later (RFC 3339, e.g. "2026-12-02T10:15:00Z").
+    Unset, with no restorePoint: replay all the WAL there is (the latest state)."""
+
+    restore_point: str | None = Field(default=None, pattern=RESTORE_POINT_PATTERN)
+    """Recover up to this named restore point (made with pg_create_restore_point)."""
+
+
 class Bootstrap(_Model):
     """What is created when the cluster is first initialized (immutable afterwards)."""
 
@@ -120,13 +151,15 @@ class Bootstrap(_Model):
     owner: str = Field(default="app", pattern=IDENTIFIER_PATTERN, max_length=63)
     """The application role (LOGIN); its credentials are in the Secret ``NAME-app``."""
 
+    restore: Restore | None = None
+    """Start from a backup instead of an empty database; needs spec.backup (the object
+    store). The application role keeps its data and gets this cluster's password."""
+
 
 BUCKET_PATTERN = "^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$"
 """An S3 bucket name: 3 to 63 lower case letters, digits, dots and hyphens."""
 ENDPOINT_PATTERN = "^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?(:[0-9]{1,5})?$"
 """A host name or address with an optional port; no scheme: the store is always HTTPS."""
-REPOSITORY_PATH_PATTERN = "^(/[A-Za-z0-9._-]+)+$"
-"""An absolute path in the bucket, e.g. /production/orders."""
 SECRET_KEY_PATTERN = "^[-._a-zA-Z0-9]+$"  # noqa: S105 - a pattern
 """A key of a Secret's data."""
 
@@ -578,6 +611,14 @@ class PostgresCluster(_Model):
     def backup_stanza(self) -> str:
         """pgBackRest's name for the cluster in its repository."""
         return self.name
+
+    @property
+    def restore_source_path(self) -> str | None:
+        """The repository path ``spec.bootstrap.restore`` restores from, or None."""
+        restore = self.spec.bootstrap.restore
+        if restore is None:
+            return None
+        return restore.path or f"/{self.namespace}/{restore.cluster}"
 
     @property
     def backup_repository_path(self) -> str | None:

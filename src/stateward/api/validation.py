@@ -540,10 +540,19 @@ def _check_schedule(spec: Mapping[str, Any]) -> list[str]:
 
 
 def _check_backup(spec: Mapping[str, Any]) -> list[str]:
-    """What needs a repository: scheduled backups and an explicit final backup."""
-    if spec.get("backup") is not None:
-        return []
+    """What needs a repository: scheduled backups, an explicit final backup, a restore."""
     errors = []
+    bootstrap = spec.get("bootstrap")
+    restore = bootstrap.get("restore") if isinstance(bootstrap, Mapping) else None
+    if isinstance(restore, Mapping) and {"targetTime", "restorePoint"} <= restore.keys():
+        errors.append("spec.bootstrap.restore: takes targetTime or restorePoint, not both")
+    if spec.get("backup") is not None:
+        return errors
+    if restore is not None:
+        errors.append(
+            "spec.bootstrap.restore: needs spec.backup.repository: the object store that"
+            " holds the backups to restore"
+        )
     if spec.get("backupSchedule") is not None:
         errors.append(
             "spec.backupSchedule: needs a repository to write to: set spec.backup.repository"

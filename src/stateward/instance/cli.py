@@ -29,7 +29,7 @@ from typing import Any, Final
 import yaml
 
 from stateward.api import v1alpha1
-from stateward.instance import backup, patroni, supervisor
+from stateward.instance import backup, patroni, pgbackrest, supervisor
 
 PROGRAM: Final = "stateward-instance"
 
@@ -176,10 +176,18 @@ def bootstrap_sql(database: str, owner: str, password: str) -> str:
             raise InstanceError(f"the application {what} {value!r} is not a plain identifier")
     if not re.fullmatch(r"[A-Za-z0-9_-]+", password):
         raise InstanceError("the application password holds characters the operator never makes")
+    # Idempotent: a cluster restored from a backup has them already; the role then gets
+    # this cluster's password (its Secret's), the data stays as it was.
     return (
-        "SET log_statement = 'none';\n"
-        f"CREATE ROLE {owner} LOGIN PASSWORD '{password}';\n"
-        f"CREATE DATABASE {database} OWNER {owner};\n"
+        "SET log_statement = 'none';\n"  # noqa: S608 - checked identifiers
+        "DO $$ BEGIN\n"
+        f"  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{owner}') THEN\n"
+        f"    CREATE ROLE {owner} LOGIN;\n"
+        "  END IF;\n"
+        "END $$;\n"
+        f"ALTER ROLE {owner} LOGIN PASSWORD '{password}';\n"
+        f"SELECT 'CREATE DATABASE {database} OWNER {owner}'"
+        f" WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = '{database}')\\gexec\n"
         f"REVOKE ALL ON DATABASE {database} FROM PUBLIC;\n"
         f"GRANT ALL ON DATABASE {database} TO {owner};\n"
     )
@@ -216,7 +224,35 @@ def post_bootstrap(connection: str, env: Mapping[str, str]) -> int:
     return 0
 
 
-STANZA_TIMEOUT: Final = 60.0
+def restore(
+    *,
+    stanza: str,
+    path: str,
+    target_time: str | None,
+    restore_point: str | None,
+    run: Callable[..., Any] = subprocess.run,
+) -> int:
+    """Restore the source's backup into the (empty) data directory; pgBackRest's output goes
+    to the pod's log. Patroni starts PostgreSQL on it when this succeeds."""
+    os.makedirs(patroni.DATA_DIR, mode=0o700, exist_ok=True)
+    argv = pgbackrest.restore_argv(
+        stanza=stanza,
+        path=path,
+        data_dir=patroni.DATA_DIR,
+        target_time=target_time,
+        restore_point=restore_point,
+    )
+    target = target_time or restore_point or "the end of its archived WAL"
+    print(f"{PROGRAM}: restoring {stanza} from {path} up to {target}", flush=True)
+    code = int(run(argv, check=False).returncode)
+    if code != 0:
+        print(f"{PROGRAM}: pgbackrest restore failed (exit code {code})", flush=True)
+    return code
+
+
+STANZA_TIMEOUT: Final = 15.0
+"""A reachable repository answers in a second or two; an unreachable one must not hold the
+new cluster's bootstrap (Patroni waits for this hook) for pgBackRest's minutes of retries."""
 
 
 def create_stanza(env: Mapping[str, str], run: Callable[..., Any] = subprocess.run) -> bool:
@@ -228,7 +264,7 @@ def create_stanza(env: Mapping[str, str], run: Callable[..., Any] = subprocess.r
         return False
     try:
         result = run(
-            ["pgbackrest", "stanza-create"],
+            ["pgbackrest", "--io-timeout=5", "stanza-create"],
             capture_output=True,
             text=True,
             timeout=STANZA_TIMEOUT,
@@ -281,6 +317,14 @@ def _parser() -> argparse.ArgumentParser:
     backup_parser.add_argument(
         "--type", dest="backup_type", choices=backup.BACKUP_TYPES, default="full"
     )
+    restore_parser = commands.add_parser(
+        "restore", help="Patroni's custom bootstrap: pgbackrest restore into the data directory"
+    )
+    restore_parser.add_argument("--stanza", required=True, help="the source cluster's stanza")
+    restore_parser.add_argument("--path", required=True, help="its repository path")
+    target = restore_parser.add_mutually_exclusive_group()
+    target.add_argument("--target-time", help="recover up to this RFC 3339 time")
+    target.add_argument("--restore-point", help="recover up to this named restore point")
     commands.add_parser("version", help="print the stateward version")
     return parser
 
@@ -293,6 +337,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if arguments.command == "post-bootstrap":
             return post_bootstrap(arguments.connection, os.environ)
+        if arguments.command == "restore":
+            return restore(
+                stanza=arguments.stanza,
+                path=arguments.path,
+                target_time=arguments.target_time,
+                restore_point=arguments.restore_point,
+            )
         if arguments.command == "backup":
             return backup.main(
                 cluster=arguments.cluster,

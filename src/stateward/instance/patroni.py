@@ -199,11 +199,7 @@ def configuration(
             # connect_address comes from PATRONI_RESTAPI_CONNECT_ADDRESS (the pod IP).
             "listen": f"0.0.0.0:{RESTAPI_PORT}",
         },
-        "bootstrap": {
-            "dcs": dynamic_configuration(cluster),
-            "initdb": [{"encoding": "UTF8"}, "data-checksums"],
-            "post_bootstrap": POST_BOOTSTRAP,
-        },
+        "bootstrap": bootstrap_configuration(cluster),
         "postgresql": {
             # connect_address from PATRONI_POSTGRESQL_CONNECT_ADDRESS; credentials from
             # PATRONI_SUPERUSER_* and PATRONI_REPLICATION_* (Secrets, never this file).
@@ -221,6 +217,32 @@ def configuration(
         # Pods have no /dev/watchdog; "automatic" would only log that on every start.
         "watchdog": {"mode": "off"},
     }
+
+
+RESTORE_METHOD: Final = "pgbackrest"
+
+
+def bootstrap_configuration(cluster: v1alpha1.PostgresCluster) -> dict[str, Any]:
+    """How the first instance initializes the cluster: initdb, or with
+    ``spec.bootstrap.restore`` a pgBackRest restore (Patroni's custom bootstrap: it runs the
+    command, starts PostgreSQL on what pgBackRest wrote, recovery settings included, and
+    waits for the promotion at the end of recovery). Either way the post-bootstrap hook then
+    makes the application role and database, or gives the restored ones this cluster's
+    password."""
+    document: dict[str, Any] = {
+        "dcs": dynamic_configuration(cluster),
+        "initdb": [{"encoding": "UTF8"}, "data-checksums"],
+        "post_bootstrap": POST_BOOTSTRAP,
+    }
+    command = pgbackrest.restore_command(cluster)
+    if command is not None:
+        document["method"] = RESTORE_METHOD
+        document[RESTORE_METHOD] = {
+            "command": command,
+            "no_params": True,
+            "keep_existing_recovery_conf": True,
+        }
+    return document
 
 
 def render(cluster: v1alpha1.PostgresCluster, *, labels: Mapping[str, str]) -> str:

@@ -132,3 +132,62 @@ def summarize(info: Sequence[Mapping[str, Any]], stanza: str) -> dict[str, Any]:
     if newest:
         result["archivedWal"] = str(max(newest))
     return result
+
+
+# --- restore -------------------------------------------------------------------------------
+
+
+def pg_time(stamp: str) -> str:
+    """An RFC 3339 timestamp as pgBackRest's ``--target`` for a time wants it, in UTC:
+    ``2026-12-02 10:15:00+00`` (fractions kept)."""
+    moment = datetime.datetime.fromisoformat(stamp).astimezone(datetime.UTC)
+    text = moment.strftime("%Y-%m-%d %H:%M:%S")
+    if moment.microsecond:
+        text += f".{moment.microsecond:06d}".rstrip("0")
+    return text + "+00"
+
+
+def restore_argv(
+    *,
+    stanza: str,
+    path: str,
+    data_dir: str,
+    target_time: str | None = None,
+    restore_point: str | None = None,
+) -> list[str]:
+    """``pgbackrest restore`` of ``stanza`` at ``path`` into ``data_dir``.
+
+    The restore_command it writes names the source explicitly: the pods' environment points
+    pgBackRest at this cluster's own repository, where the new timeline will be archived.
+    With a target, recovery stops there and promotes; without one it replays all the WAL
+    the source archived (the latest state) and promotes at its end."""
+    source = [f"--stanza={stanza}", f"--repo1-path={path}"]
+    archive_get = " ".join(["pgbackrest", *source, "archive-get", "%f", '"%p"'])
+    argv = [
+        "pgbackrest",
+        "--log-level-console=info",
+        *source,
+        f"--pg1-path={data_dir}",
+        "restore",
+        f"--recovery-option=restore_command={archive_get}",
+    ]
+    if target_time is not None:
+        argv += ["--type=time", f"--target={pg_time(target_time)}", "--target-action=promote"]
+    elif restore_point is not None:
+        argv += ["--type=name", f"--target={restore_point}", "--target-action=promote"]
+    return argv
+
+
+def restore_command(cluster: v1alpha1.PostgresCluster) -> str | None:
+    """Patroni's custom bootstrap command for ``spec.bootstrap.restore`` (None without)."""
+    restore = cluster.spec.bootstrap.restore
+    path = cluster.restore_source_path
+    if restore is None or path is None:
+        return None
+    # Every value is validated against a pattern without spaces or quotes (the API).
+    words = ["stateward-instance", "restore", "--stanza", restore.cluster, "--path", path]
+    if restore.target_time is not None:
+        words += ["--target-time", restore.target_time]
+    elif restore.restore_point is not None:
+        words += ["--restore-point", restore.restore_point]
+    return " ".join(words)
