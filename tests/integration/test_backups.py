@@ -214,10 +214,11 @@ def test_an_unreachable_repository_fails_visibly_and_never_counts_as_a_backup(
         patch_type=PatchType.MERGE,
     )
     client.delete(PostgresClusterResource, "lost", namespace=ns)
+    # The first failed pod is reported while its Job still retries.
     waiting = wait_for(
         lambda: (
             (c := condition(get_pgc(client, "lost", ns), "FinalBackup"))
-            and c.get("reason") == "Failed"
+            and c.get("reason") in ("PodFailed", "Failed")
             and c
         ),
         what="the final backup to fail",
@@ -225,6 +226,10 @@ def test_an_unreachable_repository_fails_visibly_and_never_counts_as_a_backup(
         interval=2,
     )
     assert "spec.deletionPolicy.finalBackup=false" in waiting["message"]
+    assert "pgbackrest stanza-create" in waiting["message"]
+    assert "FinalBackupPodFailed" in event_reasons(client, ns) or (
+        "FinalBackupFailed" in event_reasons(client, ns)
+    )
     client.patch(
         PostgresClusterResource,
         "lost",
@@ -233,3 +238,87 @@ def test_an_unreachable_repository_fails_visibly_and_never_counts_as_a_backup(
         patch_type=PatchType.MERGE,
     )
     wait_for(lambda: gone(client, ns, "lost"), what="the cluster to go", timeout=120)
+
+
+CHECKSUM = "SELECT count(*) || ':' || md5(string_agg(n::text, ',' ORDER BY n)) FROM t"
+
+
+def restored(client: Client, ns: str, name: str, source: str, replicas: int, **target: str) -> None:
+    create_cluster(
+        client,
+        ns,
+        name,
+        replicas=replicas,
+        backup=local_repository(client, ns, f"/{ns}/{name}"),
+        bootstrap={"restore": {"cluster": source, **target}},
+    )
+
+
+def test_restores_to_a_point_in_time_a_clone_and_a_deleted_cluster_into_its_own_name(
+    real_cluster: LocalCluster, client: Client, ns: str
+) -> None:
+    create_cluster(
+        client,
+        ns,
+        "src",
+        replicas=1,
+        backup=local_repository(client, ns, f"/{ns}/src"),
+        deletionPolicy={},
+    )
+    primary = ready(client, ns, "src")["status"]["primaryPod"]
+    assert sql(real_cluster, ns, primary, "CREATE TABLE t AS SELECT generate_series(1, 1000) n")
+    lines: list[str] = []
+    argv = ["--kubeconfig", str(real_cluster.kubeconfig), "-n", ns, "backup", "src"]
+    assert plugin.COMMANDS["backup"](plugin.parse(argv), lines.append) == 0, lines
+    # Two writes with a known moment between them, both archived.
+    sql(real_cluster, ns, primary, "INSERT INTO t VALUES (1001)")
+    between = sql(
+        real_cluster,
+        ns,
+        primary,
+        """SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')""",
+    )
+    sql(real_cluster, ns, primary, "INSERT INTO t VALUES (1002)")
+    archiver = "SELECT archived_count FROM pg_stat_archiver"
+    archived = int(sql(real_cluster, ns, primary, archiver))
+    sql(real_cluster, ns, primary, "SELECT pg_switch_wal()")
+    wait_for(
+        lambda: int(sql(real_cluster, ns, primary, archiver) or 0) > archived,
+        what="the WAL with both writes archived",
+        timeout=60,
+    )
+    source_sum = sql(real_cluster, ns, primary, CHECKSUM)
+    assert source_sum.startswith("1002:")
+
+    # Point in time: the first write is there, the second is not.
+    restored(client, ns, "pitr", "src", 1, targetTime=between)
+    pitr = ready(client, ns, "pitr", timeout=300)["status"]["primaryPod"]
+    assert sql(real_cluster, ns, pitr, "SELECT count(*), max(n) FROM t") == "1001|1001"
+
+    # A clone of the running cluster (its latest state), with a replica made from it; it
+    # writes and archives on its own timeline into its own repository.
+    restored(client, ns, "clone", "src", 2)
+    clone = ready(client, ns, "clone", timeout=300)["status"]["primaryPod"]
+    assert sql(real_cluster, ns, clone, CHECKSUM) == source_sum
+    assert int(sql(real_cluster, ns, clone, "SELECT timeline_id FROM pg_control_checkpoint()")) > 1
+    assert sql(real_cluster, ns, clone, "INSERT INTO t VALUES (2000) RETURNING n") == "2000"
+    sql(real_cluster, ns, clone, "SELECT pg_switch_wal()")
+    wait_for(
+        lambda: (
+            sql(real_cluster, ns, clone, "SELECT archived_count > 0 FROM pg_stat_archiver") == "t"
+        ),
+        what="the clone archiving into its own repository",
+        timeout=60,
+    )
+    assert Path(
+        real_cluster.objectstore_dir, "data", objectstore.BUCKET, ns, "clone", "archive", "clone"
+    ).is_dir()
+    # The source did not see the clone's write.
+    assert sql(real_cluster, ns, primary, CHECKSUM) == source_sum
+
+    # Deleted (a final backup first), then a new cluster of the same name restores it.
+    client.delete(PostgresClusterResource, "src", namespace=ns)
+    wait_for(lambda: gone(client, ns, "src"), what="the source to go", timeout=300)
+    restored(client, ns, "src", "src", 1)
+    again = ready(client, ns, "src", timeout=300)["status"]["primaryPod"]
+    assert sql(real_cluster, ns, again, CHECKSUM) == source_sum

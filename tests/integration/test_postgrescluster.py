@@ -263,6 +263,15 @@ def test_backup_schedule_set_changed_cleared(
         what="the CronJob to be deleted",
         timeout=30,
     )
+    # Without backups, nothing may keep the right to exec in the instance pods.
+    assert kube.get(Role, f"{name}-backup", namespace=namespace)
+    patch_cluster(kube, name, namespace, {"spec": {"backup": None}})
+    for resource in (Role, RoleBinding, ServiceAccount):
+        wait_for(
+            lambda resource=resource: gone(kube, resource, f"{name}-backup", namespace),
+            what=f"the backup {resource.__name__} to be deleted",
+            timeout=30,
+        )
 
 
 def test_scaling_changes_the_statefulset(

@@ -507,6 +507,34 @@ def test_valid_spec() -> None:
             " spec.backup.repository, or set finalBackup to false",
         ),
         ({"backup": {}}, "spec.backup.repository: is required"),
+        (
+            {"bootstrap": {"restore": {"cluster": "orders"}}},
+            "spec.bootstrap.restore: needs spec.backup.repository",
+        ),
+        (
+            {
+                "backup": clusters.BACKUP,
+                "bootstrap": {
+                    "restore": {
+                        "cluster": "orders",
+                        "targetTime": "2026-12-02T10:15:00Z",
+                        "restorePoint": "rp",
+                    }
+                },
+            },
+            "spec.bootstrap.restore: takes targetTime or restorePoint, not both",
+        ),
+        (
+            {
+                "backup": clusters.BACKUP,
+                "bootstrap": {"restore": {"cluster": "orders", "targetTime": "yesterday"}},
+            },
+            "spec.bootstrap.restore.targetTime: ",
+        ),
+        (
+            {"backup": clusters.BACKUP, "bootstrap": {"restore": {"cluster": "Orders"}}},
+            "spec.bootstrap.restore.cluster: ",
+        ),
         ({"backup": {"repository": {}}}, "spec.backup.repository.s3: is required"),
         (
             {"backup": {"repository": {"s3": {"endpoint": "s3.example.com", "bucket": "bkp"}}}},

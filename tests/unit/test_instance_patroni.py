@@ -252,3 +252,17 @@ def test_new_replicas_copy_the_primary_with_a_fast_checkpoint() -> None:
     # database.
     document = patroni.configuration(make_cluster(), labels={})
     assert document["postgresql"]["basebackup"] == [{"checkpoint": "fast"}]
+
+
+def test_a_restore_bootstraps_with_pgbackrest_and_keeps_its_recovery_settings() -> None:
+    cluster = make_cluster(backup=clusters.BACKUP, bootstrap={"restore": {"cluster": "orders"}})
+    bootstrap = rendered(cluster)["bootstrap"]
+    assert bootstrap["method"] == "pgbackrest"
+    assert bootstrap["pgbackrest"] == {
+        "command": "stateward-instance restore --stanza orders --path /db/orders",
+        "no_params": True,
+        "keep_existing_recovery_conf": True,
+    }
+    # The hook still runs: the restored role gets this cluster's password.
+    assert bootstrap["post_bootstrap"] == "stateward-instance post-bootstrap"
+    assert "method" not in rendered(make_cluster())["bootstrap"]

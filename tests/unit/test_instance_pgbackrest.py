@@ -115,3 +115,72 @@ def test_options_never_hold_the_keys() -> None:
     assert options["PGBACKREST_LOG_LEVEL_FILE"] == "off"
     assert options["PGBACKREST_START_FAST"] == "y"
     assert pgbackrest.options(clusters.make_cluster(), data_dir="/d", socket_dir="/s", port=1) == {}
+
+
+def test_an_unreachable_store_is_reported_within_minutes() -> None:
+    cluster = clusters.make_cluster(backup=clusters.BACKUP)
+    options = pgbackrest.options(cluster, data_dir="/d", socket_dir="/s", port=5432)
+    # pgBackRest retries an I/O 8 times: 8 x 20 s, not 8 x its default 60 s.
+    assert int(options["PGBACKREST_IO_TIMEOUT"]) <= 20
+
+
+@pytest.mark.parametrize(
+    ("stamp", "expected"),
+    [
+        ("2026-12-02T10:15:00Z", "2026-12-02 10:15:00+00"),
+        ("2026-12-02T12:15:00+02:00", "2026-12-02 10:15:00+00"),
+        ("2026-12-02T10:15:00.250Z", "2026-12-02 10:15:00.25+00"),
+    ],
+)
+def test_target_times_are_given_to_pgbackrest_in_utc(stamp: str, expected: str) -> None:
+    assert pgbackrest.pg_time(stamp) == expected
+
+
+def test_restore_names_the_source_for_the_wal_it_fetches() -> None:
+    argv = pgbackrest.restore_argv(stanza="orders", path="/db/orders", data_dir="/data")
+    assert argv[:5] == [
+        "pgbackrest",
+        "--log-level-console=info",
+        "--stanza=orders",
+        "--repo1-path=/db/orders",
+        "--pg1-path=/data",
+    ]
+    assert "restore" in argv
+    # Not the pods' own repository (the environment's): the source's.
+    assert (
+        "--recovery-option=restore_command=pgbackrest --stanza=orders --repo1-path=/db/orders"
+        ' archive-get %f "%p"'
+    ) in argv
+    assert not any(a.startswith("--type") for a in argv)  # latest: all the WAL there is
+
+
+def test_restore_to_a_time_or_a_restore_point_promotes_there() -> None:
+    timed = pgbackrest.restore_argv(
+        stanza="s", path="/p", data_dir="/d", target_time="2026-12-02T10:15:00Z"
+    )
+    assert timed[-3:] == [
+        "--type=time",
+        "--target=2026-12-02 10:15:00+00",
+        "--target-action=promote",
+    ]
+    named = pgbackrest.restore_argv(stanza="s", path="/p", data_dir="/d", restore_point="before")
+    assert named[-3:] == ["--type=name", "--target=before", "--target-action=promote"]
+
+
+def test_restore_command_for_patroni() -> None:
+    assert pgbackrest.restore_command(clusters.make_cluster(backup=clusters.BACKUP)) is None
+    cluster = clusters.make_cluster(
+        backup=clusters.BACKUP,
+        bootstrap={"restore": {"cluster": "orders", "targetTime": "2026-12-02T10:15:00Z"}},
+    )
+    assert pgbackrest.restore_command(cluster) == (
+        "stateward-instance restore --stanza orders --path /db/orders"
+        " --target-time 2026-12-02T10:15:00Z"
+    )
+    elsewhere = clusters.make_cluster(
+        backup=clusters.BACKUP,
+        bootstrap={"restore": {"cluster": "orders", "path": "/prod/o", "restorePoint": "rp1"}},
+    )
+    assert pgbackrest.restore_command(elsewhere) == (
+        "stateward-instance restore --stanza orders --path /prod/o --restore-point rp1"
+    )

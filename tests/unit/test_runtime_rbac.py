@@ -67,7 +67,18 @@ def reconciler_writes() -> dict[str, set[str]]:
         writes.setdefault(made["kind"], set()).add("create")
     # Deletions: orphan-recreate, schedule removal, rolling update, volumes, failed Jobs,
     # Patroni's ConfigMaps on finalization.
-    for kind in ("StatefulSet", "CronJob", "Pod", "PersistentVolumeClaim", "Job", "ConfigMap"):
+    # The backup identity when spec.backup is removed.
+    for kind in (
+        "StatefulSet",
+        "CronJob",
+        "Pod",
+        "PersistentVolumeClaim",
+        "Job",
+        "ConfigMap",
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+    ):
         writes.setdefault(kind, set()).add("delete")
     writes["PersistentVolumeClaim"].add("patch")  # expand_volumes
     return writes

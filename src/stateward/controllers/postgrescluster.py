@@ -464,15 +464,28 @@ def _hold_scale_down(scope: Scope, desired: list[Body]) -> None:
 
 
 async def remove_backup_cronjob(scope: Scope) -> str | None:
-    if scope.cluster.spec.backup_schedule is not None and scope.cluster.spec.backup is not None:
-        return None
-    observed = scope.observed("CronJob", scope.cluster.backup_cronjob_name)
-    if observed is None:
-        return None
-    await scope.kube.delete(Ref.of(observed))
-    scope.forget("CronJob", scope.cluster.backup_cronjob_name)
-    await scope.event("BackupScheduleRemoved", "backupSchedule was cleared: deleted the CronJob")
-    return "deleted the backup CronJob"
+    """Children of backups that are no longer wanted: the CronJob when the schedule is
+    cleared, and the backup Jobs' identity (it may exec in the pods) when ``spec.backup``
+    is."""
+    cluster = scope.cluster
+    notes: list[str] = []
+    if cluster.spec.backup_schedule is None or cluster.spec.backup is None:
+        observed = scope.observed("CronJob", cluster.backup_cronjob_name)
+        if observed is not None:
+            await scope.kube.delete(Ref.of(observed))
+            scope.forget("CronJob", cluster.backup_cronjob_name)
+            await scope.event(
+                "BackupScheduleRemoved", "backupSchedule was cleared: deleted the CronJob"
+            )
+            notes.append("deleted the backup CronJob")
+    if cluster.spec.backup is None:
+        for kind in ("RoleBinding", "Role", "ServiceAccount"):
+            observed = scope.observed(kind, cluster.backup_account_name)
+            if observed is not None:
+                await scope.kube.delete(Ref.of(observed))
+                scope.forget(kind, cluster.backup_account_name)
+                notes.append(f"deleted {kind} {cluster.backup_account_name}")
+    return "; ".join(notes) or None
 
 
 async def check_backup_credentials(scope: Scope) -> str | None:
@@ -846,6 +859,23 @@ async def _final_backup(scope: Scope) -> str | None:
         scope.requeue(PROGRESS_RECHECK)
         return f"started final backup attempt {attempts}"
     scope.requeue(PROGRESS_RECHECK)
+    failed = [
+        str(backup_result(pod).get("error") or "see its log")
+        for pod in pods
+        if (pod.get("status") or {}).get("phase") == "Failed"
+    ]
+    if failed:
+        # The Job retries its pod (backoffLimit) before it fails: say at once why, and how
+        # to go without the backup, instead of after every retry has failed too.
+        message = (
+            f"attempt {attempts}: a backup pod failed ({failed[-1]}); Job"
+            f" {cluster.final_backup_job_name} retries it. To delete without a final backup,"
+            " set spec.deletionPolicy.finalBackup=false"
+        )
+        if (previous or {}).get("message") != message:
+            await scope.event("FinalBackupPodFailed", f"Final backup {message}", warning=True)
+        scope.set_condition("FinalBackup", None, "PodFailed", message)
+        return "final backup pod failed; its Job retries"
     problem = next((p for pod in pods if (p := pod_problem(pod))), None)
     if problem is not None:
         message = (

@@ -68,7 +68,12 @@ def backup(
     _say(f"{backup_type} backup of {cluster} from its primary {pod}")
     # Info level on the console: the Job's log then tells what pgBackRest did.
     steps = (
-        ("stanza-create", ["pgbackrest", "--log-level-console=info", "stanza-create"]),
+        # Small files: 10 s per I/O is ample, and an unreachable store fails in about a
+        # minute and a half instead of eight (pgBackRest retries each I/O up to 8 times).
+        (
+            "stanza-create",
+            ["pgbackrest", "--log-level-console=info", "--io-timeout=10", "stanza-create"],
+        ),
         (
             "backup",
             ["pgbackrest", "--log-level-console=info", "backup", f"--type={backup_type}"],

@@ -27,6 +27,7 @@ SECRET_KEY_KEY: Final = "secretAccessKey"  # noqa: S105 - a key name
 COMPRESS_TYPE: Final = "lz4"
 """Fast enough that compression never holds back WAL archiving (gz, the default, is ~5x
 slower for a similar ratio on WAL)."""
+IO_TIMEOUT_SECONDS: Final = 20
 ARCHIVE_DISABLED: Final = "/bin/true"
 """The archive_command of a cluster without a repository: archive_mode stays on for every
 cluster (turning it on later would need a restart), and WAL is recycled as without it."""
@@ -68,6 +69,10 @@ def options(
         # read-only and /var/log/pgbackrest does not exist.
         "PGBACKREST_LOG_LEVEL_FILE": "off",
         "PGBACKREST_LOCK_PATH": LOCK_PATH,
+        # Per I/O, not per transfer: a slow upload still progresses within it. pgBackRest
+        # retries an I/O up to 8 times, so the default (60 s) took 8 minutes to report an
+        # unreachable store, holding the archive lock meanwhile.
+        "PGBACKREST_IO_TIMEOUT": str(IO_TIMEOUT_SECONDS),
     }
     if s3.port is not None:
         values["PGBACKREST_REPO1_STORAGE_PORT"] = str(s3.port)
