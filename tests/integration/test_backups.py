@@ -9,33 +9,28 @@ bucket directory), so a status that claims a backup nobody wrote fails here.
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from lightkube import ApiError, Client
-from lightkube.config.kubeconfig import KubeConfig
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Namespace
 from lightkube.types import PatchType
 
 from stateward.cli import plugin
 from stateward.cli.run import (
-    OPERATOR_NAMESPACE,
     OperatorProcess,
     PostgresClusterResource,
-    ensure_namespace,
-    install_crds,
-    start_operator,
 )
 from stateward.local import objectstore
 from stateward.local.cluster import LocalCluster
-from tests.integration.conftest import RESYNC_SECONDS, condition, get_pgc, wait_leading
+from tests.integration.conftest import condition, get_pgc
 from tests.support.dataplane import (
+    client_of,
     create_cluster,
     event_reasons,
+    fresh_namespace,
     local_repository,
+    operator_on,
     ready,
     sql,
     status_of,
@@ -50,29 +45,19 @@ LABEL = re.compile(r"^(\d{8}-\d{6}F(_\d{8}-\d{6}[DI])?)=", re.MULTILINE)
 
 @pytest.fixture(scope="module")
 def client(real_cluster: LocalCluster) -> Client:
-    return Client(KubeConfig.from_file(real_cluster.kubeconfig), field_manager="stateward-tests")
+    return client_of(real_cluster)
 
 
 @pytest.fixture(scope="module")
 def backup_operator(real_cluster: LocalCluster, client: Client) -> Iterator[OperatorProcess]:
-    install_crds(client)
-    ensure_namespace(client, OPERATOR_NAMESPACE)
-    handle = start_operator(
-        real_cluster, extra=[f"--resync-interval={RESYNC_SECONDS}"], name="backup-operator"
-    )
-    try:
-        wait_leading(handle)
+    with operator_on(real_cluster, client, "backup-operator") as handle:
         yield handle
-    finally:
-        handle.stop()
 
 
 @pytest.fixture
 def ns(client: Client, backup_operator: OperatorProcess) -> Iterator[str]:
-    name = f"t-{uuid.uuid4().hex[:10]}"
-    client.create(Namespace(metadata=ObjectMeta(name=name)))
-    yield name
-    client.delete(Namespace, name)
+    with fresh_namespace(client) as name:
+        yield name
 
 
 def stored_backups(real: LocalCluster, path: str, stanza: str) -> list[str]:

@@ -10,33 +10,29 @@ from __future__ import annotations
 import base64
 import os
 import subprocess
-import uuid
 from collections.abc import Iterator
 
 import pytest
 from lightkube import ApiError, Client
-from lightkube.config.kubeconfig import KubeConfig
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Namespace, Pod, Secret
+from lightkube.resources.core_v1 import Pod, Secret
 from lightkube.types import PatchType
 
 from stateward.cli.run import (
-    OPERATOR_NAMESPACE,
     OperatorProcess,
     PostgresClusterResource,
-    ensure_namespace,
-    install_crds,
-    start_operator,
 )
 from stateward.local.cluster import LocalCluster
-from tests.integration.conftest import RESYNC_SECONDS, get_pgc, metric, wait_leading
+from tests.integration.conftest import get_pgc, metric
 from tests.support.dataplane import (
     Writer,
     annotate,
+    client_of,
     create_cluster,
     event_reasons,
+    fresh_namespace,
     local_repository,
     now_stamp,
+    operator_on,
     ready,
     roles,
     sql,
@@ -50,29 +46,19 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def client(real_cluster: LocalCluster) -> Client:
-    return Client(KubeConfig.from_file(real_cluster.kubeconfig), field_manager="stateward-tests")
+    return client_of(real_cluster)
 
 
 @pytest.fixture(scope="module")
 def real_operator(real_cluster: LocalCluster, client: Client) -> Iterator[OperatorProcess]:
-    install_crds(client)
-    ensure_namespace(client, OPERATOR_NAMESPACE)
-    handle = start_operator(
-        real_cluster, extra=[f"--resync-interval={RESYNC_SECONDS}"], name="data-plane-operator"
-    )
-    try:
-        wait_leading(handle)
+    with operator_on(real_cluster, client, "data-plane-operator") as handle:
         yield handle
-    finally:
-        handle.stop()
 
 
 @pytest.fixture
 def ns(client: Client, real_operator: OperatorProcess) -> Iterator[str]:
-    name = f"t-{uuid.uuid4().hex[:10]}"
-    client.create(Namespace(metadata=ObjectMeta(name=name)))
-    yield name
-    client.delete(Namespace, name)
+    with fresh_namespace(client) as name:
+        yield name
 
 
 def test_a_single_instance_bootstraps_to_a_writable_primary(

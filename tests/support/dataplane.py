@@ -11,17 +11,56 @@ import os
 import subprocess
 import threading
 import time
+import uuid
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from lightkube import ApiError, Client, codecs
-from lightkube.resources.core_v1 import Event, Pod, Secret
+from lightkube.config.kubeconfig import KubeConfig
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Event, Namespace, Pod, Secret
 from lightkube.types import PatchType
 
-from stateward.cli.run import PostgresClusterResource
+from stateward.cli.run import (
+    OPERATOR_NAMESPACE,
+    OperatorProcess,
+    PostgresClusterResource,
+    ensure_namespace,
+    install_crds,
+    start_operator,
+)
 from stateward.local import binaries, objectstore
 from stateward.local.cluster import LocalCluster
-from tests.integration.conftest import get_pgc
+from tests.integration.conftest import RESYNC_SECONDS, get_pgc, wait_leading
 from tests.support.waiting import wait_for
+
+
+def client_of(real: LocalCluster) -> Client:
+    return Client(KubeConfig.from_file(real.kubeconfig), field_manager="stateward-tests")
+
+
+@contextlib.contextmanager
+def operator_on(real: LocalCluster, client: Client, name: str) -> Iterator[OperatorProcess]:
+    """An operator process of its own against ``real`` (CRD installed), leading."""
+    install_crds(client)
+    ensure_namespace(client, OPERATOR_NAMESPACE)
+    handle = start_operator(real, extra=[f"--resync-interval={RESYNC_SECONDS}"], name=name)
+    try:
+        wait_leading(handle)
+        yield handle
+    finally:
+        handle.stop()
+
+
+@contextlib.contextmanager
+def fresh_namespace(client: Client) -> Iterator[str]:
+    """A namespace for one test, deleted afterwards."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    client.create(Namespace(metadata=ObjectMeta(name=name)))
+    try:
+        yield name
+    finally:
+        client.delete(Namespace, name)
 
 
 def create_cluster(client: Client, ns: str, name: str, replicas: int, **spec: Any) -> None:
