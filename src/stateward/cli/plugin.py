@@ -217,42 +217,62 @@ def _now() -> datetime.datetime:
 # --- switchover ------------------------------------------------------------------------------
 
 
-def switchover_command(args: argparse.Namespace, out: Callable[[str], None]) -> int:
-    client, namespace = _client(args)
-    obj = get_cluster(client, args.name, namespace)
-    target = args.to or "any"
-    before = ((obj.get("status") or {}).get("switchover") or {}).get("startedAt", "")
+def _request(
+    client: Client,
+    args: argparse.Namespace,
+    namespace: str,
+    annotation: str,
+    value: str,
+    *,
+    outcome: Callable[[dict[str, Any]], dict[str, Any] | None],
+    out: Callable[[str], None],
+    what: str,
+) -> int:
+    """Set a request annotation, then (unless ``--no-wait``) poll the cluster until
+    ``outcome`` finds its record finished; 0 when it succeeded."""
     try:
         client.patch(
             PostgresClusterResource,
             args.name,
-            {"metadata": {"annotations": {v1alpha1.SWITCHOVER_ANNOTATION: target}}},
+            {"metadata": {"annotations": {annotation: value}}},
             namespace=namespace,
             patch_type=PatchType.MERGE,
         )
     except ApiError as error:
         raise _explain(error, f"postgrescluster {args.name!r}") from None
-    out(f"switchover of {namespace}/{args.name} to {target} requested")
+    out(f"{what} of {namespace}/{args.name} requested ({value})")
     if not args.wait:
         return 0
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
-        obj = get_cluster(client, args.name, namespace)
-        record = (obj.get("status") or {}).get("switchover") or {}
-        pending = v1alpha1.SWITCHOVER_ANNOTATION in (obj["metadata"].get("annotations") or {})
-        if (
-            not pending
-            and record.get("startedAt", "") >= before
-            and record.get("phase")
-            in (
-                "Succeeded",
-                "Failed",
-            )
-        ):
-            out(f"switchover {record['phase'].lower()}: {record.get('message', '')}")
+        record = outcome(get_cluster(client, args.name, namespace))
+        if record is not None and record.get("phase") in ("Succeeded", "Failed"):
+            out(f"{what} {record['phase'].lower()}: {record.get('message', '')}")
             return 0 if record["phase"] == "Succeeded" else 1
         time.sleep(0.5)
     raise PluginError(f"no outcome within {args.timeout:.0f}s; `{PROGRAM} status {args.name}`")
+
+
+def switchover_command(args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    client, namespace = _client(args)
+    obj = get_cluster(client, args.name, namespace)
+    before = ((obj.get("status") or {}).get("switchover") or {}).get("startedAt", "")
+
+    def outcome(obj: dict[str, Any]) -> dict[str, Any] | None:
+        record = (obj.get("status") or {}).get("switchover") or {}
+        pending = v1alpha1.SWITCHOVER_ANNOTATION in (obj["metadata"].get("annotations") or {})
+        return None if pending or record.get("startedAt", "") < before else dict(record)
+
+    return _request(
+        client,
+        args,
+        namespace,
+        v1alpha1.SWITCHOVER_ANNOTATION,
+        args.to or "any",
+        outcome=outcome,
+        out=out,
+        what="switchover",
+    )
 
 
 # --- backup ----------------------------------------------------------------------------------
@@ -264,28 +284,21 @@ def backup_command(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     client, namespace = _client(args)
     get_cluster(client, args.name, namespace)
     request = _now().strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    try:
-        client.patch(
-            PostgresClusterResource,
-            args.name,
-            {"metadata": {"annotations": {v1alpha1.BACKUP_ANNOTATION: request}}},
-            namespace=namespace,
-            patch_type=PatchType.MERGE,
-        )
-    except ApiError as error:
-        raise _explain(error, f"postgrescluster {args.name!r}") from None
-    out(f"backup of {namespace}/{args.name} requested ({request})")
-    if not args.wait:
-        return 0
-    deadline = time.monotonic() + args.timeout
-    while time.monotonic() < deadline:
-        obj = get_cluster(client, args.name, namespace)
+
+    def outcome(obj: dict[str, Any]) -> dict[str, Any] | None:
         record = (obj.get("status") or {}).get("onDemandBackup") or {}
-        if record.get("request") == request and record.get("phase") in ("Succeeded", "Failed"):
-            out(f"backup {record['phase'].lower()}: {record.get('message', '')}")
-            return 0 if record["phase"] == "Succeeded" else 1
-        time.sleep(1)
-    raise PluginError(f"no outcome within {args.timeout:.0f}s; `{PROGRAM} status {args.name}`")
+        return dict(record) if record.get("request") == request else None
+
+    return _request(
+        client,
+        args,
+        namespace,
+        v1alpha1.BACKUP_ANNOTATION,
+        request,
+        outcome=outcome,
+        out=out,
+        what="backup",
+    )
 
 
 # --- fence and unfence ---------------------------------------------------------------------

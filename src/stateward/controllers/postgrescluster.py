@@ -864,30 +864,28 @@ async def _final_backup(scope: Scope) -> str | None:
         for pod in pods
         if (pod.get("status") or {}).get("phase") == "Failed"
     ]
+    problem = next((p for pod in pods if (p := pod_problem(pod))), None)
     if failed:
         # The Job retries its pod (backoffLimit) before it fails: say at once why, and how
         # to go without the backup, instead of after every retry has failed too.
+        reason, event = "PodFailed", "FinalBackupPodFailed"
         message = (
             f"attempt {attempts}: a backup pod failed ({failed[-1]}); Job"
-            f" {cluster.final_backup_job_name} retries it. To delete without a final backup,"
-            " set spec.deletionPolicy.finalBackup=false"
+            f" {cluster.final_backup_job_name} retries it"
         )
-        if (previous or {}).get("message") != message:
-            await scope.event("FinalBackupPodFailed", f"Final backup {message}", warning=True)
-        scope.set_condition("FinalBackup", None, "PodFailed", message)
-        return "final backup pod failed; its Job retries"
-    problem = next((p for pod in pods if (p := pod_problem(pod))), None)
-    if problem is not None:
+    elif problem is not None:
+        reason, event = "PodNotRunning", "FinalBackupStuck"
         message = (
             f"attempt {attempts} in Job {cluster.final_backup_job_name} cannot run: {problem}."
-            f" It fails after {backup.FINAL_DEADLINE_SECONDS}s and is retried; to delete"
-            " without a final backup, set spec.deletionPolicy.finalBackup=false"
+            f" It fails after {backup.FINAL_DEADLINE_SECONDS}s and is retried"
         )
-        if (previous or {}).get("message") != message:
-            await scope.event("FinalBackupStuck", f"Final backup {message}", warning=True)
-        scope.set_condition("FinalBackup", None, "PodNotRunning", message)
-        return f"final backup stuck: {problem}"
-    return "waiting for the final backup"
+    else:
+        return "waiting for the final backup"
+    message += "; to delete without a final backup, set spec.deletionPolicy.finalBackup=false"
+    if (previous or {}).get("message") != message:
+        await scope.event(event, f"Final backup {message}", warning=True)
+    scope.set_condition("FinalBackup", None, reason, message)
+    return f"final backup: {reason}"
 
 
 def _job_pods(scope: Scope, job_name: str) -> list[Body]:
