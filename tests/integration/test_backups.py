@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from lightkube import ApiError, Client
+from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
 from stateward.cli import plugin
@@ -89,13 +90,15 @@ def test_scheduled_and_final_backups_are_real_pgbackrest_backups(
     real_cluster: LocalCluster, client: Client, ns: str
 ) -> None:
     path = f"/{ns}/orders"
+    backup = local_repository(client, ns, path)
+    backup["retention"] = {"full": 1}  # each full backup expires the one before
     create_cluster(
         client,
         ns,
         "orders",
         replicas=2,
         backupSchedule=EVERY_MINUTE,
-        backup=local_repository(client, ns, path),
+        backup=backup,
         deletionPolicy={},
     )
     ready(client, ns, "orders")
@@ -143,20 +146,36 @@ def test_scheduled_and_final_backups_are_real_pgbackrest_backups(
         namespace=ns,
         patch_type=PatchType.MERGE,
     )
+    # (A scheduled backup that started before that finishes first: this one is the newest.)
+    wait_for(
+        lambda: (
+            not [
+                p
+                for p in client.list(Pod, namespace=ns, labels={"stateward.io/backup": "scheduled"})
+                if p.status and p.status.phase in ("Pending", "Running")
+            ]
+        ),
+        what="the last scheduled backup to finish",
+        timeout=120,
+    )
     lines: list[str] = []
     argv = ["--kubeconfig", str(real_cluster.kubeconfig), "-n", ns, "backup", "orders"]
     assert plugin.COMMANDS["backup"](plugin.parse(argv), lines.append) == 0, lines
     requested = status_of(client, ns, "orders")["onDemandBackup"]
     assert requested["phase"] == "Succeeded" and requested["job"].startswith("orders-backup-")
     label = requested["message"].split()[1]
-    assert label in stored_backups(real_cluster, path, "orders")
+    # Retention: only the newest full backup is kept, and the window starts with it.
+    assert stored_backups(real_cluster, path, "orders") == [label]
+    kept = status_of(client, ns, "orders")["backups"]
+    assert kept["count"] == 1 and kept["latest"]["label"] == label
+    assert kept["recoverableFrom"] == kept["latest"]["finishedAt"]
     assert "BackupRequested" in event_reasons(client, ns)
     # Deletion: the final backup is a real one too, and the cluster goes only after it.
     before = stored_backups(real_cluster, path, "orders")
     client.delete(PostgresClusterResource, "orders", namespace=ns)
     wait_for(lambda: gone(client, ns, "orders"), what="the cluster to go", timeout=300)
     after = stored_backups(real_cluster, path, "orders")
-    assert len(after) > len(before) or after[-1] not in before, (before, after)
+    assert len(after) == 1 and after[-1] not in before, (before, after)
     assert {"FinalBackupStarted", "FinalBackupSucceeded"} <= set(event_reasons(client, ns))
 
 
