@@ -244,6 +244,8 @@ def what_now(cluster: LocalCluster, name: str, namespace: str, obj: dict[str, An
         " -o jsonpath='{.status.podIP}') dbname=app user=app\"",
         f"      kubectl annotate pgc {name} -n {namespace} {v1alpha1.SWITCHOVER_ANNOTATION}=any"
         "   # a switchover",
+        f"      kubectl annotate pgc {name} -n {namespace} {v1alpha1.BACKUP_ANNOTATION}=$(date +%s)"
+        "   # a pgBackRest backup now (or: kubectl stateward backup)",
     ]
     return lines
 
