@@ -76,7 +76,14 @@ def backup(
         ),
         (
             "backup",
-            ["pgbackrest", "--log-level-console=info", "backup", f"--type={backup_type}"],
+            # An immediate checkpoint instead of waiting for a spread one.
+            [
+                "pgbackrest",
+                "--log-level-console=info",
+                "backup",
+                f"--type={backup_type}",
+                "--start-fast",
+            ],
         ),
     )
     for step, command in steps:

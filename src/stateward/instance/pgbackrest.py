@@ -62,8 +62,6 @@ def options(
         "PGBACKREST_REPO1_S3_REGION": s3.region,
         "PGBACKREST_REPO1_S3_URI_STYLE": s3.uri_style.value.lower(),
         "PGBACKREST_REPO1_RETENTION_FULL": str(backup.retention.full),
-        # Backups start with an immediate checkpoint instead of waiting for a spread one.
-        "PGBACKREST_START_FAST": "y",
         "PGBACKREST_COMPRESS_TYPE": COMPRESS_TYPE,
         # The console (the pod's log, the Job's log) is enough; the root filesystem is
         # read-only and /var/log/pgbackrest does not exist.
