@@ -839,6 +839,18 @@ async def _final_backup(scope: Scope) -> str | None:
         try:
             created = await scope.kube.create(backup.final_backup_job(cluster))
         except ApiError as error:
+            if error.status.code == 403 and "being terminated" in (error.status.message or ""):
+                # The namespace is going: nothing new can start in it, and the namespace
+                # controller deletes the pods and volumes whatever this finalizer does, so
+                # holding it would only keep the namespace Terminating forever.
+                await scope.event(
+                    "FinalBackupImpossible",
+                    f"namespace {scope.namespace} is being deleted with the cluster's pods and"
+                    " volumes, so no final backup could be taken; the backups already in the"
+                    " repository stay",
+                    warning=True,
+                )
+                return None
             if error.status.code != 409:
                 raise
         else:
