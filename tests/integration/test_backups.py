@@ -308,7 +308,8 @@ def test_restores_to_a_point_in_time_a_clone_and_a_deleted_cluster_into_its_own_
     # timeline would lag until the first checkpoint after the promotion).
     timeline = sql(real_cluster, ns, clone, "SELECT pg_walfile_name(pg_current_wal_lsn())")
     assert int(timeline[:8], 16) > 1, timeline
-    assert sql(real_cluster, ns, clone, "INSERT INTO t VALUES (2000) RETURNING n") == "2000"
+    written = "WITH i AS (INSERT INTO t VALUES (2000) RETURNING n) SELECT n FROM i"
+    assert sql(real_cluster, ns, clone, written) == "2000"
     sql(real_cluster, ns, clone, "SELECT pg_switch_wal()")
     wait_for(
         lambda: (
