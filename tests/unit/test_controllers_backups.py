@@ -96,3 +96,47 @@ def test_unknown_keys_in_a_report_do_not_reach_the_status() -> None:
 def test_garbage_messages_are_no_report() -> None:
     assert backups.backup_result(backup_pod("a", "Succeeded", "not json")) == {}
     assert backups.backup_result(backup_pod("a", "Succeeded", "[1]")) == {}
+
+
+def test_a_job_report_names_the_backup_its_pod_completed() -> None:
+    report = backups.job_report(
+        [
+            backup_pod(
+                "demo-final",
+                "Failed",
+                json.dumps({"error": "store unreachable"}),
+                finished="2026-12-02T10:14:00Z",
+            ),
+            backup_pod("demo-final", "Succeeded", json.dumps(SUMMARY)),
+        ]
+    )
+    assert report.latest == SUMMARY["latest"]
+    assert report.errors == ("store unreachable",)
+
+
+def test_a_job_report_gives_the_newest_failure_first() -> None:
+    report = backups.job_report(
+        [
+            backup_pod(
+                "demo-final",
+                "Failed",
+                json.dumps({"error": "first"}),
+                finished="2026-12-02T10:14:00Z",
+            ),
+            backup_pod("demo-final", "Failed", None, finished="2026-12-02T10:16:00Z"),
+            backup_pod(
+                "demo-final",
+                "Failed",
+                json.dumps({"error": "second"}),
+                finished="2026-12-02T10:15:00Z",
+            ),
+        ]
+    )
+    assert report.latest is None
+    assert report.errors == ("see its log", "second", "first")
+
+
+def test_a_job_whose_pod_completed_without_a_report_has_no_backup() -> None:
+    report = backups.job_report([backup_pod("demo-final", "Succeeded", None)])
+    assert report.latest is None
+    assert report.errors == ()

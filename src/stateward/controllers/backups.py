@@ -80,6 +80,29 @@ def outcomes(pods: Iterable[Body]) -> list[Outcome]:
     return found
 
 
+@dataclasses.dataclass(frozen=True)
+class JobReport:
+    """What one backup Job's pods said, newest pod first."""
+
+    latest: Mapping[str, Any] | None
+    """pgBackRest's newest backup, when a pod reported one completed."""
+    errors: tuple[str, ...]
+    """Why each failed pod failed, newest first ("see its log" when it did not say)."""
+
+
+def job_report(pods: Iterable[Body]) -> JobReport:
+    """The report of a Job's pods: the backup one of them completed, and why others failed."""
+    latest: Mapping[str, Any] | None = None
+    errors: list[str] = []
+    for pod in sorted(pods, key=_finished_at, reverse=True):
+        result = backup_result(pod)
+        if latest is None and isinstance(result.get("latest"), dict):
+            latest = result["latest"]
+        if (pod.get("status") or {}).get("phase") == "Failed" or result.get("error"):
+            errors.append(str(result.get("error") or "see its log"))
+    return JobReport(latest=latest, errors=tuple(errors))
+
+
 def backups_status(
     found: list[Outcome], current: Mapping[str, Any] | None
 ) -> dict[str, Any] | None:

@@ -27,7 +27,6 @@ from stateward.api import v1alpha1, validation
 from stateward.api.v1alpha1 import PostgresCluster
 from stateward.controllers import backups, diff
 from stateward.controllers import conditions as cond
-from stateward.controllers.backups import backup_result
 from stateward.controllers.dataplane import DataPlane, start_switchover
 from stateward.controllers.kube import Body, Kube, Ref
 from stateward.controllers.members import Member, instances, member
@@ -577,12 +576,13 @@ async def _follow_backup_request(scope: Scope, record: dict[str, Any]) -> str | 
         phase, message = v1alpha1.SwitchoverPhase.FAILED, f"its Job {name} is gone"
     else:
         state = _job_state(job)
-        latest = next((r["latest"] for p in pods if (r := backup_result(p)).get("latest")), None)
+        report = backups.job_report(pods)
+        latest = report.latest
         if state == "Complete" and latest is not None:
             phase = v1alpha1.SwitchoverPhase.SUCCEEDED
             message = f"backup {latest.get('label')} finished at {latest.get('finishedAt')}"
         elif state in ("Complete", "Failed"):
-            reason = next((str(e) for p in pods if (e := backup_result(p).get("error"))), None)
+            reason = report.errors[0] if report.errors else None
             phase = v1alpha1.SwitchoverPhase.FAILED
             message = reason or f"Job {name} ended without pgBackRest reporting a backup"
         else:
@@ -796,7 +796,8 @@ async def _final_backup(scope: Scope) -> str | None:
     attempts = scope.final_backup_attempts or 0
     delay = min(FINAL_BACKUP_MAX_DELAY, 5.0 * 2 ** max(attempts - 1, 0))
     pods = _job_pods(scope, cluster.final_backup_job_name)
-    reported = any(backup_result(pod).get("latest") for pod in pods)
+    report = backups.job_report(pods)
+    reported = report.latest is not None
     unreported = state == "Complete" and not reported
     if unreported:
         # A Job whose pod ended well without pgBackRest's report took no backup we know of
@@ -811,7 +812,7 @@ async def _final_backup(scope: Scope) -> str | None:
             )
         return None
     if job is not None and state == "Failed":
-        reason = next((r for pod in pods if (r := backup_result(pod).get("error"))), None)
+        reason = report.errors[0] if report.errors else None
         if unreported:
             reason = "its pod completed but pgBackRest reported no backup"
         message = (
@@ -871,18 +872,14 @@ async def _final_backup(scope: Scope) -> str | None:
         scope.requeue(PROGRESS_RECHECK)
         return f"started final backup attempt {attempts}"
     scope.requeue(PROGRESS_RECHECK)
-    failed = [
-        str(backup_result(pod).get("error") or "see its log")
-        for pod in pods
-        if (pod.get("status") or {}).get("phase") == "Failed"
-    ]
+    failed = report.errors
     problem = next((p for pod in pods if (p := pod_problem(pod))), None)
     if failed:
         # The Job retries its pod (backoffLimit) before it fails: say at once why, and how
         # to go without the backup, instead of after every retry has failed too.
         reason, event = "PodFailed", "FinalBackupPodFailed"
         message = (
-            f"attempt {attempts}: a backup pod failed ({failed[-1]}); Job"
+            f"attempt {attempts}: a backup pod failed ({failed[0]}); Job"
             f" {cluster.final_backup_job_name} retries it"
         )
     elif problem is not None:
