@@ -115,7 +115,8 @@ class Children:
 def _alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
+        # Reaped between the open and the read: /proc answers ESRCH then, not ENOENT.
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
