@@ -115,6 +115,14 @@ chaos: binaries ## Soak: N random faults (default 50) against one cluster with a
 bench-patroni: $(STAMP) ## Reference: bare Patroni on loopback (no Kubernetes), write downtime per fault; etcd from `make binaries`
 	@$(BIN)/python -m bench.patroni_lab $(BENCH_PATRONI_FLAGS)
 
+OPERATOR_IMAGE = $(shell $(BIN)/python -c 'from stateward.local import images; print(images.OPERATOR_REF)')
+
+.PHONY: image
+image: $(STAMP) ## Build the operator image (ghcr.io/stateward/stateward:VERSION) locally, no registry
+	@$(BIN)/stateward local images stateward
+	@echo "To push it: docker build -f images/stateward/Containerfile -t $(OPERATOR_IMAGE) . && docker push $(OPERATOR_IMAGE)"
+	@echo "  (or buildah bud/push; another registry: helm --set image.repository=REGISTRY/stateward)"
+
 .PHONY: images
 images: $(STAMP) ## Build the local images (pause, base, instance, operator) without a registry
 	@$(BIN)/stateward local images

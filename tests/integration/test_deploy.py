@@ -6,6 +6,7 @@ the apiserver-only cluster, so the CRD other tests install there is never touche
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import uuid
@@ -30,7 +31,7 @@ from stateward.local.cluster import LocalCluster
 from stateward.runtime import rbac
 from stateward.specs import backup, config, secrets
 from tests.conftest import client_for
-from tests.support import clusters
+from tests.support import clusters, incluster
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -189,3 +190,40 @@ def test_make_deploy_gives_the_operator_every_right_it_uses(apiserver: LocalClus
     assert can("patch", f"validatingwebhookconfigurations/{rbac.WEBHOOK_CONFIGURATION}")
     assert not can("patch", "validatingwebhookconfigurations/someone-elses")
     assert not can("create", "pods", "-n", namespace)
+
+
+def test_make_deploy_runs_the_operator_in_the_cluster_and_undeploy_removes_it(
+    real_cluster: LocalCluster,
+) -> None:
+    """The operator image on the real nodes, with exactly the generated RBAC: two replicas,
+    one leading, admission through the webhook Service, and a cluster brought to Ready with
+    no operator process on the host."""
+    kube = client_for(real_cluster)
+    make(real_cluster, "deploy")
+    try:
+        leader = incluster.wait_running(kube, rbac.NAMESPACE, replicas=2)
+        nodes = {p.spec.nodeName for p in incluster.pods(kube, rbac.NAMESPACE)}  # type: ignore[union-attr]
+        assert len(nodes) == 2, f"the replicas share a node: {nodes}"
+        wait_for(
+            lambda: incluster.webhook_points_at_the_service(kube, rbac.NAMESPACE),
+            what="the leader to point the webhook configuration at its Service",
+        )
+        with incluster.a_ready_cluster(kube) as (ns, cluster):
+            assert "backupSchedule" in incluster.refused_by_the_webhook(kube, ns)
+            assert cluster["status"]["primaryPod"] == "incluster-0"
+            conditions = {c["type"]: c["status"] for c in cluster["status"]["conditions"]}
+            assert conditions.get("Degraded") != "True", cluster["status"]["conditions"]
+        # The operator logs JSON lines at the configured level (INFO: no DEBUG line).
+        logs = kubectl(real_cluster, "logs", "-n", rbac.NAMESPACE, leader.metadata.name)  # type: ignore[union-attr]
+        records = [json.loads(line) for line in logs.stderr.splitlines() + logs.stdout.splitlines()
+                   if line.startswith("{")]  # fmt: skip
+        assert records, logs.stdout[-2000:]
+        assert {r["level"] for r in records} <= {"INFO", "WARNING", "ERROR"}, records[-5:]
+    finally:
+        make(real_cluster, "undeploy")
+    wait_for(
+        lambda: absent(kube, Namespace, rbac.NAMESPACE),
+        what=f"namespace {rbac.NAMESPACE} removed by make undeploy",
+        timeout=180,
+    )
+    assert absent(kube, incluster.ValidatingWebhookConfiguration, "stateward.io")

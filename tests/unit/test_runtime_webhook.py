@@ -284,3 +284,18 @@ def test_an_unreadable_fencing_annotation_is_refused_at_admission() -> None:
         "stateward.io/fenced-instances": '["pg-1"]'
     }
     assert webhook.review_response(request)["response"]["allowed"] is True
+
+
+def test_configuration_is_owned_by_the_operators_cluster_role_when_its_uid_is_known() -> None:
+    endpoint = webhook.Endpoint(namespace="ops", port=1, service="s")
+    unowned = webhook.webhook_configuration(endpoint, b"CA")
+    owned = webhook.webhook_configuration(endpoint, b"CA", owner_uid="uid-7")
+
+    assert "ownerReferences" not in unowned["metadata"]
+    (owner,) = owned["metadata"]["ownerReferences"]
+    assert owner == {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "name": "stateward-operator",
+        "uid": "uid-7",
+    }

@@ -20,9 +20,14 @@ import yaml
 from stateward.api.crd import postgrescluster_crd
 
 __all__ = [
+    "CHART_CRDS_PATH",
+    "CHART_TEMPLATES",
     "CRDS",
     "HEADER",
+    "KEEP",
     "SAMPLE_PATH",
+    "chart_crds",
+    "chart_template",
     "crd_path",
     "default_root",
     "generated_crds",
@@ -90,6 +95,35 @@ def generated_crds() -> dict[Path, str]:
     """Every CRD manifest, by path relative to the repository root."""
     crds = [build() for build in CRDS]
     return {crd_path(crd): render(crd) for crd in crds}
+
+
+CHART_TEMPLATES = Path("charts/stateward/templates")
+"""The Helm chart's templates: the generated ones sit beside the hand-written ones."""
+CHART_CRDS_PATH = CHART_TEMPLATES / "crds.yaml"
+KEEP = {"helm.sh/resource-policy": "keep"}
+"""Helm leaves an object so annotated in place when the release is uninstalled."""
+
+
+def chart_template(header: str, documents: Sequence[dict[str, Any]], *, when: str = "") -> str:
+    """Generated documents as one chart template, optionally inside ``{{- if WHEN }}``."""
+    body = "".join(
+        "---\n" + yaml.safe_dump(d, sort_keys=True, width=2**16, allow_unicode=True)
+        for d in documents
+    )
+    if when:
+        body = f"{{{{- if {when} }}}}\n{body}{{{{- end }}}}\n"
+    return header + body
+
+
+def chart_crds() -> dict[Path, str]:
+    """The chart's CRDs: templates (not Helm's ``crds/`` folder, which Helm never upgrades),
+    installed when ``crds.create``, kept on uninstall (deleting a CRD deletes every cluster)."""
+    crds = []
+    for build in CRDS:
+        crd = build()
+        crd["metadata"].setdefault("annotations", {}).update(KEEP)
+        crds.append(crd)
+    return {CHART_CRDS_PATH: chart_template(HEADER, crds, when=".Values.crds.create")}
 
 
 def sync(root: Path, generated: dict[Path, str], *, check: bool) -> int:

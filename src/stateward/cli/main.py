@@ -82,6 +82,9 @@ def _local_node(args: argparse.Namespace) -> int:
     return 0
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+"""``stateward operator --log-level`` (the chart's ``logLevel``)."""
+
 NODE_ACTIONS = {
     "stop": "powered off (link down, every process killed)",
     "out-of-service": "marked out of service (node.kubernetes.io/out-of-service=nodeshutdown)",
@@ -93,8 +96,8 @@ NODE_ACTIONS = {
 }
 
 
-def _local_images(_: argparse.Namespace) -> int:
-    for archive in images.ensure():
+def _local_images(args: argparse.Namespace) -> int:
+    for archive in images.ensure(getattr(args, "names", None) or None):
         size = archive.path.stat().st_size / 2**20
         print(f"{archive.ref:<48} {size:8.1f} MiB  {archive.path}")
     return 0
@@ -135,6 +138,8 @@ def _operator(args: argparse.Namespace) -> int:
         webhook_service=args.webhook_service,
         webhooks=not args.no_webhooks,
         webhook_certificate_interval=args.webhook_certificate_interval,
+        watch_namespaces=tuple(dict.fromkeys(args.watch_namespace)),
+        log_level=args.log_level,
     )
     try:
         return operator.run(options)
@@ -149,7 +154,13 @@ def _manifests(args: argparse.Namespace) -> int:
     from stateward.runtime import rbac
 
     root: Path = args.root if args.root is not None else manifests.default_root()
-    return manifests.sync(root, {**manifests.generated_crds(), **rbac.rendered()}, check=args.check)
+    generated = {
+        **manifests.generated_crds(),
+        **rbac.rendered(),
+        **manifests.chart_crds(),
+        **rbac.chart_rendered(),
+    }
+    return manifests.sync(root, generated, check=args.check)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -191,6 +202,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between re-reads of the webhook certificate's Secret (default 30)",
     )
     op.add_argument("--no-webhooks", action="store_true", help="serve no admission webhook")
+    op.add_argument(
+        "--watch-namespace",
+        action="append",
+        default=[],
+        metavar="NAMESPACE",
+        help="run the PostgresClusters of this namespace only (repeat for more; default: all)",
+    )
+    op.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default=os.environ.get("STATEWARD_LOG_LEVEL", "INFO").upper(),
+        help="DEBUG, INFO, WARNING or ERROR (default $STATEWARD_LOG_LEVEL or INFO)",
+    )
     op.set_defaults(handler=_operator)
 
     manifests = commands.add_parser(
@@ -257,9 +282,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--binaries-only", action="store_true", help="only the binaries (no root needed)"
     )
     build.set_defaults(handler=_local_build)
-    verbs.add_parser(
-        "images", help="build the local container images (pause, base) into the cache"
-    ).set_defaults(handler=_local_images)
+    images_verb = verbs.add_parser(
+        "images",
+        help="build the local container images (pause, base, instances, operator) into the cache",
+    )
+    images_verb.add_argument(
+        "names",
+        nargs="*",
+        metavar="NAME",
+        help="only these images (a ref, name:tag or name, e.g. stateward); default: all",
+    )
+    images_verb.set_defaults(handler=_local_images)
     node = verbs.add_parser(
         "node",
         parents=[common],

@@ -3,7 +3,8 @@
 Each component is a small wrapper Go module under ``tools/`` (package data of
 ``stateward.local``, installed with the wheel) that pins one upstream release:
 the control plane (Kubernetes, etcd), kwok for simulated nodes, containerd, the CNI plugins
-and CoreDNS for real nodes, and versitygw, the S3 store of local backups. The build lands in
+and CoreDNS for real nodes, versitygw (the S3 store of local backups) and Helm (the chart's
+tests). The build lands in
 ``$STATEWARD_CACHE_DIR/bin/<component>-<version>/`` (default ``~/.cache/stateward``). Builds
 write to a ``.partial`` sibling and rename it into place only when every binary is linked; a
 directory that lacks one of its component's files (an older cache, built before a binary was
@@ -33,6 +34,7 @@ CONTAINERD_VERSION = "v2.4.2"
 CNI_PLUGINS_VERSION = "v1.9.1"
 COREDNS_VERSION = "v1.15.0"
 VERSITYGW_VERSION = "v1.8.0"
+HELM_VERSION = "v4.3.2"
 
 # kwok's stock stage sets, copied next to the kwok binary when it is built (they live in the
 # kwok module, not in its binary). Loading any Stage replaces kwok's built-in defaults, so the
@@ -188,8 +190,20 @@ VERSITYGW = Component(
     packages=("github.com/versity/versitygw/cmd/versitygw",),
     ldflags=f"-s -w -X main.Version={VERSITYGW_VERSION}",
 )
+HELM = Component(
+    name="helm",
+    version=HELM_VERSION,
+    module_dir="helm",
+    packages=("helm.sh/helm/v4/cmd/helm",),
+    # Upstream's Makefile: without the version `helm version` says v4.3, and charts with a
+    # kubeVersion or a Helm version constraint are judged against it.
+    ldflags=(
+        f"-s -w -X helm.sh/helm/v4/internal/version.version={HELM_VERSION}"
+        " -X helm.sh/helm/v4/internal/version.gitTreeState=clean"
+    ),
+)
 # Smallest builds first, so a slow network or an interrupted run still leaves most of them.
-COMPONENTS = (CNI, ETCD, KWOK, CONTAINERD, COREDNS, VERSITYGW, KUBERNETES)
+COMPONENTS = (CNI, ETCD, KWOK, CONTAINERD, COREDNS, VERSITYGW, HELM, KUBERNETES)
 
 
 def cache_dir() -> Path:
@@ -232,6 +246,7 @@ class Binaries:
     cni_bin_dir: Path
     coredns: Path
     versitygw: Path
+    helm: Path
 
 
 def missing_files(component: Component) -> list[Path]:
@@ -249,8 +264,9 @@ def locate() -> Binaries:
                 f"missing binary {absent[0]}: run `stateward local build` (or `make binaries`)"
                 " first"
             )
-    kubernetes, etcd, kwok, containerd, cni, coredns, versitygw = (
-        component_dir(c) for c in (KUBERNETES, ETCD, KWOK, CONTAINERD, CNI, COREDNS, VERSITYGW)
+    kubernetes, etcd, kwok, containerd, cni, coredns, versitygw, helm = (
+        component_dir(c)
+        for c in (KUBERNETES, ETCD, KWOK, CONTAINERD, CNI, COREDNS, VERSITYGW, HELM)
     )
     return Binaries(
         etcd=etcd / "etcd",
@@ -268,6 +284,7 @@ def locate() -> Binaries:
         cni_bin_dir=cni,
         coredns=coredns / "coredns",
         versitygw=versitygw / "versitygw",
+        helm=helm / "helm",
     )
 
 

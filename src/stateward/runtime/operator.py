@@ -84,6 +84,9 @@ class Options:
     webhook_service: str | None = None
     webhooks: bool = True
     webhook_certificate_interval: float = 30.0
+    watch_namespaces: tuple[str, ...] = ()
+    """Namespaces whose PostgresClusters this operator runs; empty: every namespace."""
+    log_level: str = "INFO"
 
 
 class Operator:
@@ -187,7 +190,8 @@ class Operator:
         kinds.append((v1alpha1.API_VERSION, v1alpha1.KIND))
         listed = await asyncio.gather(
             *(
-                self.kube.list_objects(api_version, kind, ALL_NAMESPACES, labels)
+                self.kube.list_objects(api_version, kind, namespace, labels)
+                for namespace in self.options.watch_namespaces or (ALL_NAMESPACES,)
                 for api_version, kind in kinds
                 for labels in (
                     [{}]
@@ -389,7 +393,8 @@ class Operator:
         kopf_task = asyncio.create_task(
             kopf.operator(
                 registry=self.registry(),
-                clusterwide=True,
+                clusterwide=not self.options.watch_namespaces,
+                namespaces=list(self.options.watch_namespaces),
                 standalone=True,
                 stop_flag=kopf_stop,
                 ready_flag=self.kopf_ready,
@@ -530,7 +535,7 @@ def run(options: Options) -> int:
             rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
         )
     )
-    logging.basicConfig(level=os.environ.get("STATEWARD_LOG_LEVEL", "INFO"), handlers=[handler])
+    logging.basicConfig(level=options.log_level.upper(), handlers=[handler])
     quiet_chatty_loggers()
 
     async def main() -> int:

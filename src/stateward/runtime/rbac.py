@@ -27,6 +27,7 @@ from stateward.runtime.operator import CHILD_RESOURCES
 from stateward.specs import rbac as instance_rbac
 
 __all__ = [
+    "CHART_ROLES_PATH",
     "CLUSTER_ROLE",
     "CLUSTER_ROLE_PATH",
     "HEADER",
@@ -36,6 +37,7 @@ __all__ = [
     "SERVICE_ACCOUNT",
     "WEBHOOK_CONFIGURATION",
     "bindings",
+    "chart_rendered",
     "cluster_role",
     "leader_election_role",
     "rendered",
@@ -45,7 +47,7 @@ Rule = dict[str, list[str]]
 
 NAMESPACE: Final = "stateward-system"
 SERVICE_ACCOUNT: Final = "stateward-operator"
-CLUSTER_ROLE: Final = "stateward-operator"
+CLUSTER_ROLE: Final = webhook.OWNER_CLUSTER_ROLE
 LEADER_ELECTION_ROLE: Final = "stateward-leader-election"
 WEBHOOK_CONFIGURATION: Final = webhook.CONFIGURATION_NAME
 """The ValidatingWebhookConfiguration the leader keeps current (``runtime.webhook``)."""
@@ -137,6 +139,8 @@ def cluster_role() -> dict[str, Any]:
         ("get", "patch", "update"),
         names=(WEBHOOK_CONFIGURATION,),
     )
+    # Its own ClusterRole, read to make it the webhook configuration's owner.
+    rules.allow("rbac.authorization.k8s.io", ["clusterroles"], ("get",), names=(CLUSTER_ROLE,))
     return {
         "apiVersion": RBAC_API_VERSION,
         "kind": "ClusterRole",
@@ -197,6 +201,15 @@ def rendered() -> dict[Path, str]:
         CLUSTER_ROLE_PATH: _render(cluster_role()),
         LEADER_ELECTION_ROLE_PATH: _render(leader_election_role()),
     }
+
+
+CHART_ROLES_PATH: Final = manifests.CHART_TEMPLATES / "roles.yaml"
+
+
+def chart_rendered() -> dict[Path, str]:
+    """The same two roles as a template of the Helm chart, in the release's namespace."""
+    roles = [cluster_role(), leader_election_role("{{ .Release.Namespace }}")]
+    return {CHART_ROLES_PATH: manifests.chart_template(HEADER, roles)}
 
 
 def _render(document: dict[str, Any]) -> str:

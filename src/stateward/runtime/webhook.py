@@ -50,6 +50,10 @@ from stateward.runtime import metrics
 logger = logging.getLogger(__name__)
 
 CONFIGURATION_NAME = "stateward.io"
+OWNER_CLUSTER_ROLE = "stateward-operator"
+"""The operator's ClusterRole owns the webhook configuration: whatever removes the operator
+(``helm uninstall``, ``make undeploy``, ``kubectl delete -k``) removes its ClusterRole, and the
+garbage collector then removes a configuration that no replica would serve any more."""
 WEBHOOK_NAME = "postgresclusters.validation.stateward.io"
 PATH = "/validate/postgresclusters"
 CERT_SECRET = "stateward-webhook-cert"  # noqa: S105 - a Secret name, not a secret
@@ -112,15 +116,28 @@ class Endpoint:
         return {"url": f"https://{self.host or '127.0.0.1'}:{self.port}{PATH}", "caBundle": bundle}
 
 
-def webhook_configuration(endpoint: Endpoint, ca: bytes) -> dict[str, Any]:
-    """The ValidatingWebhookConfiguration that routes PostgresCluster writes to us (pure)."""
+def webhook_configuration(
+    endpoint: Endpoint, ca: bytes, *, owner_uid: str | None = None
+) -> dict[str, Any]:
+    """The ValidatingWebhookConfiguration that routes PostgresCluster writes to us (pure);
+    owned by the ClusterRole :data:`OWNER_CLUSTER_ROLE` when its uid is known."""
+    metadata: dict[str, Any] = {
+        "name": CONFIGURATION_NAME,
+        "labels": {"app.kubernetes.io/managed-by": "stateward"},
+    }
+    if owner_uid:
+        metadata["ownerReferences"] = [
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRole",
+                "name": OWNER_CLUSTER_ROLE,
+                "uid": owner_uid,
+            }
+        ]
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
-        "metadata": {
-            "name": CONFIGURATION_NAME,
-            "labels": {"app.kubernetes.io/managed-by": "stateward"},
-        },
+        "metadata": metadata,
         "webhooks": [
             {
                 "name": WEBHOOK_NAME,
@@ -303,7 +320,9 @@ async def ensure_certificate(client: AsyncClient, endpoint: Endpoint) -> Certifi
 
 async def ensure_configuration(kube: Kube, endpoint: Endpoint, certificate: Certificate) -> bool:
     """Point the webhook configuration at us (leader only). True if it had to be written."""
-    desired = diff.stamped(webhook_configuration(endpoint, certificate.ca))
+    owner = await kube.get("rbac.authorization.k8s.io/v1", "ClusterRole", "", OWNER_CLUSTER_ROLE)
+    owner_uid = owner["metadata"]["uid"] if owner is not None else None
+    desired = diff.stamped(webhook_configuration(endpoint, certificate.ca, owner_uid=owner_uid))
     observed = await kube.get(
         "admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration", "", CONFIGURATION_NAME
     )
