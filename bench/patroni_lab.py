@@ -252,13 +252,15 @@ def rows(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def replace_block(current: str, block: str, method: str) -> str:
-    """``current`` with the text between BEGIN and END replaced by ``block`` (or, without the
-    markers, the method and the block appended)."""
-    marked = f"{BEGIN}\n{block}{END}\n"
-    if BEGIN in current and END in current:
-        head, _, rest = current.partition(BEGIN)
-        _, _, tail = rest.partition(END)
+def replace_block(
+    current: str, block: str, method: str, *, begin: str = BEGIN, end: str = END
+) -> str:
+    """``current`` with the text between ``begin`` and ``end`` replaced by ``block`` (or,
+    without the markers, the method and the block appended)."""
+    marked = f"{begin}\n{block}{end}\n"
+    if begin in current and end in current:
+        head, _, rest = current.partition(begin)
+        _, _, tail = rest.partition(end)
         return head + marked + tail.removeprefix("\n")
     return current.rstrip() + "\n\n" + method + "\n" + marked
 

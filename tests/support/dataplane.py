@@ -21,6 +21,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event, Namespace, Pod, Secret
 from lightkube.types import PatchType
 
+from stateward.api import v1alpha1
 from stateward.cli.run import (
     OPERATOR_NAMESPACE,
     OperatorProcess,
@@ -127,11 +128,14 @@ def roles(client: Client, ns: str, name: str) -> dict[str, str]:
     return {i["name"]: i.get("role", "") for i in status_of(client, ns, name).get("instances", [])}
 
 
-def annotate(client: Client, ns: str, name: str, value: str) -> None:
+def annotate(
+    client: Client, ns: str, name: str, value: str, key: str = v1alpha1.SWITCHOVER_ANNOTATION
+) -> None:
+    """A request annotation on the cluster (a switchover unless ``key`` says otherwise)."""
     client.patch(
         PostgresClusterResource,
         name,
-        {"metadata": {"annotations": {"stateward.io/switchover": value}}},
+        {"metadata": {"annotations": {key: value}}},
         namespace=ns,
         patch_type=PatchType.MERGE,
     )
