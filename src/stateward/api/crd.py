@@ -640,3 +640,145 @@ def postgrescluster_crd() -> dict[str, Any]:
         printer_columns=POSTGRESCLUSTER_PRINTER_COLUMNS,
         extras=POSTGRESCLUSTER_EXTRAS,
     )
+
+
+# --- Database ----------------------------------------------------------------------------------
+
+
+def _engine_versions_rule() -> Rule:
+    """spec.version against spec.engine's versions (one rule: the pattern depends on the
+    engine), naming the supported versions of the engine given."""
+    branches = {
+        engine: f"self.version.matches({_cel_string(v1alpha1.engine_version_pattern(engine))})"
+        for engine in v1alpha1.Engine
+    }
+    listed = {
+        engine: _cel_string(", ".join(v1alpha1.ENGINE_MAJOR_VERSIONS[engine]))
+        for engine in v1alpha1.Engine
+    }
+    postgres, mysql, mariadb = (v1alpha1.Engine.POSTGRES, v1alpha1.Engine.MYSQL,
+                                v1alpha1.Engine.MARIADB)  # fmt: skip
+    return Rule(
+        rule=(
+            f"self.engine == 'postgres' ? {branches[postgres]} : "
+            f"self.engine == 'mysql' ? {branches[mysql]} : {branches[mariadb]}"
+        ),
+        message="spec.version is not a supported version of spec.engine",
+        message_expression=(
+            "'spec.version ' + self.version + ' is not a supported ' + self.engine + "
+            f"' version: use one of ' + (self.engine == 'postgres' ? {listed[postgres]} : "
+            f"self.engine == 'mysql' ? {listed[mysql]} : {listed[mariadb]}) + "
+            "', optionally with a minor or patch level (e.g. 17.2, 8.4.3, 10.11.9)'"
+        ),
+        field_path=".version",
+        reason="FieldValueInvalid",
+    )
+
+
+def _series(version: str) -> str:
+    """CEL: the release series of ``version`` (the text before the second dot)."""
+    parts = f"{version}.split('.')"
+    return f"({parts}.size() > 1 ? {parts}[0] + '.' + {parts}[1] : {version})"
+
+
+DATABASE_EXTRAS: dict[str, dict[str, Any]] = {
+    "spec": {
+        "x-kubernetes-validations": [
+            Rule(
+                rule="self.engine == oldSelf.engine",
+                message=(
+                    "spec.engine is immutable: create a new Database for another engine and"
+                    " move the data"
+                ),
+                field_path=".engine",
+                reason="FieldValueForbidden",
+            ),
+            _engine_versions_rule(),
+            Rule(
+                rule=(
+                    "self.engine != oldSelf.engine || (self.engine == 'postgres' ? "
+                    "self.version.split('.')[0] == oldSelf.version.split('.')[0] : "
+                    f"{_series('self.version')} == {_series('oldSelf.version')})"
+                ),
+                message=(
+                    "spec.version cannot change the major version: upgrades are not supported yet"
+                ),
+                message_expression=(
+                    "'spec.version cannot change the major version (from ' + oldSelf.version + "
+                    "' to ' + self.version + '): minor updates roll the pods; major upgrades are"
+                    " not supported yet'"
+                ),
+                field_path=".version",
+                reason="FieldValueForbidden",
+            ),
+        ]
+    },
+    "spec.storage": {
+        "x-kubernetes-validations": [
+            Rule(
+                rule=(
+                    "!isQuantity(self.size) || !isQuantity(oldSelf.size) || "
+                    "quantity(self.size).compareTo(quantity(oldSelf.size)) >= 0"
+                ),
+                message="spec.storage.size may grow but never shrink",
+                message_expression=(
+                    "'spec.storage.size may grow but never shrink (from ' + oldSelf.size + "
+                    "' to ' + self.size + ')'"
+                ),
+                field_path=".size",
+                reason="FieldValueForbidden",
+            ),
+            Rule(
+                rule=(
+                    "has(self.storageClassName) == has(oldSelf.storageClassName) && "
+                    "(!has(self.storageClassName) || "
+                    "self.storageClassName == oldSelf.storageClassName)"
+                ),
+                message=(
+                    "spec.storage.storageClassName is immutable: it cannot be set, changed or"
+                    " removed after the Database is created"
+                ),
+                field_path=".storageClassName",
+                reason="FieldValueForbidden",
+            ),
+        ]
+    },
+    "spec.storage.size": {
+        "x-kubernetes-validations": [
+            Rule(
+                rule="isQuantity(self) && quantity(self).isGreaterThan(quantity('0'))",
+                message='spec.storage.size must be a positive size such as "10Gi"',
+            )
+        ]
+    },
+    "status.conditions": {
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["type"],
+    },
+}
+"""CRD-only additions to the Database schema: CEL admission rules and list types."""
+
+DATABASE_PRINTER_COLUMNS: tuple[PrinterColumn, ...] = (
+    PrinterColumn("Engine", ".spec.engine", description="postgres, mysql or mariadb"),
+    PrinterColumn("Version", ".spec.version", description="Engine version"),
+    PrinterColumn("Replicas", ".spec.replicas", "integer", "Servers wanted"),
+    PrinterColumn("Ready", ".status.readyReplicas", "integer", "Servers ready"),
+    PrinterColumn("Phase", ".status.phase", description="Lifecycle phase"),
+    PrinterColumn("Age", ".metadata.creationTimestamp", "date"),
+)
+
+
+def database_crd() -> dict[str, Any]:
+    """The Database CustomResourceDefinition."""
+    return crd_for(
+        v1alpha1.Database,
+        group=v1alpha1.GROUP,
+        version=v1alpha1.VERSION,
+        kind=v1alpha1.DATABASE_KIND,
+        plural=v1alpha1.DATABASE_PLURAL,
+        singular=v1alpha1.DATABASE_SINGULAR,
+        short_names=v1alpha1.DATABASE_SHORT_NAMES,
+        categories=("stateward",),
+        printer_columns=DATABASE_PRINTER_COLUMNS,
+        extras=DATABASE_EXTRAS,
+    )

@@ -634,3 +634,174 @@ class PostgresCluster(_Model):
     @property
     def image(self) -> str:
         return self.spec.image or f"{DEFAULT_IMAGE_REPOSITORY}:{self.spec.version}"
+
+
+# --- Database: one simple API for PostgreSQL, MySQL and MariaDB --------------------------------
+
+DATABASE_KIND = "Database"
+DATABASE_PLURAL = "databases"
+DATABASE_SINGULAR = "database"
+DATABASE_SHORT_NAMES = ("db",)
+DATABASE_MAX_REPLICAS = 10
+STORAGE_SIZE_PATTERN = "^[0-9]+[KMGT]i$"
+"""A binary quantity: digits and Ki, Mi, Gi or Ti ("10Gi")."""
+
+
+class Engine(enum.StrEnum):
+    POSTGRES = "postgres"
+    MYSQL = "mysql"
+    MARIADB = "mariadb"
+
+
+ENGINE_MAJOR_VERSIONS: dict[Engine, tuple[str, ...]] = {
+    Engine.POSTGRES: tuple(str(m) for m in SUPPORTED_MAJOR_VERSIONS),
+    Engine.MYSQL: ("8.0", "8.4"),
+    Engine.MARIADB: ("10.6", "10.11", "11.4", "11.8"),
+}
+"""The versions each engine supports, as majors: PostgreSQL's "17", MySQL's "8.4" and
+MariaDB's "10.11" (their release series); a version is a major, optionally with a minor or
+patch level ("17.2", "8.4.3", "10.11.9")."""
+
+
+def engine_version_pattern(engine: Engine) -> str:
+    """The versions of ``engine`` as one regular expression (RE2, CEL and Python alike)."""
+    majors = "|".join(m.replace(".", "[.]") for m in ENGINE_MAJOR_VERSIONS[engine])
+    suffix = "([.][0-9]{1,2})?" if engine is Engine.POSTGRES else "([.][0-9]{1,3})?"
+    return f"^({majors}){suffix}$"
+
+
+def engine_major(engine: Engine, version: str) -> str:
+    """The release series a version belongs to: "17" for PostgreSQL, "10.11" for MariaDB."""
+    parts = version.split(".")
+    return parts[0] if engine is Engine.POSTGRES else ".".join(parts[:2])
+
+
+class DatabaseStorage(_Model):
+    """Each instance's data volume."""
+
+    size: str = Field(max_length=16, pattern=STORAGE_SIZE_PATTERN)
+    """Size of each data volume, e.g. "10Gi" (Ki, Mi, Gi or Ti). It may grow (volumes are
+    expanded in place) but never shrink."""
+
+    storage_class_name: str | None = Field(default=None, max_length=253)
+    """StorageClass of the data volumes; the cluster's default when unset. Immutable."""
+
+
+class DatabaseSpec(_Model):
+    """The desired state of a database server and its replicas."""
+
+    engine: Engine
+    """postgres, mysql or mariadb. Immutable."""
+
+    version: str = Field(max_length=12)
+    """The engine's version: PostgreSQL "13" to "18", MySQL "8.0" or "8.4", MariaDB "10.6",
+    "10.11", "11.4" or "11.8", optionally with a minor or patch level ("17.2", "10.11.9").
+    Minor updates roll the pods; a major change is refused until upgrades exist."""
+
+    replicas: int = Field(ge=1, le=DATABASE_MAX_REPLICAS)
+    """Servers in total: one primary that takes writes and replicas - 1 read replicas."""
+
+    storage: DatabaseStorage
+    """Each server's data volume."""
+
+
+class DatabasePhase(enum.StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    UPDATING = "Updating"
+    FAILED = "Failed"
+    DELETING = "Deleting"
+
+
+class DatabaseStatus(_Model):
+    """The observed state of a Database."""
+
+    phase: DatabasePhase | None = None
+    """Pending (being created), Running, Updating, Failed or Deleting."""
+
+    ready_replicas: int = 0
+    """Servers that are ready."""
+
+    primary_pod: str | None = None
+    """The pod that takes writes."""
+
+    conditions: list[Condition] = Field(default_factory=list)
+    """Ready, Progressing and Degraded."""
+
+    observed_generation: int | None = None
+    """The spec generation the status describes."""
+
+
+class Database(_Model):
+    """A database server (PostgreSQL, MySQL or MariaDB) with replicas, managed by Stateward."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    api_version: str = API_VERSION
+    kind: str = DATABASE_KIND
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: DatabaseSpec
+    status: DatabaseStatus = Field(default_factory=DatabaseStatus)
+
+    @property
+    def name(self) -> str:
+        return str(self.metadata["name"])
+
+    @property
+    def namespace(self) -> str:
+        return str(self.metadata.get("namespace", "default"))
+
+    @property
+    def uid(self) -> str:
+        return str(self.metadata.get("uid", ""))
+
+    @property
+    def generation(self) -> int:
+        return int(self.metadata.get("generation", 0))
+
+    @property
+    def major(self) -> str:
+        return engine_major(self.spec.engine, self.spec.version)
+
+    # --- names of the children -------------------------------------------------------------
+
+    @property
+    def headless_service_name(self) -> str:
+        return f"{self.name}-headless"
+
+    @property
+    def primary_service_name(self) -> str:
+        return f"{self.name}-primary"
+
+    @property
+    def replicas_service_name(self) -> str:
+        return f"{self.name}-replicas"
+
+    @property
+    def config_map_name(self) -> str:
+        """The server configuration (MySQL and MariaDB)."""
+        return f"{self.name}-config"
+
+    @property
+    def credentials_secret_name(self) -> str:
+        """The root and replication passwords (MySQL and MariaDB), created once."""
+        return f"{self.name}-credentials"
+
+    @property
+    def app_secret_name(self) -> str:
+        """Connection details for applications: host, port, database, user, password, uri."""
+        return f"{self.name}-app"
+
+    @property
+    def image(self) -> str:
+        repository = DATABASE_IMAGE_REPOSITORIES[self.spec.engine]
+        return f"{repository}:{self.spec.version}"
+
+
+DATABASE_IMAGE_REPOSITORIES: dict[Engine, str] = {
+    Engine.POSTGRES: DEFAULT_IMAGE_REPOSITORY,
+    Engine.MARIADB: "ghcr.io/stateward/mariadb-instance",
+    Engine.MYSQL: "docker.io/library/mysql",
+}
+"""Each engine's default image: Stateward's PostgreSQL and MariaDB instance images (built
+locally, Containerfiles for registries), MySQL's official image."""

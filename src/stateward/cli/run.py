@@ -25,7 +25,7 @@ from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.authorization_v1 import SubjectAccessReview
 from lightkube.resources.core_v1 import Namespace
 
-from stateward.api import crd, manifests, v1alpha1
+from stateward.api import manifests, v1alpha1
 from stateward.controllers.kube import PostgresClusterResource
 from stateward.local import binaries
 from stateward.local.cluster import OPERATOR_USER, Config, LocalCluster, free_port_base
@@ -53,20 +53,25 @@ def say(message: str) -> None:
 
 
 def install_crds(client: Client) -> None:
-    definition: Any = CustomResourceDefinition.from_dict(crd.postgrescluster_crd())
-    client.apply(
-        definition,
-        field_manager="stateward-install",
-        force=True,
-    )
+    """Apply every CRD (PostgresCluster, Database) and wait until each is Established."""
+    names = []
+    for build in manifests.CRDS:
+        definition: Any = CustomResourceDefinition.from_dict(build())
+        client.apply(definition, field_manager="stateward-install", force=True)
+        names.append(definition.metadata.name)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        found = client.get(CustomResourceDefinition, f"{v1alpha1.PLURAL}.{v1alpha1.GROUP}")
-        conditions = (found.status.conditions if found.status else None) or []
-        if any(c.type == "Established" and c.status == "True" for c in conditions):
+        waiting = [name for name in names if not _established(client, name)]
+        if not waiting:
             return
         time.sleep(0.2)
-    raise RuntimeError("the PostgresCluster CRD did not become Established within 30s")
+    raise RuntimeError(f"the CRDs {', '.join(waiting)} did not become Established within 30s")
+
+
+def _established(client: Client, name: str) -> bool:
+    found = client.get(CustomResourceDefinition, name)
+    conditions = (found.status.conditions if found.status else None) or []
+    return any(c.type == "Established" and c.status == "True" for c in conditions)
 
 
 def ensure_namespace(client: Client, name: str) -> None:

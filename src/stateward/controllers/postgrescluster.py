@@ -10,13 +10,11 @@ end, and only if it changed.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from decimal import Decimal
 from typing import Any
 
 import pydantic
@@ -25,7 +23,7 @@ from lightkube import ApiError
 from stateward import specs
 from stateward.api import v1alpha1, validation
 from stateward.api.v1alpha1 import PostgresCluster
-from stateward.controllers import backups, diff
+from stateward.controllers import backups, core
 from stateward.controllers import conditions as cond
 from stateward.controllers.dataplane import DataPlane, start_switchover
 from stateward.controllers.kube import Body, Kube, Ref
@@ -56,25 +54,12 @@ IMMUTABLE_STATEFULSET_FIELDS = (
 )
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@dataclasses.dataclass
-class Scope:
+@dataclasses.dataclass(kw_only=True)
+class Scope(core.Scope):
     """One reconcile's view: the cluster, its observed children, and what was decided."""
 
     cluster: PostgresCluster
-    body: Body
-    kube: Kube
-    store: ObjectStore
-    now: str
-    conditions: list[dict[str, Any]]
     final_backup_attempts: int | None = None
-    notes: list[str] = dataclasses.field(default_factory=list)
-    requeue_after: float | None = None
-    degraded: list[tuple[str, str]] = dataclasses.field(default_factory=list)
-    progressing: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     switchover: dict[str, Any] | None = None
     """``status.switchover``: read at the start, updated by the switchover phases."""
     last_failover: dict[str, Any] | None = None
@@ -94,14 +79,16 @@ class Scope:
     _members: list[Member] | None = dataclasses.field(default=None, init=False, repr=False)
 
     @property
+    def name(self) -> str:
+        return self.cluster.name
+
+    @property
     def namespace(self) -> str:
         return self.cluster.namespace
 
-    def owned(self, kind: str) -> list[Body]:
-        return self.store.owned_by(self.namespace, self.cluster.name, kind)
-
-    def observed(self, kind: str, name: str) -> Body | None:
-        return self.store.get(kind, self.namespace, name)
+    @property
+    def generation(self) -> int:
+        return self.cluster.generation
 
     @property
     def members(self) -> list[Member]:
@@ -113,33 +100,15 @@ class Scope:
     def forget(self, kind: str, name: str) -> None:
         """A child this reconcile deleted: gone from the store, and from ``members`` too, so
         later phases do not act on a pod that is going away."""
-        self.store.forget(kind, self.namespace, name)
+        super().forget(kind, name)
         if kind == "Pod":
             self._members = None
 
     def observe(self, body: Body) -> None:
         """A child this reconcile changed: the store holds the new body for later phases."""
-        self.store.observe(body)
+        super().observe(body)
         if body.get("kind") == "Pod":
             self._members = None
-
-    def requeue(self, seconds: float) -> None:
-        if self.requeue_after is None or seconds < self.requeue_after:
-            self.requeue_after = seconds
-
-    def set_condition(self, type: str, status: bool | None, reason: str, message: str) -> None:
-        self.conditions = cond.set_condition(
-            self.conditions,
-            type=type,
-            status=status,
-            reason=reason,
-            message=message,
-            generation=self.cluster.generation,
-            now=self.now,
-        )
-
-    async def event(self, reason: str, message: str, *, warning: bool = False) -> None:
-        await self.kube.event(self.body, reason=reason, message=message, warning=warning)
 
 
 Phase = Callable[[Scope], Awaitable[str | None]]
@@ -169,7 +138,7 @@ class Reconciler:
             body=body,
             kube=self.kube,
             store=self.store,
-            now=_now(),
+            now=core.now(),
             conditions=[dict(c) for c in (body.get("status") or {}).get("conditions") or []],
             final_backup_attempts=(body.get("status") or {}).get("finalBackupAttempts"),
             switchover=(body.get("status") or {}).get("switchover"),
@@ -220,57 +189,20 @@ class Reconciler:
         return Outcome(requeue_after=scope.requeue_after)
 
 
-RECONCILE_FAILED = "ReconcileFailed"
-
-
-def failure_message(error: BaseException) -> str:
-    """What a user may read about a failed reconcile: the API server's own words for API
-    errors (they name objects, fields and quotas, never secret values), only the exception's
-    type otherwise (its text could carry anything)."""
-    if isinstance(error, ApiError):
-        status = error.status
-        return f"the API server refused a write: {status.code} {status.reason}: {status.message}"
-    return f"{type(error).__name__} while reconciling; the operator log has the details"
+RECONCILE_FAILED = core.RECONCILE_FAILED
+failure_message = core.failure_message
+replacing_patch = core.replacing_patch
 
 
 async def _report_failure(scope: Scope, error: BaseException, *, deleting: bool) -> None:
-    """Put a failed reconcile where the user looks: ``Degraded/ReconcileFailed`` and a
-    Warning Event (once per distinct message: the queue's backoff retries would otherwise
-    repeat it). The next successful reconcile recomputes Degraded and so clears it."""
-    if isinstance(error, ApiError) and error.status.code == 409:
-        return  # an optimistic write lost a race: the retry, from fresh observations, fixes it
-    message = failure_message(error)
-    previous = cond.get_condition(scope.conditions, "Degraded") or {}
-    scope.degraded.insert(0, (RECONCILE_FAILED, message))
-    try:
-        await write_status(scope, deleting=deleting)
-        if previous.get("reason") != RECONCILE_FAILED or previous.get("message") != message:
-            await scope.event(RECONCILE_FAILED, message, warning=True)
-    except Exception:
-        logger.exception("could not report the failed reconcile in status")
+    await core.report_failure(scope, error, lambda: write_status(scope, deleting=deleting))
 
 
 # --- phases ----------------------------------------------------------------------------------
 
 
 async def ensure_finalizer(scope: Scope) -> str | None:
-    finalizers = list(scope.body["metadata"].get("finalizers") or [])
-    if v1alpha1.FINALIZER in finalizers:
-        return None
-    # resourceVersion makes this an optimistic write: a concurrent change to the list fails
-    # with a conflict and is retried from fresh observations instead of being overwritten.
-    patched = await scope.kube.patch(
-        Ref.of(scope.body),
-        {
-            "metadata": {
-                "finalizers": [*finalizers, v1alpha1.FINALIZER],
-                "resourceVersion": scope.body["metadata"]["resourceVersion"],
-            }
-        },
-    )
-    scope.store.observe(patched)
-    scope.body = patched
-    return "added the finalizer"
+    return await core.ensure_finalizer(scope, v1alpha1.FINALIZER)
 
 
 def _data_volumes(scope: Scope) -> list[Body]:
@@ -383,63 +315,9 @@ async def apply_children(scope: Scope) -> str | None:
     cluster = scope.cluster
     desired = specs.children(cluster, patroni_config=config_spec.patroni_config(cluster))
     _hold_scale_down(scope, desired)
-    created: list[str] = []
-    updated: list[str] = []
-    pending: list[Body] = []
-    for built in desired:
-        kind, name = built["kind"], built["metadata"]["name"]
-        # A removal from the immutable fields could never be applied; those change by
-        # recreation, which containment detects.
-        child = diff.stamped(
-            built, exclude=IMMUTABLE_STATEFULSET_FIELDS if kind == "StatefulSet" else ()
-        )
-        observed = scope.observed(kind, name)
-        if observed is None:
-            created.append(f"{kind} {name}")
-            pending.append(child)
-            continue
-        drift = diff.drift(observed, child)
-        if not drift:
-            continue
-        if kind == "StatefulSet" and any(
-            path.startswith(field) for path in drift for field in IMMUTABLE_STATEFULSET_FIELDS
-        ):
-            await scope.kube.delete(Ref.of(observed), orphan=True)
-            scope.forget(kind, name)
-            await scope.event(
-                "StatefulSetRecreated",
-                f"Recreating StatefulSet {name} to change immutable fields"
-                f" ({', '.join(drift[:5])}); its pods keep running",
-            )
-        updated.append(f"{kind} {name} ({', '.join(drift[:5])})")
-        pending.append(child)
-    # Keep what succeeded even when one apply fails: the store must not forget a write that
-    # happened, or the next reconcile would see drift that is not there. RoleBindings go
-    # second: the API server lets a user without `bind` create one only after checking it
-    # holds every right of the bound Role, so the Role must exist first (sent together, the
-    # binding was refused with a NotFound on every new cluster's first reconcile).
-    waves = (
-        [child for child in pending if child["kind"] != "RoleBinding"],
-        [child for child in pending if child["kind"] == "RoleBinding"],
+    return await core.converge(
+        scope, desired, immutable={"StatefulSet": IMMUTABLE_STATEFULSET_FIELDS}
     )
-    results: list[Body | BaseException] = []
-    for wave in waves:
-        results += await asyncio.gather(
-            *(scope.kube.apply(child) for child in wave), return_exceptions=True
-        )
-    failures = [r for r in results if isinstance(r, BaseException)]
-    for applied in results:
-        if not isinstance(applied, BaseException):
-            scope.store.observe(applied)
-    if failures:
-        raise failures[0]
-    if created:
-        await scope.event("Created", f"Created {', '.join(created)}")
-    if updated:
-        await scope.event("Updated", f"Repaired or updated {'; '.join(updated)}")
-    notes = [f"created {', '.join(created)}"] if created else []
-    notes += [f"updated {'; '.join(updated)}"] if updated else []
-    return "; ".join(notes) or None
 
 
 def _hold_scale_down(scope: Scope, desired: list[Body]) -> None:
@@ -624,40 +502,8 @@ async def report_backups(scope: Scope) -> str | None:
     return f"backup {reason.lower()}: {newest.job}"
 
 
-def _quantity(text: str) -> Decimal:
-    value = validation.parse_quantity(text)
-    if value is None:  # admission refuses such sizes; an old stored object may still hold one
-        raise ValueError(f"not a quantity: {text!r}")
-    return value
-
-
 async def expand_volumes(scope: Scope) -> str | None:
-    wanted = _quantity(scope.cluster.spec.storage_size)
-    expanded: list[str] = []
-    for claim in _data_volumes(scope):
-        requested = claim["spec"]["resources"]["requests"]["storage"]
-        capacity = ((claim.get("status") or {}).get("capacity") or {}).get("storage")
-        if _quantity(requested) < wanted:
-            patched = await scope.kube.patch(
-                Ref.of(claim),
-                {"spec": {"resources": {"requests": {"storage": scope.cluster.spec.storage_size}}}},
-            )
-            scope.store.observe(patched)
-            expanded.append(claim["metadata"]["name"])
-        elif capacity is not None and _quantity(capacity) < wanted:
-            scope.progressing.append(
-                ("VolumeResizing", f"PVC {claim['metadata']['name']} is growing to {requested}")
-            )
-            scope.requeue(PROGRESS_RECHECK)
-    if expanded:
-        await scope.event(
-            "VolumeExpansion",
-            f"Expanding {', '.join(expanded)} to {scope.cluster.spec.storage_size}",
-        )
-        scope.progressing.append(("VolumeResizing", f"expanding {', '.join(expanded)}"))
-        scope.requeue(PROGRESS_RECHECK)
-        return f"expanding {', '.join(expanded)}"
-    return None
+    return await core.expand_volumes(scope, _data_volumes(scope), scope.cluster.spec.storage_size)
 
 
 def _pods(scope: Scope) -> list[Body]:
@@ -753,19 +599,7 @@ async def finalize(scope: Scope) -> str | None:
         if removed:
             await scope.event("VolumesDeleted", f"Deleted data volumes {', '.join(removed)}")
     await _delete_patroni_state(scope)
-    finalizers = [f for f in scope.body["metadata"]["finalizers"] if f != v1alpha1.FINALIZER]
-    await scope.kube.patch(
-        Ref.of(scope.body),
-        [
-            {
-                "op": "test",
-                "path": "/metadata/resourceVersion",
-                "value": scope.body["metadata"]["resourceVersion"],
-            },
-            {"op": "replace", "path": "/metadata/finalizers", "value": finalizers},
-        ],
-        json_patch=True,
-    )
+    await core.remove_finalizer(scope, v1alpha1.FINALIZER)
     return FINALIZER_REMOVED
 
 
@@ -1127,26 +961,7 @@ async def write_status(scope: Scope, *, deleting: bool) -> None:
         "lastFailover": scope.last_failover,
         "rollingRestart": scope.rolling_restart,
     }
-    status = {k: v for k, v in status.items() if v is not None}
-    if status == {k: v for k, v in current.items() if k in status} and set(current) <= set(status):
-        return
-    patch = {"status": replacing_patch(current, status)}
-    patched = await scope.kube.patch(Ref.of(scope.body), patch, status=True)
-    scope.store.observe(patched)
-
-
-def replacing_patch(current: Body, desired: Body) -> Body:
-    """A JSON merge patch that makes ``current`` equal to ``desired``: a merge patch merges
-    nested objects, so every key ``desired`` lacks is nulled, at every depth (a new failover
-    record must not keep the last one's cause). Lists are replaced whole anyway."""
-    patch: Body = {k: None for k in current if k not in desired}
-    for key, value in desired.items():
-        before = current.get(key)
-        if isinstance(value, dict) and isinstance(before, dict):
-            patch[key] = replacing_patch(before, value)
-        else:
-            patch[key] = value
-    return patch
+    await core.patch_status(scope, status)
 
 
 def members_status(scope: Scope) -> list[dict[str, Any]]:

@@ -33,6 +33,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pythonjsonlogger.json import JsonFormatter
 
 from stateward.api import v1alpha1
+from stateward.controllers.database import DatabaseReconciler
 from stateward.controllers.kube import FIELD_MANAGER, Kube
 from stateward.controllers.postgrescluster import Reconciler
 from stateward.controllers.queue import Outcome, WorkQueue
@@ -43,6 +44,14 @@ from stateward.runtime.leader import LeaderElector
 logger = logging.getLogger("stateward")
 
 MANAGED_BY = "app.kubernetes.io/managed-by=stateward"
+PRIMARY_KINDS = (v1alpha1.KIND, v1alpha1.DATABASE_KIND)
+"""The kinds users create and the operator reconciles: the work queue's keys are
+``(kind, namespace, name)``. A postgres Database owns a PostgresCluster, which is both."""
+PRIMARY_RESOURCES = (
+    (v1alpha1.GROUP, v1alpha1.VERSION, v1alpha1.PLURAL, v1alpha1.KIND),
+    (v1alpha1.GROUP, v1alpha1.VERSION, v1alpha1.DATABASE_PLURAL, v1alpha1.DATABASE_KIND),
+)
+Key = tuple[str, str, str]
 ALL_NAMESPACES = "*"  # lightkube's spelling of a cluster-wide list
 
 # (api group, version, plural, kind) of every child kind the operator watches.
@@ -110,7 +119,8 @@ class Operator:
         )
         self.store = ObjectStore()
         self.reconciler = Reconciler(self.kube, self.store)
-        self.queue: WorkQueue[tuple[str, str]] = WorkQueue(self._reconcile, workers=options.workers)
+        self.databases = DatabaseReconciler(self.kube, self.store)
+        self.queue: WorkQueue[Key] = WorkQueue(self._reconcile, workers=options.workers)
         self.kopf_ready = asyncio.Event()
         self.client = client
         self.endpoint = webhook.Endpoint(
@@ -123,37 +133,45 @@ class Operator:
         self.admission: webhook.AdmissionServer | None = None
         self.certificate_monitor: webhook.CertificateMonitor | None = None
 
-    async def _reconcile(self, key: tuple[str, str]) -> Outcome:
+    async def _reconcile(self, key: Key) -> Outcome:
+        kind, namespace, name = key
         started = time.monotonic()
         try:
-            outcome = await self.reconciler.reconcile(key)
+            if kind == v1alpha1.DATABASE_KIND:
+                outcome = await self.databases.reconcile((namespace, name))
+            else:
+                outcome = await self.reconciler.reconcile((namespace, name))
         except Exception:
-            metrics.RECONCILES.labels(v1alpha1.KIND, "error").inc()
-            metrics.RECONCILE_ERRORS.labels(v1alpha1.KIND).inc()
+            metrics.RECONCILES.labels(kind, "error").inc()
+            metrics.RECONCILE_ERRORS.labels(kind).inc()
             raise
         finally:
-            metrics.RECONCILE_SECONDS.labels(v1alpha1.KIND).observe(time.monotonic() - started)
+            metrics.RECONCILE_SECONDS.labels(kind).observe(time.monotonic() - started)
             metrics.QUEUE_DEPTH.set(len(self.queue))
-        metrics.RECONCILES.labels(v1alpha1.KIND, "success").inc()
+        metrics.RECONCILES.labels(kind, "success").inc()
         return outcome
 
     # --- watch events --------------------------------------------------------------------
 
     def on_cluster_event(self, event_type: str | None, body: dict[str, Any]) -> None:
+        """A PostgresCluster or a Database changed: reconcile it (unless only its status
+        moved), and its owner when it is a Database's PostgresCluster."""
         metadata = body["metadata"]
-        key = (metadata["namespace"], metadata["name"])
+        kind = body.get("kind") or v1alpha1.KIND
+        key = (kind, metadata["namespace"], metadata["name"])
         if event_type == "DELETED":
-            self.store.forget(v1alpha1.KIND, *key)
+            self.store.forget(*key)
             self.queue.forget(key)
-            return
-        previous = self.store.get(v1alpha1.KIND, *key)
-        self.store.observe(body)
+        else:
+            previous = self.store.get(*key)
+            self.store.observe(body)
+            # Status-only updates (ours, mostly) change neither generation nor metadata we
+            # act on; reacting to them would only make a second, empty reconcile.
+            if previous is None or not _same_intent(previous, body):
+                self.queue.add(key)
         metrics.WATCHED_OBJECTS.set(len(self.store))
-        # Status-only updates (ours, mostly) change neither generation nor metadata we act
-        # on; reacting to them would only make a second, empty reconcile.
-        if previous is not None and _same_intent(previous, body):
-            return
-        self.queue.add(key)
+        if kind == v1alpha1.KIND:
+            self._enqueue_owners(metadata, exclude=kind)
 
     def on_child_event(self, event_type: str | None, body: dict[str, Any]) -> None:
         metadata = body["metadata"]
@@ -163,9 +181,18 @@ class Operator:
         else:
             self.store.observe(body)
         metrics.WATCHED_OBJECTS.set(len(self.store))
+        self._enqueue_owners(metadata)
+
+    def _enqueue_owners(self, metadata: dict[str, Any], exclude: str = "") -> None:
+        """Every known PostgresCluster or Database that the object's cluster label names:
+        a postgres Database and its PostgresCluster share a name and both follow the pods."""
         cluster = (metadata.get("labels") or {}).get(CLUSTER_LABEL)
-        if cluster and self.store.get(v1alpha1.KIND, namespace, cluster) is not None:
-            self.queue.add((namespace, cluster))
+        if not cluster:
+            return
+        namespace = metadata.get("namespace", "")
+        for kind in PRIMARY_KINDS:
+            if kind != exclude and self.store.get(kind, namespace, cluster) is not None:
+                self.queue.add((kind, namespace, cluster))
 
     async def _reclaim_signals(self, stop: asyncio.Event) -> None:
         """Kopf installs its own SIGINT/SIGTERM handlers when it starts; take them back.
@@ -187,17 +214,17 @@ class Operator:
         new term as well-informed as every later one (and a restart write nothing).
         """
         kinds = [(f"{g}/{v}" if g else v, kind) for g, v, _plural, kind in CHILD_RESOURCES]
-        kinds.append((v1alpha1.API_VERSION, v1alpha1.KIND))
+        kinds += [(v1alpha1.API_VERSION, kind) for kind in PRIMARY_KINDS]
         listed = await asyncio.gather(
             *(
-                self.kube.list_objects(api_version, kind, namespace, labels)
+                self.kube.list_objects(
+                    api_version,
+                    kind,
+                    namespace,
+                    {} if kind in PRIMARY_KINDS else {"app.kubernetes.io/managed-by": "stateward"},
+                )
                 for namespace in self.options.watch_namespaces or (ALL_NAMESPACES,)
                 for api_version, kind in kinds
-                for labels in (
-                    [{}]
-                    if kind == v1alpha1.KIND
-                    else [{"app.kubernetes.io/managed-by": "stateward"}]
-                )
             )
         )
         for bodies in listed:
@@ -209,8 +236,12 @@ class Operator:
         while True:
             await self._ensure_webhook_configuration()
             await asyncio.sleep(self.options.resync_interval)
-            for key in self.store.names(v1alpha1.KIND):
-                self.queue.add(key)
+            self._enqueue_all()
+
+    def _enqueue_all(self) -> None:
+        for kind in PRIMARY_KINDS:
+            for namespace, name in self.store.names(kind):
+                self.queue.add((kind, namespace, name))
 
     async def _ensure_webhook_configuration(self) -> None:
         if self.certificate is None:
@@ -296,17 +327,19 @@ class Operator:
                 return kopf.login_with_service_account(**kwargs)
             return kopf.login_with_kubeconfig(**kwargs)
 
-        @kopf.on.event(
-            v1alpha1.GROUP,
-            v1alpha1.VERSION,
-            v1alpha1.PLURAL,
-            id="observe-postgresclusters",
-            registry=registry,
-        )
-        async def cluster_event(*, event: Any, **_: Any) -> None:
-            # Async on purpose: Kopf runs sync handlers in a thread pool, and the store and
-            # the queue belong to the event loop.
-            self.on_cluster_event(event.get("type"), event["object"])
+        for group, version, plural, kind in PRIMARY_RESOURCES:
+
+            async def cluster_event(*, event: Any, _kind: str = kind, **_: Any) -> None:
+                # Async on purpose: Kopf runs sync handlers in a thread pool, and the store
+                # and the queue belong to the event loop.
+                body = event["object"]
+                if "kind" not in body:
+                    body = {**body, "kind": _kind}
+                self.on_cluster_event(event.get("type"), body)
+
+            kopf.on.event(group, version, plural, id=f"observe-{plural}", registry=registry)(
+                cluster_event
+            )
 
         for group, version, plural, kind in CHILD_RESOURCES:
 
@@ -388,6 +421,7 @@ class Operator:
         metrics.LEADER.set(1)
         self.store = ObjectStore()
         self.reconciler = Reconciler(self.kube, self.store)
+        self.databases = DatabaseReconciler(self.kube, self.store)
         self.kopf_ready.clear()
         kopf_stop = asyncio.Event()
         kopf_task = asyncio.create_task(
@@ -411,8 +445,7 @@ class Operator:
                     await asyncio.wait_for(stop.wait(), self.options.retry_period)
                 return "retry"
             self.queue.start()
-            for key in self.store.names(v1alpha1.KIND):
-                self.queue.add(key)
+            self._enqueue_all()
             resync = asyncio.create_task(self.resync())
             await _first(stop.wait(), self.elector.lost.wait(), kopf_task)
         finally:

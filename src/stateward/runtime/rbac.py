@@ -124,6 +124,13 @@ def cluster_role() -> dict[str, Any]:
     rules.allow(v1alpha1.GROUP, [v1alpha1.PLURAL], ("get", "list", "patch", "update", "watch"))
     rules.allow(v1alpha1.GROUP, [f"{v1alpha1.PLURAL}/status"], ("get", "patch", "update"))
     rules.allow(v1alpha1.GROUP, [f"{v1alpha1.PLURAL}/finalizers"], ("update",))
+    # Databases: the same, and a postgres Database creates and deletes its PostgresCluster.
+    rules.allow(
+        v1alpha1.GROUP, [v1alpha1.DATABASE_PLURAL], ("get", "list", "patch", "update", "watch")
+    )
+    rules.allow(v1alpha1.GROUP, [f"{v1alpha1.DATABASE_PLURAL}/status"], ("get", "patch", "update"))
+    rules.allow(v1alpha1.GROUP, [f"{v1alpha1.DATABASE_PLURAL}/finalizers"], ("update",))
+    rules.allow(v1alpha1.GROUP, [v1alpha1.PLURAL], ("create", "delete"))
     rules.allow("", ["events"], ("create", "patch"))
     rules.allow("storage.k8s.io", ["storageclasses"], ("get",))
     # A failing primary's node: an out-of-service taint proves it cannot accept writes

@@ -1,8 +1,9 @@
-"""Labels, owner references and object metadata shared by every child of a PostgresCluster."""
+"""Labels, owner references and object metadata shared by every child of a PostgresCluster
+or a Database."""
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from stateward.api import v1alpha1
 from stateward.instance import patroni
@@ -38,10 +39,26 @@ BACKUP_COMPONENT: Final = "backup"
 """Backup pods, their Job and CronJob, and the backup repository."""
 
 
-def labels(cluster: v1alpha1.PostgresCluster, *, component: str | None = None) -> dict[str, str]:
+class Owner(Protocol):
+    """What children need of the object that owns them (a PostgresCluster or a Database)."""
+
+    api_version: str
+    kind: str
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def namespace(self) -> str: ...
+
+    @property
+    def uid(self) -> str: ...
+
+
+def labels(cluster: Owner, *, component: str | None = None, app: str = APP_NAME) -> dict[str, str]:
     """The standard labels every child carries, plus the component where one applies."""
     result = {
-        NAME_LABEL: APP_NAME,
+        NAME_LABEL: app,
         INSTANCE_LABEL: cluster.name,
         MANAGED_BY_LABEL: MANAGER,
         CLUSTER_LABEL: cluster.name,
@@ -64,13 +81,13 @@ def selector_labels(cluster: v1alpha1.PostgresCluster) -> dict[str, str]:
     }
 
 
-def owner_reference(cluster: v1alpha1.PostgresCluster) -> Object:
+def owner_reference(cluster: Owner) -> Object:
     """A controller reference to ``cluster``: its children go when it goes."""
     if not cluster.uid:
-        raise ValueError(f"PostgresCluster {cluster.name!r} has no metadata.uid")
+        raise ValueError(f"{cluster.kind} {cluster.name!r} has no metadata.uid")
     return {
-        "apiVersion": v1alpha1.API_VERSION,
-        "kind": v1alpha1.KIND,
+        "apiVersion": cluster.api_version,
+        "kind": cluster.kind,
         "name": cluster.name,
         "uid": cluster.uid,
         "controller": True,
@@ -79,18 +96,19 @@ def owner_reference(cluster: v1alpha1.PostgresCluster) -> Object:
 
 
 def object_meta(
-    cluster: v1alpha1.PostgresCluster,
+    cluster: Owner,
     name: str,
     *,
     component: str | None = None,
     extra_labels: dict[str, str] | None = None,
     owned: bool = True,
+    app: str = APP_NAME,
 ) -> Object:
     """``metadata`` of a child named ``name`` in the cluster's namespace."""
     meta: Object = {
         "name": name,
         "namespace": cluster.namespace,
-        "labels": {**labels(cluster, component=component), **(extra_labels or {})},
+        "labels": {**labels(cluster, component=component, app=app), **(extra_labels or {})},
     }
     if owned:
         meta["ownerReferences"] = [owner_reference(cluster)]

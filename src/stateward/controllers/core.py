@@ -1,0 +1,304 @@
+"""The reconciler core that every resource (PostgresCluster, Database) runs on.
+
+A resource's reconciler is an ordered list of phases over a :class:`Scope`: what was
+observed of the object and its children (the store, fed by watches), and what the phases
+decided (conditions, notes, a requeue). The pieces here are the ones that do not depend on
+the resource: the finalizer, converging children by server-side apply (zero writes when
+nothing drifted), volume growth, the status patch written once and only when it changed, and
+putting a failed reconcile where users look.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from decimal import Decimal
+from typing import Any, TypeVar
+
+from lightkube import ApiError
+
+from stateward.api import validation
+from stateward.controllers import conditions as cond
+from stateward.controllers import diff
+from stateward.controllers.kube import Body, Kube, Ref
+from stateward.controllers.store import ObjectStore
+
+logger = logging.getLogger(__name__)
+
+RECONCILE_FAILED = "ReconcileFailed"
+PROGRESS_RECHECK = 5.0
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclasses.dataclass(kw_only=True)
+class Scope:
+    """One reconcile's view of one object: its body, its observed children, and what the
+    phases decided. Resources extend it with their own model and records."""
+
+    body: Body
+    kube: Kube
+    store: ObjectStore
+    now: str
+    conditions: list[dict[str, Any]]
+    notes: list[str] = dataclasses.field(default_factory=list)
+    requeue_after: float | None = None
+    degraded: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    progressing: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return str(self.body["metadata"]["name"])
+
+    @property
+    def namespace(self) -> str:
+        return str(self.body["metadata"].get("namespace", ""))
+
+    @property
+    def generation(self) -> int:
+        return int(self.body["metadata"].get("generation") or 0)
+
+    def owned(self, kind: str) -> list[Body]:
+        return self.store.owned_by(self.namespace, self.name, kind)
+
+    def observed(self, kind: str, name: str) -> Body | None:
+        return self.store.get(kind, self.namespace, name)
+
+    def forget(self, kind: str, name: str) -> None:
+        """A child this reconcile deleted: gone from the store for later phases."""
+        self.store.forget(kind, self.namespace, name)
+
+    def observe(self, body: Body) -> None:
+        """A child this reconcile changed: the store holds the new body for later phases."""
+        self.store.observe(body)
+
+    def requeue(self, seconds: float) -> None:
+        if self.requeue_after is None or seconds < self.requeue_after:
+            self.requeue_after = seconds
+
+    def set_condition(self, type: str, status: bool | None, reason: str, message: str) -> None:
+        self.conditions = cond.set_condition(
+            self.conditions,
+            type=type,
+            status=status,
+            reason=reason,
+            message=message,
+            generation=self.generation,
+            now=self.now,
+        )
+
+    async def event(self, reason: str, message: str, *, warning: bool = False) -> None:
+        await self.kube.event(self.body, reason=reason, message=message, warning=warning)
+
+
+S = TypeVar("S", bound=Scope)
+Phase = Callable[[S], Awaitable[str | None]]
+"""One step of a reconcile: returns a sentence saying what it did or why it waits."""
+
+
+async def report_failure(
+    scope: Scope, error: BaseException, write_status: Callable[[], Awaitable[None]]
+) -> None:
+    """Put a failed reconcile where the user looks: ``Degraded/ReconcileFailed`` and a
+    Warning Event (once per distinct message: the queue's backoff retries would otherwise
+    repeat it). The next successful reconcile recomputes Degraded and so clears it."""
+    if is_conflict(error):
+        return
+    message = failure_message(error)
+    previous = cond.get_condition(scope.conditions, "Degraded") or {}
+    scope.degraded.insert(0, (RECONCILE_FAILED, message))
+    try:
+        await write_status()
+        if previous.get("reason") != RECONCILE_FAILED or previous.get("message") != message:
+            await scope.event(RECONCILE_FAILED, message, warning=True)
+    except Exception:
+        logger.exception("could not report the failed reconcile in status")
+
+
+# --- phases every resource shares ---------------------------------------------------------
+
+
+async def ensure_finalizer(scope: Scope, finalizer: str) -> str | None:
+    finalizers = list(scope.body["metadata"].get("finalizers") or [])
+    if finalizer in finalizers:
+        return None
+    # resourceVersion makes this an optimistic write: a concurrent change to the list fails
+    # with a conflict and is retried from fresh observations instead of being overwritten.
+    patched = await scope.kube.patch(
+        Ref.of(scope.body),
+        {
+            "metadata": {
+                "finalizers": [*finalizers, finalizer],
+                "resourceVersion": scope.body["metadata"]["resourceVersion"],
+            }
+        },
+    )
+    scope.store.observe(patched)
+    scope.body = patched
+    return "added the finalizer"
+
+
+async def remove_finalizer(scope: Scope, finalizer: str) -> None:
+    """Drop ``finalizer``, only from the body this reconcile saw (a test of the
+    resourceVersion): a change made meanwhile is seen by the next reconcile first."""
+    finalizers = [f for f in scope.body["metadata"].get("finalizers") or [] if f != finalizer]
+    await scope.kube.patch(
+        Ref.of(scope.body),
+        [
+            {
+                "op": "test",
+                "path": "/metadata/resourceVersion",
+                "value": scope.body["metadata"]["resourceVersion"],
+            },
+            {"op": "replace", "path": "/metadata/finalizers", "value": finalizers},
+        ],
+        json_patch=True,
+    )
+
+
+async def converge(
+    scope: Scope, desired: Iterable[Body], *, immutable: dict[str, tuple[str, ...]] | None = None
+) -> str | None:
+    """Apply every desired child whose observed state does not contain it, or that was last
+    applied from another desired object (a field we stopped setting is pruned so).
+
+    ``immutable`` names, per kind, fields the API server refuses to change: a change to one
+    is made by deleting the object with orphan propagation (a StatefulSet's pods keep
+    running) and applying it anew. The applies go out concurrently; one Event names
+    everything created and one everything repaired.
+    """
+    immutable = immutable or {}
+    created: list[str] = []
+    updated: list[str] = []
+    pending: list[Body] = []
+    for built in desired:
+        kind, name = built["kind"], built["metadata"]["name"]
+        fixed = immutable.get(kind, ())
+        # A removal from the immutable fields could never be applied; those change by
+        # recreation, which containment detects.
+        child = diff.stamped(built, exclude=fixed)
+        observed = scope.observed(kind, name)
+        if observed is None:
+            created.append(f"{kind} {name}")
+            pending.append(child)
+            continue
+        drift = diff.drift(observed, child)
+        if not drift:
+            continue
+        if any(path.startswith(field) for path in drift for field in fixed):
+            await scope.kube.delete(Ref.of(observed), orphan=True)
+            scope.forget(kind, name)
+            await scope.event(
+                f"{kind}Recreated",
+                f"Recreating {kind} {name} to change immutable fields"
+                f" ({', '.join(drift[:5])}); its pods keep running",
+            )
+        updated.append(f"{kind} {name} ({', '.join(drift[:5])})")
+        pending.append(child)
+    # Keep what succeeded even when one apply fails: the store must not forget a write that
+    # happened, or the next reconcile would see drift that is not there. RoleBindings go
+    # second: the API server lets a user without `bind` create one only after checking it
+    # holds every right of the bound Role, so the Role must exist first.
+    waves = (
+        [child for child in pending if child["kind"] != "RoleBinding"],
+        [child for child in pending if child["kind"] == "RoleBinding"],
+    )
+    results: list[Body | BaseException] = []
+    for wave in waves:
+        results += await asyncio.gather(
+            *(scope.kube.apply(child) for child in wave), return_exceptions=True
+        )
+    failures = [r for r in results if isinstance(r, BaseException)]
+    for applied in results:
+        if not isinstance(applied, BaseException):
+            scope.store.observe(applied)
+    if failures:
+        raise failures[0]
+    if created:
+        await scope.event("Created", f"Created {', '.join(created)}")
+    if updated:
+        await scope.event("Updated", f"Repaired or updated {'; '.join(updated)}")
+    notes = [f"created {', '.join(created)}"] if created else []
+    notes += [f"updated {'; '.join(updated)}"] if updated else []
+    return "; ".join(notes) or None
+
+
+def quantity(text: str) -> Decimal:
+    value = validation.parse_quantity(text)
+    if value is None:  # admission refuses such sizes; an old stored object may still hold one
+        raise ValueError(f"not a quantity: {text!r}")
+    return value
+
+
+async def expand_volumes(scope: Scope, claims: Iterable[Body], size: str) -> str | None:
+    """Grow every claim below ``size`` in place (the StorageClass must allow expansion)."""
+    wanted = quantity(size)
+    expanded: list[str] = []
+    for claim in claims:
+        requested = claim["spec"]["resources"]["requests"]["storage"]
+        capacity = ((claim.get("status") or {}).get("capacity") or {}).get("storage")
+        if quantity(requested) < wanted:
+            patched = await scope.kube.patch(
+                Ref.of(claim), {"spec": {"resources": {"requests": {"storage": size}}}}
+            )
+            scope.store.observe(patched)
+            expanded.append(claim["metadata"]["name"])
+        elif capacity is not None and quantity(capacity) < wanted:
+            scope.progressing.append(
+                ("VolumeResizing", f"PVC {claim['metadata']['name']} is growing to {requested}")
+            )
+            scope.requeue(PROGRESS_RECHECK)
+    if expanded:
+        await scope.event("VolumeExpansion", f"Expanding {', '.join(expanded)} to {size}")
+        scope.progressing.append(("VolumeResizing", f"expanding {', '.join(expanded)}"))
+        scope.requeue(PROGRESS_RECHECK)
+        return f"expanding {', '.join(expanded)}"
+    return None
+
+
+# --- status --------------------------------------------------------------------------------
+
+
+async def patch_status(scope: Scope, status: dict[str, Any]) -> None:
+    """Make ``status`` the object's status with one patch, and none when it already is."""
+    status = {k: v for k, v in status.items() if v is not None}
+    current = dict(scope.body.get("status") or {})
+    if status == {k: v for k, v in current.items() if k in status} and set(current) <= set(status):
+        return
+    patch = {"status": replacing_patch(current, status)}
+    patched = await scope.kube.patch(Ref.of(scope.body), patch, status=True)
+    scope.store.observe(patched)
+
+
+def replacing_patch(current: Body, desired: Body) -> Body:
+    """A JSON merge patch that makes ``current`` equal to ``desired``: a merge patch merges
+    nested objects, so every key ``desired`` lacks is nulled, at every depth (a new failover
+    record must not keep the last one's cause). Lists are replaced whole anyway."""
+    patch: Body = {k: None for k in current if k not in desired}
+    for key, value in desired.items():
+        before = current.get(key)
+        if isinstance(value, dict) and isinstance(before, dict):
+            patch[key] = replacing_patch(before, value)
+        else:
+            patch[key] = value
+    return patch
+
+
+def failure_message(error: BaseException) -> str:
+    """What a user may read about a failed reconcile: the API server's own words for API
+    errors (they name objects, fields and quotas, never secret values), only the exception's
+    type otherwise (its text could carry anything)."""
+    if isinstance(error, ApiError):
+        status = error.status
+        return f"the API server refused a write: {status.code} {status.reason}: {status.message}"
+    return f"{type(error).__name__} while reconciling; the operator log has the details"
+
+
+def is_conflict(error: BaseException) -> bool:
+    """An optimistic write lost a race: the retry, from fresh observations, fixes it."""
+    return isinstance(error, ApiError) and error.status.code == 409

@@ -1,0 +1,477 @@
+"""The Database reconciler: the same core as PostgresCluster's (``controllers.core``), with
+phases per engine.
+
+* ``postgres``: the Database owns a PostgresCluster of its name (``specs.database``) and
+  reports that cluster's state as its own; the PostgresCluster reconciler runs the data plane.
+* ``mysql`` and ``mariadb``: the Database owns the servers' StatefulSet, Services,
+  configuration and credentials (``specs.mysql``), and drives replication over SQL
+  (``controllers.mysql``).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pydantic
+from lightkube import ApiError
+
+from stateward.api import v1alpha1
+from stateward.api.v1alpha1 import Database, DatabasePhase, Engine
+from stateward.controllers import conditions as cond
+from stateward.controllers import core
+from stateward.controllers import mysql as servers
+from stateward.controllers.kube import Body, Kube, Ref
+from stateward.controllers.queue import Outcome
+from stateward.controllers.store import ObjectStore
+from stateward.specs import database as database_spec
+from stateward.specs import meta, secrets
+from stateward.specs import mysql as mysql_spec
+
+logger = logging.getLogger(__name__)
+
+FINALIZER = v1alpha1.FINALIZER
+IMMUTABLE_STATEFULSET_FIELDS = (
+    ".spec.volumeClaimTemplates",
+    ".spec.selector",
+    ".spec.serviceName",
+    ".spec.podManagementPolicy",
+)
+RECHECK = 5.0
+"""Seconds between looks at servers that are not settled yet (SQL state has no watch)."""
+DELETE_RECHECK = 2.0
+UNSATISFIABLE_RECHECK = 30.0
+
+
+@dataclasses.dataclass(kw_only=True)
+class Scope(core.Scope):
+    database: Database
+    primary: str | None = None
+    """The primary the status names (MySQL, MariaDB): read at the start, set by the plan."""
+
+
+class DatabaseReconciler:
+    def __init__(self, kube: Kube, store: ObjectStore) -> None:
+        self.kube = kube
+        self.store = store
+        self._credentials: dict[tuple[str, str], tuple[str, servers.Credentials]] = {}
+
+    async def reconcile(self, key: tuple[str, str]) -> Outcome:
+        namespace, name = key
+        body = self.store.get(v1alpha1.DATABASE_KIND, namespace, name)
+        if body is None:
+            self._credentials.pop(key, None)
+            return Outcome()
+        try:
+            database = Database.model_validate(body)
+        except pydantic.ValidationError as error:
+            logger.warning("%s/%s has an invalid spec: %s", namespace, name, error)
+            return Outcome()
+        status = body.get("status") or {}
+        scope = Scope(
+            database=database,
+            body=body,
+            kube=self.kube,
+            store=self.store,
+            now=core.now(),
+            conditions=[dict(c) for c in status.get("conditions") or []],
+            primary=status.get("primaryPod"),
+        )
+        deleting = bool(body["metadata"].get("deletionTimestamp"))
+        try:
+            for phase in self._phases(database.spec.engine, deleting=deleting):
+                note = await phase(scope)
+                if note:
+                    scope.notes.append(note)
+                if note == FINALIZER_REMOVED:
+                    logger.info("%s/%s: %s", namespace, name, "; ".join(scope.notes))
+                    return Outcome()
+        except _Stop as stop:
+            scope.notes.append(str(stop))
+            scope.requeue(UNSATISFIABLE_RECHECK)
+        except Exception as error:
+            await core.report_failure(scope, error, lambda: write_status(scope, deleting=deleting))
+            raise
+        await write_status(scope, deleting=deleting)
+        if scope.notes:
+            logger.info("%s/%s: %s", namespace, name, "; ".join(scope.notes))
+        return Outcome(requeue_after=scope.requeue_after)
+
+    def _phases(self, engine: Engine, *, deleting: bool) -> list[core.Phase[Scope]]:
+        if deleting:
+            return [finalize]
+        if engine is Engine.POSTGRES:
+            return [ensure_finalizer, check_name, apply_postgres_cluster]
+        return [
+            ensure_finalizer,
+            check_name,
+            ensure_secrets,
+            apply_servers,
+            expand_volumes,
+            self.replicate,
+        ]
+
+    # --- MySQL and MariaDB replication ----------------------------------------------------
+
+    async def replicate(self, scope: Scope) -> str | None:
+        """Choose the primary, make it writable, point every other server at it, and label
+        the pods for the Services (``controllers.mysql.plan``)."""
+        database = scope.database
+        pods = _server_pods(scope)
+        if not pods:
+            return None
+        credentials = await self._credentials_of(scope)
+        if credentials is None:
+            return "waiting for the credentials Secret"
+        observed = [
+            servers.Server(
+                pod=pod["metadata"]["name"],
+                ready=_ready(pod),
+                role=(pod["metadata"].get("labels") or {}).get(meta.ROLE_LABEL),
+                **await servers.observe(_ip(pod), credentials, database.spec.engine),
+            )
+            for pod in pods
+        ]
+        decided = servers.plan(database, observed, scope.primary)
+        notes: list[str] = []
+        by_pod = {pod["metadata"]["name"]: pod for pod in pods}
+        if decided.promote is not None:
+            await servers.promote(
+                _ip(by_pod[decided.promote]) or "", credentials, database.spec.engine
+            )
+            await scope.event(
+                "PrimaryElected", f"{decided.promote} is the primary and takes writes"
+            )
+            notes.append(f"made {decided.promote} the primary")
+        for pod in decided.fence:
+            await servers.fence(_ip(by_pod[pod]) or "", credentials, database.spec.engine)
+            await scope.event(
+                "ServerFenced",
+                f"{pod} was writable but is not the primary: made read-only",
+                warning=True,
+            )
+            notes.append(f"made {pod} read-only")
+        if decided.primary is not None:
+            source = servers.host_of(database, decided.primary)
+            for pod in decided.follow:
+                await servers.follow(
+                    _ip(by_pod[pod]) or "", credentials, database.spec.engine, source
+                )
+                notes.append(f"pointed {pod} at {decided.primary}")
+        for pod, role in decided.labels.items():
+            patched = await scope.kube.patch(
+                Ref.of(by_pod[pod]), {"metadata": {"labels": {meta.ROLE_LABEL: role}}}
+            )
+            scope.observe(patched)
+        scope.primary = decided.primary
+        if decided.waiting:
+            scope.progressing.append(("NoPrimary", decided.waiting))
+        if (
+            decided.waiting
+            or decided.follow
+            or decided.promote
+            or any(not s.replicating for s in observed if s.pod != decided.primary)
+        ):
+            scope.requeue(RECHECK)
+        return "; ".join(notes) or None
+
+    async def _credentials_of(self, scope: Scope) -> servers.Credentials | None:
+        """The root and replication passwords, read from the Secret (the store keeps no
+        Secret data) when its resourceVersion changed; kept in memory only."""
+        name = scope.database.credentials_secret_name
+        observed = scope.observed("Secret", name)
+        if observed is None:
+            return None
+        version = observed["metadata"].get("resourceVersion", "")
+        key = (scope.namespace, scope.name)
+        cached = self._credentials.get(key)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        found = await scope.kube.get("v1", "Secret", scope.namespace, name)
+        if found is None:
+            return None
+        data = found.get("data") or {}
+        try:
+            credentials = servers.Credentials(
+                root_password=base64.b64decode(data[mysql_spec.ROOT_PASSWORD_KEY]).decode(),
+                replication_password=base64.b64decode(
+                    data[mysql_spec.REPLICATION_PASSWORD_KEY]
+                ).decode(),
+            )
+        except (KeyError, ValueError):
+            scope.degraded.append(
+                ("SecretInvalid", f"Secret {name} lacks {mysql_spec.ROOT_PASSWORD_KEY} or"
+                 f" {mysql_spec.REPLICATION_PASSWORD_KEY}; restore it from your backup")
+            )  # fmt: skip
+            return None
+        self._credentials[key] = (version, credentials)
+        return credentials
+
+
+FINALIZER_REMOVED = "removed the finalizer"
+
+
+# --- phases ------------------------------------------------------------------------------------
+
+
+async def ensure_finalizer(scope: Scope) -> str | None:
+    return await core.ensure_finalizer(scope, FINALIZER)
+
+
+def _main_child(scope: Scope) -> tuple[str, str]:
+    """The child that holds the data: its kind and name."""
+    if scope.database.spec.engine is Engine.POSTGRES:
+        return v1alpha1.KIND, scope.name
+    return "StatefulSet", scope.name
+
+
+async def check_name(scope: Scope) -> str | None:
+    """The Database's children take its name; one that exists and belongs to another owner
+    (a PostgresCluster a user created, say) is never taken over."""
+    kind, name = _main_child(scope)
+    observed = scope.observed(kind, name)
+    if observed is None:
+        return None
+    owners = [r for r in observed["metadata"].get("ownerReferences") or [] if r.get("controller")]
+    if any(r.get("uid") == scope.database.uid for r in owners):
+        return None
+    message = (
+        f"a {kind} named {name} already exists and does not belong to this Database;"
+        " rename the Database (or the other object)"
+    )
+    previous = cond.get_condition(scope.conditions, "Degraded") or {}
+    if previous.get("reason") != "NameTaken":
+        await scope.event("NameTaken", message, warning=True)
+    scope.degraded.append(("NameTaken", message))
+    raise _Stop(message)
+
+
+class _Stop(Exception):
+    """A phase found that nothing more can be done until the user acts (already reported)."""
+
+
+async def apply_postgres_cluster(scope: Scope) -> str | None:
+    return await core.converge(scope, [database_spec.postgres_cluster(scope.database)])
+
+
+async def ensure_secrets(scope: Scope) -> str | None:
+    database = scope.database
+    made: list[str] = []
+    builders: tuple[tuple[str, Callable[[], Body]], ...] = (
+        (
+            database.credentials_secret_name,
+            lambda: mysql_spec.credentials_secret(
+                database,
+                root_password=secrets.generate_password(),
+                replication_password=secrets.generate_password(),
+            ),
+        ),
+        (
+            database.app_secret_name,
+            lambda: mysql_spec.app_secret(database, password=secrets.generate_password()),
+        ),
+    )
+    for name, build in builders:
+        if scope.observed("Secret", name) is not None:
+            continue
+        if _data_volumes(scope):
+            message = (
+                f"Secret {name} is missing but the data volumes exist; restore the Secret from"
+                " your backup of it. Stateward does not generate new passwords for existing data."
+            )
+            if not cond.is_true(scope.conditions, "Degraded"):
+                await scope.event("SecretMissing", message, warning=True)
+            scope.degraded.append(("SecretMissing", message))
+            raise _Stop(message)
+        try:
+            created = await scope.kube.create(build())
+        except ApiError as error:
+            if error.status.code != 409:
+                raise
+            continue
+        scope.observe(created)
+        made.append(name)
+    if made:
+        await scope.event("SecretCreated", f"Generated credentials in {', '.join(made)}")
+        return f"created {', '.join(made)}"
+    return None
+
+
+async def apply_servers(scope: Scope) -> str | None:
+    return await core.converge(
+        scope,
+        mysql_spec.children(scope.database),
+        immutable={"StatefulSet": IMMUTABLE_STATEFULSET_FIELDS},
+    )
+
+
+async def expand_volumes(scope: Scope) -> str | None:
+    return await core.expand_volumes(scope, _data_volumes(scope), scope.database.spec.storage.size)
+
+
+async def finalize(scope: Scope) -> str | None:
+    """Delete what holds the data — the PostgresCluster (its own finalizer deletes its
+    volumes), or the StatefulSet and then its volumes — and let the Database go only when
+    nothing of it is left."""
+    if FINALIZER not in (scope.body["metadata"].get("finalizers") or []):
+        return None
+    kind, name = _main_child(scope)
+    child = scope.observed(kind, name)
+    owned = child is not None and any(
+        r.get("uid") == scope.database.uid for r in child["metadata"].get("ownerReferences") or []
+    )
+    if owned and child is not None:
+        if not child["metadata"].get("deletionTimestamp"):
+            await scope.kube.delete(Ref.of(child))
+            await scope.event("Deleting", f"Deleting {kind} {name}")
+        scope.requeue(DELETE_RECHECK)
+        return f"waiting for {kind} {name} to go"
+    claims = _data_volumes(scope)
+    for claim in claims:
+        if not claim["metadata"].get("deletionTimestamp"):
+            await scope.kube.delete(Ref.of(claim))
+    if claims:
+        scope.requeue(DELETE_RECHECK)
+        return f"waiting for the volumes {', '.join(c['metadata']['name'] for c in claims)}"
+    await core.remove_finalizer(scope, FINALIZER)
+    return FINALIZER_REMOVED
+
+
+# --- status ------------------------------------------------------------------------------------
+
+
+async def write_status(scope: Scope, *, deleting: bool) -> None:
+    if scope.database.spec.engine is Engine.POSTGRES:
+        status = _postgres_status(scope, deleting=deleting)
+    else:
+        status = _servers_status(scope, deleting=deleting)
+    await core.patch_status(scope, status)
+
+
+def _summary(scope: Scope) -> None:
+    if scope.degraded:
+        reason, message = scope.degraded[0]
+        scope.set_condition("Degraded", True, reason, message)
+    else:
+        scope.set_condition("Degraded", False, "AsExpected", "")
+    if scope.progressing:
+        reason, message = scope.progressing[0]
+        scope.set_condition("Progressing", True, reason, message)
+    else:
+        scope.set_condition("Progressing", False, "Converged", "")
+
+
+def _postgres_status(scope: Scope, *, deleting: bool) -> dict[str, Any]:
+    """The PostgresCluster's state as the Database's: its phase mapped, its Ready, Progressing
+    and Degraded conditions taken over (a Degraded of our own comes first)."""
+    cluster = scope.observed(v1alpha1.KIND, scope.name) or {}
+    mine = (cluster.get("metadata") or {}).get("ownerReferences") or []
+    if not any(r.get("uid") == scope.database.uid for r in mine):
+        cluster = {}
+    status = cluster.get("status") or {}
+    theirs = {c["type"]: c for c in status.get("conditions") or []}
+    for kind in ("Ready", "Progressing", "Degraded"):
+        condition = theirs.get(kind)
+        if kind == "Degraded" and scope.degraded:
+            continue
+        if condition is not None:
+            scope.set_condition(
+                kind,
+                {"True": True, "False": False}.get(condition.get("status", "")),
+                condition.get("reason", "Unknown"),
+                condition.get("message", ""),
+            )
+    if scope.degraded:
+        reason, message = scope.degraded[0]
+        scope.set_condition("Degraded", True, reason, message)
+    if not theirs.get("Ready"):
+        scope.set_condition("Ready", False, "Creating", f"PostgresCluster {scope.name} is starting")
+    phase = DatabasePhase.DELETING if deleting else database_spec.phase_of(status.get("phase"))
+    if scope.degraded and phase is DatabasePhase.PENDING:
+        phase = DatabasePhase.FAILED
+    return {
+        "phase": phase.value,
+        "readyReplicas": int(status.get("readyReplicas") or 0),
+        "primaryPod": status.get("primaryPod"),
+        "conditions": scope.conditions,
+        "observedGeneration": scope.generation,
+    }
+
+
+def _servers_status(scope: Scope, *, deleting: bool) -> dict[str, Any]:
+    wanted = scope.database.spec.replicas
+    statefulset = scope.observed("StatefulSet", scope.name) or {}
+    ready = int((statefulset.get("status") or {}).get("readyReplicas") or 0)
+    pods = _server_pods(scope)
+    replicas = [
+        p
+        for p in pods
+        if (p["metadata"].get("labels") or {}).get(meta.ROLE_LABEL) == meta.REPLICA_ROLE
+    ]
+    primary = scope.primary if scope.primary in {p["metadata"]["name"] for p in pods} else None
+    is_ready = ready == wanted and primary is not None and len(replicas) == wanted - 1
+    if is_ready:
+        scope.set_condition(
+            "Ready", True, "AllServersReady", f"{ready}/{wanted} ready, primary {primary}"
+        )
+    elif primary is None:
+        scope.set_condition("Ready", False, "NoPrimary", f"{ready}/{wanted} ready, no primary yet")
+    else:
+        scope.set_condition(
+            "Ready", False, "ServersNotReady",
+            f"{ready}/{wanted} ready, {len(replicas)} of {wanted - 1} replicas replicating",
+        )  # fmt: skip
+    if not is_ready and not scope.progressing:
+        scope.progressing.append(("ServersStarting", f"{ready}/{wanted} ready"))
+    _summary(scope)
+    if deleting:
+        phase = DatabasePhase.DELETING
+    elif scope.degraded:
+        phase = DatabasePhase.FAILED
+    elif is_ready:
+        phase = DatabasePhase.RUNNING
+    elif (scope.body.get("status") or {}).get("phase") in (None, DatabasePhase.PENDING.value):
+        phase = DatabasePhase.PENDING
+    else:
+        phase = DatabasePhase.UPDATING
+    return {
+        "phase": phase.value,
+        "readyReplicas": ready,
+        "primaryPod": primary,
+        "conditions": scope.conditions,
+        "observedGeneration": scope.generation,
+    }
+
+
+# --- observations ------------------------------------------------------------------------------
+
+
+def _data_volumes(scope: Scope) -> list[Body]:
+    return [
+        claim
+        for claim in scope.owned("PersistentVolumeClaim")
+        if (claim["metadata"].get("labels") or {}).get(meta.COMPONENT_LABEL)
+        == meta.INSTANCE_COMPONENT
+    ]
+
+
+def _server_pods(scope: Scope) -> list[Body]:
+    selector = mysql_spec.selector_labels(scope.database)
+    return [
+        pod
+        for pod in scope.owned("Pod")
+        if all((pod["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())
+        and not pod["metadata"].get("deletionTimestamp")
+    ]
+
+
+def _ready(pod: Body) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _ip(pod: Body) -> str | None:
+    return (pod.get("status") or {}).get("podIP")

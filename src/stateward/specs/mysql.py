@@ -1,0 +1,426 @@
+"""The children of a MySQL or MariaDB Database: a StatefulSet of servers, three Services, the
+server configuration, the credentials. Pure: the model in, the objects out.
+
+Every server starts read-only with binary logging and GTIDs on; the operator chooses the
+primary, makes it writable and points the others at it (``controllers.mysql``), and labels
+the pods by role so the ``-primary`` and ``-replicas`` Services follow. A server that comes
+back after losing its role (the old primary of a failover) is therefore never writable until
+the operator says so.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from typing import Final
+
+from stateward.api import v1alpha1
+from stateward.specs import meta, pods
+
+PORT: Final = 3306
+PORT_NAME: Final = "mysql"
+CONTAINER: Final = "database"
+DATA_VOLUME: Final = "data"
+CONFIG_VOLUME: Final = "config"
+RUN_VOLUME: Final = "run"
+TMP_VOLUME: Final = "tmp"
+CONFIG_DIR: Final = "/etc/stateward"
+DATA_MOUNT: Final = "/var/lib/mysql"
+RUN_DIR: Final = "/run/mysqld"
+SOCKET: Final = f"{RUN_DIR}/mysqld.sock"
+UID: Final = 999
+"""The mysql user of both images (Debian's mariadb-server, the official MySQL image)."""
+REPLICATION_USER: Final = "replicator"
+APP_USER: Final = "app"
+APP_DATABASE: Final = "app"
+ROOT_PASSWORD_KEY: Final = "root-password"  # noqa: S105 - key names
+REPLICATION_PASSWORD_KEY: Final = "replication-password"  # noqa: S105
+APP_PASSWORD_KEY: Final = "password"  # noqa: S105
+TERMINATION_GRACE_PERIOD_SECONDS: Final = 60
+"""A clean shutdown flushes InnoDB; killed sooner, the server only runs crash recovery."""
+
+
+def selector_labels(database: v1alpha1.Database) -> dict[str, str]:
+    """The server pods of ``database`` and nothing else (immutable in the StatefulSet)."""
+    return {
+        meta.NAME_LABEL: database.spec.engine.value,
+        meta.CLUSTER_LABEL: database.name,
+        meta.COMPONENT_LABEL: meta.INSTANCE_COMPONENT,
+    }
+
+
+def _meta(database: v1alpha1.Database, name: str, *, component: str | None = None) -> meta.Object:
+    return meta.object_meta(database, name, component=component, app=database.spec.engine.value)
+
+
+# --- configuration ----------------------------------------------------------------------------
+
+_COMMON = """\
+bind-address = 0.0.0.0
+port = {port}
+socket = {socket}
+skip-name-resolve
+# Every server starts read-only: only the operator makes the primary writable.
+read-only = ON
+log-bin = binlog
+binlog-format = ROW
+max-connections = 200
+innodb-buffer-pool-size = 128M
+"""
+
+MARIADB_CONFIG = (
+    "[mariadbd]\n"
+    + _COMMON
+    + """\
+log-slave-updates = ON
+gtid-strict-mode = ON
+# Semi-synchronous replication: a commit is acknowledged after a replica has it (received
+# before the commit returns: AFTER_SYNC), so losing the primary loses no acknowledged write.
+rpl-semi-sync-master-enabled = ON
+rpl-semi-sync-slave-enabled = ON
+rpl-semi-sync-master-wait-point = AFTER_SYNC
+rpl-semi-sync-master-timeout = 10000
+"""
+)
+MYSQL_CONFIG = (
+    "[mysqld]\n"
+    + _COMMON
+    + """\
+super-read-only = ON
+gtid-mode = ON
+enforce-gtid-consistency = ON
+log-replica-updates = ON
+skip-replica-start = ON
+"""
+)
+
+MARIADB_ENTRYPOINT = """\
+#!/bin/bash
+# Initializes an empty data directory once (users and the application database, kept out
+# of the binary log: every server makes its own), then runs the server read-only with a
+# server id from the pod's ordinal.
+set -euo pipefail
+ordinal="${HOSTNAME##*-}"
+datadir=/var/lib/mysql/data
+config=/etc/stateward/my.cnf
+if [ ! -d "$datadir/mysql" ]; then
+  mariadb-install-db --defaults-file="$config" --datadir="$datadir" \\
+    --auth-root-authentication-method=normal --skip-test-db >/dev/null
+  mariadbd --defaults-file="$config" --datadir="$datadir" --skip-networking \\
+    --skip-log-bin --socket=/run/mysqld/init.sock &
+  server=$!
+  until mariadb-admin --socket=/run/mysqld/init.sock ping >/dev/null 2>&1; do
+    kill -0 "$server"  # the server died: fail, the kubelet restarts the container
+    sleep 0.5
+  done
+  mariadb --socket=/run/mysqld/init.sock <<SQL
+SET sql_log_bin = 0;
+ALTER USER 'root'@'localhost' IDENTIFIED BY '${ROOT_PASSWORD}';
+CREATE USER 'root'@'%' IDENTIFIED BY '${ROOT_PASSWORD}';
+GRANT ALL ON *.* TO 'root'@'%' WITH GRANT OPTION;
+CREATE USER 'replicator'@'%' IDENTIFIED BY '${REPLICATION_PASSWORD}';
+GRANT REPLICATION SLAVE, REPLICATION CLIENT, SLAVE MONITOR ON *.* TO 'replicator'@'%';
+CREATE DATABASE app;
+CREATE USER 'app'@'%' IDENTIFIED BY '${APP_PASSWORD}';
+GRANT ALL ON app.* TO 'app'@'%';
+SQL
+  mariadb-admin --socket=/run/mysqld/init.sock --password="${ROOT_PASSWORD}" shutdown
+  wait "$server" || true
+fi
+exec mariadbd --defaults-file="$config" --datadir="$datadir" --server-id=$((ordinal + 1))
+"""
+
+MYSQL_INIT = """\
+#!/bin/bash
+# Run once by the official image's entrypoint on an empty data directory: the replication
+# user (the root and application users come from its MYSQL_* variables).
+mysql --protocol=socket -uroot -p"${MYSQL_ROOT_PASSWORD}" <<SQL
+SET sql_log_bin = 0;
+CREATE USER 'replicator'@'%' IDENTIFIED BY '${REPLICATION_PASSWORD}';
+GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO 'replicator'@'%';
+SQL
+"""
+
+
+def config_files(database: v1alpha1.Database) -> dict[str, str]:
+    """The ConfigMap's files: the server configuration and the start-up script."""
+    if database.spec.engine is v1alpha1.Engine.MARIADB:
+        return {
+            "my.cnf": MARIADB_CONFIG.format(port=PORT, socket=SOCKET),
+            "entrypoint.sh": MARIADB_ENTRYPOINT,
+        }
+    return {
+        "my.cnf": MYSQL_CONFIG.format(port=PORT, socket=SOCKET),
+        "replication.sh": MYSQL_INIT,
+    }
+
+
+def config_hash(files: dict[str, str]) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        digest.update(f"{name}\0{files[name]}\0".encode())
+    return digest.hexdigest()[:16]
+
+
+def config_map(database: v1alpha1.Database, files: dict[str, str]) -> meta.Object:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(database, database.config_map_name),
+        "data": dict(files),
+    }
+
+
+# --- credentials ----------------------------------------------------------------------------
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def credentials_secret(
+    database: v1alpha1.Database, *, root_password: str, replication_password: str
+) -> meta.Object:
+    """``NAME-credentials``: the root and replication passwords, for the servers and the
+    operator only."""
+    if not root_password or not replication_password:
+        raise ValueError(f"Secret {database.credentials_secret_name!r}: empty password")
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(database, database.credentials_secret_name),
+        "type": "Opaque",
+        "data": {
+            "root-user": _b64("root"),
+            ROOT_PASSWORD_KEY: _b64(root_password),
+            "replication-user": _b64(REPLICATION_USER),
+            REPLICATION_PASSWORD_KEY: _b64(replication_password),
+        },
+    }
+
+
+def app_secret(database: v1alpha1.Database, *, password: str) -> meta.Object:
+    """``NAME-app``: what an application needs to connect to the primary."""
+    if not password:
+        raise ValueError(f"Secret {database.app_secret_name!r}: empty password")
+    host = f"{database.primary_service_name}.{database.namespace}.svc"
+    scheme = "mariadb" if database.spec.engine is v1alpha1.Engine.MARIADB else "mysql"
+    # The password is URL-safe base64 and the names plain identifiers: nothing to escape.
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(database, database.app_secret_name),
+        "type": "kubernetes.io/basic-auth",
+        "data": {
+            "username": _b64(APP_USER),
+            APP_PASSWORD_KEY: _b64(password),
+            "host": _b64(host),
+            "port": _b64(str(PORT)),
+            "dbname": _b64(APP_DATABASE),
+            "user": _b64(APP_USER),
+            "uri": _b64(f"{scheme}://{APP_USER}:{password}@{host}:{PORT}/{APP_DATABASE}"),
+            "jdbc-uri": _b64(
+                f"jdbc:{scheme}://{host}:{PORT}/{APP_DATABASE}?user={APP_USER}&password={password}"
+            ),
+        },
+    }
+
+
+# --- Services --------------------------------------------------------------------------------
+
+
+def services(database: v1alpha1.Database) -> list[meta.Object]:
+    """Headless (stable pod names, also before they are ready), primary (read-write) and
+    replicas (read-only): the last two select on the role label the operator sets."""
+    selector = selector_labels(database)
+    port = {"name": PORT_NAME, "port": PORT}
+
+    def service(name: str, selector: dict[str, str], **extra: object) -> meta.Object:
+        return {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": _meta(database, name),
+            "spec": {**extra, "selector": selector, "ports": [port]},
+        }
+
+    return [
+        service(
+            database.headless_service_name,
+            selector,
+            clusterIP="None",
+            publishNotReadyAddresses=True,
+        ),
+        service(database.primary_service_name, {**selector, meta.ROLE_LABEL: meta.PRIMARY_ROLE}),
+        service(database.replicas_service_name, {**selector, meta.ROLE_LABEL: meta.REPLICA_ROLE}),
+    ]
+
+
+def pod_disruption_budget(database: v1alpha1.Database) -> meta.Object:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(database, database.name, component=meta.INSTANCE_COMPONENT),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": selector_labels(database)},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
+# --- the StatefulSet ---------------------------------------------------------------------------
+
+
+def statefulset(database: v1alpha1.Database, *, config_hash: str) -> meta.Object:
+    """``NAME``: the servers; ``config_hash`` marks the configuration they run."""
+    volume_claim: meta.Object = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": database.spec.storage.size}},
+    }
+    if database.spec.storage.storage_class_name is not None:
+        volume_claim["storageClassName"] = database.spec.storage.storage_class_name
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _meta(database, database.name, component=meta.INSTANCE_COMPONENT),
+        "spec": {
+            "replicas": database.spec.replicas,
+            "serviceName": database.headless_service_name,
+            "podManagementPolicy": "Parallel",
+            # The operator replaces pods itself, replicas first.
+            "updateStrategy": {"type": "OnDelete"},
+            "selector": {"matchLabels": selector_labels(database)},
+            "template": _pod_template(database, config_hash),
+            "volumeClaimTemplates": [
+                {
+                    "metadata": {
+                        "name": DATA_VOLUME,
+                        "labels": meta.labels(
+                            database,
+                            component=meta.INSTANCE_COMPONENT,
+                            app=database.spec.engine.value,
+                        ),
+                    },
+                    "spec": volume_claim,
+                }
+            ],
+        },
+    }
+
+
+def _pod_template(database: v1alpha1.Database, config_hash: str) -> meta.Object:
+    labels = {
+        **meta.labels(database, component=meta.INSTANCE_COMPONENT, app=database.spec.engine.value),
+        **selector_labels(database),
+    }
+    return {
+        "metadata": {
+            "labels": labels,
+            "annotations": {meta.CONFIG_HASH_ANNOTATION: config_hash},
+        },
+        "spec": {
+            "enableServiceLinks": False,
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": TERMINATION_GRACE_PERIOD_SECONDS,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": UID,
+                "runAsGroup": UID,
+                "fsGroup": UID,
+                "fsGroupChangePolicy": "OnRootMismatch",
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "affinity": {
+                "podAntiAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {
+                            "weight": 100,
+                            "podAffinityTerm": {
+                                "labelSelector": {"matchLabels": selector_labels(database)},
+                                "topologyKey": "kubernetes.io/hostname",
+                            },
+                        }
+                    ]
+                }
+            },
+            "containers": [_container(database)],
+            "volumes": [
+                {"name": CONFIG_VOLUME, "configMap": {"name": database.config_map_name}},
+                pods.empty_dir(RUN_VOLUME),
+                pods.empty_dir(TMP_VOLUME),
+            ],
+        },
+    }
+
+
+def _container(database: v1alpha1.Database) -> meta.Object:
+    credentials = database.credentials_secret_name
+    env = [
+        pods.secret_env("ROOT_PASSWORD", secret=credentials, key=ROOT_PASSWORD_KEY),
+        pods.secret_env("REPLICATION_PASSWORD", secret=credentials, key=REPLICATION_PASSWORD_KEY),
+        pods.secret_env("APP_PASSWORD", secret=database.app_secret_name, key=APP_PASSWORD_KEY),
+    ]
+    mounts: list[meta.Object] = [
+        {"name": DATA_VOLUME, "mountPath": DATA_MOUNT},
+        {"name": RUN_VOLUME, "mountPath": RUN_DIR},
+        {"name": TMP_VOLUME, "mountPath": "/tmp"},  # noqa: S108 - an emptyDir
+    ]
+    if database.spec.engine is v1alpha1.Engine.MARIADB:
+        command = ["bash", f"{CONFIG_DIR}/entrypoint.sh"]
+        mounts.append({"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True})
+        probe = ["mariadb-admin", f"--socket={SOCKET}", "ping"]
+    else:
+        # The official image's entrypoint initializes the data directory from MYSQL_*.
+        command = [
+            "bash",
+            "-c",
+            "exec docker-entrypoint.sh mysqld --defaults-extra-file=/etc/mysql/conf.d/my.cnf"
+            " --datadir=/var/lib/mysql/data --server-id=$(( ${HOSTNAME##*-} + 1 ))",
+        ]
+        env += [
+            pods.secret_env("MYSQL_ROOT_PASSWORD", secret=credentials, key=ROOT_PASSWORD_KEY),
+            {"name": "MYSQL_DATABASE", "value": APP_DATABASE},
+            {"name": "MYSQL_USER", "value": APP_USER},
+            pods.secret_env(
+                "MYSQL_PASSWORD", secret=database.app_secret_name, key=APP_PASSWORD_KEY
+            ),
+        ]
+        mounts += [
+            {"name": CONFIG_VOLUME, "mountPath": "/etc/mysql/conf.d/my.cnf", "subPath": "my.cnf",
+             "readOnly": True},
+            {"name": CONFIG_VOLUME, "mountPath": "/docker-entrypoint-initdb.d/replication.sh",
+             "subPath": "replication.sh", "readOnly": True},
+        ]  # fmt: skip
+        probe = ["mysqladmin", f"--socket={SOCKET}", "ping"]
+    return {
+        "name": CONTAINER,
+        "image": database.image,
+        "command": command,
+        "ports": [{"name": PORT_NAME, "containerPort": PORT}],
+        "env": env,
+        "volumeMounts": mounts,
+        "startupProbe": _exec_probe(probe, period=2, failures=150),
+        "livenessProbe": _exec_probe(probe, period=10, failures=6),
+        "readinessProbe": _exec_probe(probe, period=2, failures=2),
+        "securityContext": pods.container_security_context(),
+    }
+
+
+def _exec_probe(command: list[str], *, period: int, failures: int) -> meta.Object:
+    return {
+        "exec": {"command": command},
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
+
+
+def children(database: v1alpha1.Database) -> list[meta.Object]:
+    """Every applied child, in apply order (the Secrets are created once, apart)."""
+    files = config_files(database)
+    return [
+        config_map(database, files),
+        *services(database),
+        pod_disruption_budget(database),
+        statefulset(database, config_hash=config_hash(files)),
+    ]
