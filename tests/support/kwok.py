@@ -21,8 +21,10 @@ def simulate(stages: str) -> str:
 
     * Job pods whose image ends in ``:simulate-failure`` fail instead of completing: the
       stand-in for a backup that breaks, so failure handling can be exercised.
-    * A database pod with no role yet gets one, as Patroni would label it after bootstrap:
+    * A PostgreSQL pod with no role yet gets one, as Patroni would label it after bootstrap:
       ordinal 0 ``primary``, the others ``replica``. Pods that already carry a role keep it.
+      (MySQL and MariaDB pods get none: their roles come from the operator over SQL, which
+      no simulated pod answers.)
     """
     documents = [d for d in yaml.safe_load_all(stages) if d]
     not_simulated_failure = {
@@ -103,6 +105,7 @@ spec:
         expression: >-
           has(self.metadata.labels) &&
           'stateward.io/cluster' in self.metadata.labels &&
+          self.metadata.labels['app.kubernetes.io/name'] == 'postgresql' &&
           'statefulset.kubernetes.io/pod-name' in self.metadata.labels &&
           !('{ROLE_LABEL}' in self.metadata.labels)
   next:

@@ -10,6 +10,7 @@ phases per engine.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import logging
@@ -126,14 +127,17 @@ class DatabaseReconciler:
         credentials = await self._credentials_of(scope)
         if credentials is None:
             return "waiting for the credentials Secret"
+        answers = await asyncio.gather(
+            *(servers.observe(_ip(pod), credentials, database.spec.engine) for pod in pods)
+        )
         observed = [
             servers.Server(
                 pod=pod["metadata"]["name"],
                 ready=_ready(pod),
                 role=(pod["metadata"].get("labels") or {}).get(meta.ROLE_LABEL),
-                **await servers.observe(_ip(pod), credentials, database.spec.engine),
+                **answer,
             )
-            for pod in pods
+            for pod, answer in zip(pods, answers, strict=True)
         ]
         decided = servers.plan(database, observed, scope.primary)
         notes: list[str] = []
@@ -450,11 +454,16 @@ def _servers_status(scope: Scope, *, deleting: bool) -> dict[str, Any]:
 
 
 def _data_volumes(scope: Scope) -> list[Body]:
+    """The servers' volumes (MySQL, MariaDB): the claims their StatefulSet made, recognized
+    by its selector labels (a PostgresCluster's of the same name carry another app name; a
+    postgres Database's volumes are its PostgresCluster's business)."""
+    if scope.database.spec.engine is Engine.POSTGRES:
+        return []
+    selector = mysql_spec.selector_labels(scope.database)
     return [
         claim
         for claim in scope.owned("PersistentVolumeClaim")
-        if (claim["metadata"].get("labels") or {}).get(meta.COMPONENT_LABEL)
-        == meta.INSTANCE_COMPONENT
+        if all((claim["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())
     ]
 
 

@@ -29,6 +29,10 @@ PostgresClusterResource = create_namespaced_resource(
     v1alpha1.GROUP, v1alpha1.VERSION, v1alpha1.KIND, v1alpha1.PLURAL
 )
 """The lightkube resource class of PostgresCluster, registered once, here."""
+DatabaseResource = create_namespaced_resource(
+    v1alpha1.GROUP, v1alpha1.VERSION, v1alpha1.DATABASE_KIND, v1alpha1.DATABASE_PLURAL
+)
+"""The lightkube resource class of Database."""
 
 
 class NotLeader(Exception):

@@ -1,0 +1,178 @@
+"""A Database's children, for each engine: names, owner references, labels, and the
+settings that matter (pure builders)."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import pytest
+
+from stateward.api.v1alpha1 import Database, DatabasePhase, Engine
+from stateward.specs import database as database_spec
+from stateward.specs import meta
+from stateward.specs import mysql as mysql_spec
+
+pytestmark = pytest.mark.unit
+
+
+def make_database(engine: str = "mariadb", **spec: Any) -> Database:
+    versions = {"postgres": "17", "mysql": "8.4", "mariadb": "10.11"}
+    return Database.model_validate(
+        {
+            "metadata": {"name": "shop", "namespace": "apps", "uid": "uid-9", "generation": 2},
+            "spec": {
+                "engine": engine,
+                "version": versions[engine],
+                "replicas": 3,
+                "storage": {"size": "2Gi"},
+                **spec,
+            },
+        }
+    )
+
+
+def owner_of(body: dict[str, Any]) -> dict[str, Any]:
+    (owner,) = body["metadata"]["ownerReferences"]
+    return owner
+
+
+def test_a_postgres_database_is_a_postgrescluster_with_defaults_for_the_rest() -> None:
+    child = database_spec.postgres_cluster(
+        make_database("postgres", storage={"size": "5Gi", "storageClassName": "fast"})
+    )
+    assert child["kind"] == "PostgresCluster" and child["metadata"]["name"] == "shop"
+    assert child["spec"] == {
+        "version": "17",
+        "replicas": 3,
+        "storageSize": "5Gi",
+        "storageClassName": "fast",
+    }
+    assert owner_of(child) == {
+        "apiVersion": "stateward.io/v1alpha1",
+        "kind": "Database",
+        "name": "shop",
+        "uid": "uid-9",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    assert child["metadata"]["labels"][meta.CLUSTER_LABEL] == "shop"
+
+
+def test_only_postgres_databases_have_a_postgrescluster() -> None:
+    with pytest.raises(ValueError, match="mariadb, not postgres"):
+        database_spec.postgres_cluster(make_database("mariadb"))
+
+
+@pytest.mark.parametrize(
+    ("phase", "expected"),
+    [
+        ("Creating", DatabasePhase.PENDING),
+        ("Ready", DatabasePhase.RUNNING),
+        ("Updating", DatabasePhase.UPDATING),
+        ("Failing", DatabasePhase.FAILED),
+        ("Deleting", DatabasePhase.DELETING),
+        (None, DatabasePhase.PENDING),
+    ],
+)
+def test_a_postgresclusters_phase_as_the_database_reports_it(
+    phase: str | None, expected: DatabasePhase
+) -> None:
+    assert database_spec.phase_of(phase) is expected
+
+
+@pytest.mark.parametrize("engine", ["mysql", "mariadb"])
+def test_servers_children_are_owned_labelled_and_named(engine: str) -> None:
+    database = make_database(engine)
+    children = mysql_spec.children(database)
+    assert [(c["kind"], c["metadata"]["name"]) for c in children] == [
+        ("ConfigMap", "shop-config"),
+        ("Service", "shop-headless"),
+        ("Service", "shop-primary"),
+        ("Service", "shop-replicas"),
+        ("PodDisruptionBudget", "shop"),
+        ("StatefulSet", "shop"),
+    ]
+    for child in children:
+        assert owner_of(child)["kind"] == "Database"
+        labels = child["metadata"]["labels"]
+        assert labels[meta.NAME_LABEL] == engine
+        assert labels[meta.MANAGED_BY_LABEL] == "stateward"
+        assert labels[meta.CLUSTER_LABEL] == "shop"
+
+
+def test_services_route_by_the_role_the_operator_labels() -> None:
+    headless, primary, replicas = mysql_spec.services(make_database())
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["publishNotReadyAddresses"] is True
+    assert primary["spec"]["selector"][meta.ROLE_LABEL] == meta.PRIMARY_ROLE
+    assert replicas["spec"]["selector"][meta.ROLE_LABEL] == meta.REPLICA_ROLE
+    for service in (headless, primary, replicas):
+        assert service["spec"]["ports"] == [{"name": "mysql", "port": 3306}]
+
+
+def test_the_statefulset_runs_the_engines_image_with_credentials_from_secrets() -> None:
+    database = make_database("mariadb", storage={"size": "3Gi", "storageClassName": "local"})
+    files = mysql_spec.config_files(database)
+    sts = mysql_spec.statefulset(database, config_hash=mysql_spec.config_hash(files))
+    spec = sts["spec"]
+    assert spec["replicas"] == 3 and spec["updateStrategy"] == {"type": "OnDelete"}
+    assert spec["selector"]["matchLabels"] == mysql_spec.selector_labels(database)
+    (claim,) = spec["volumeClaimTemplates"]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "3Gi"
+    assert claim["spec"]["storageClassName"] == "local"
+    (container,) = spec["template"]["spec"]["containers"]
+    assert container["image"] == "ghcr.io/stateward/mariadb-instance:10.11"
+    env = {e["name"]: e for e in container["env"]}
+    assert "value" not in env["ROOT_PASSWORD"], "a password inlined into the pod spec"
+    assert env["ROOT_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": "shop-credentials",
+        "key": "root-password",
+    }
+    assert env["APP_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "shop-app"
+    annotations = spec["template"]["metadata"]["annotations"]
+    assert annotations[meta.CONFIG_HASH_ANNOTATION] == mysql_spec.config_hash(files)
+    assert spec["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+def test_every_server_starts_read_only_with_gtids_and_binary_logs() -> None:
+    mariadb = mysql_spec.config_files(make_database("mariadb"))["my.cnf"]
+    mysql = mysql_spec.config_files(make_database("mysql"))["my.cnf"]
+    for text in (mariadb, mysql):
+        assert "read-only = ON" in text and "log-bin" in text and "binlog-format = ROW" in text
+    assert "gtid-strict-mode = ON" in mariadb and "rpl-semi-sync-master-enabled = ON" in mariadb
+    assert "gtid-mode = ON" in mysql and "super-read-only = ON" in mysql
+
+
+def test_a_configuration_change_changes_the_hash() -> None:
+    files = mysql_spec.config_files(make_database())
+    changed = {**files, "my.cnf": files["my.cnf"] + "max-connections = 300\n"}
+    assert mysql_spec.config_hash(files) != mysql_spec.config_hash(changed)
+
+
+def decoded(secret: dict[str, Any]) -> dict[str, str]:
+    return {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+
+
+def test_credentials_and_the_application_secret() -> None:
+    database = make_database("mariadb")
+    credentials = decoded(
+        mysql_spec.credentials_secret(database, root_password="r00t", replication_password="rep")
+    )
+    assert credentials["root-password"] == "r00t"
+    assert credentials["replication-password"] == "rep"
+    app = decoded(mysql_spec.app_secret(database, password="pw"))
+    assert app["host"] == "shop-primary.apps.svc" and app["port"] == "3306"
+    assert app["uri"] == "mariadb://app:pw@shop-primary.apps.svc:3306/app"
+    assert decoded(mysql_spec.app_secret(make_database("mysql"), password="pw"))[
+        "uri"
+    ].startswith("mysql://")
+    with pytest.raises(ValueError, match="empty password"):
+        mysql_spec.app_secret(database, password="")
+
+
+def test_default_images_per_engine() -> None:
+    assert make_database("postgres").image == "ghcr.io/stateward/postgres-instance:17"
+    assert make_database("mysql").image == "docker.io/library/mysql:8.4"
+    assert make_database("mariadb").image == "ghcr.io/stateward/mariadb-instance:10.11"
+    assert make_database("mariadb").spec.engine is Engine.MARIADB
