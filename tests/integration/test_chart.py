@@ -154,8 +154,12 @@ def test_values_change_what_they_say(helm_env: dict[str, str]) -> None:
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["image"] == "registry.example/stateward:0.1.0-rc1"
     assert not [d for d in tuned if d["kind"] == "CustomResourceDefinition"]
-    crd = one(render(helm_env), "CustomResourceDefinition")
-    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    crds = [d for d in render(helm_env) if d["kind"] == "CustomResourceDefinition"]
+    assert sorted(c["metadata"]["name"] for c in crds) == [
+        "databases.stateward.io",
+        "postgresclusters.stateward.io",
+    ]
+    assert all(c["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep" for c in crds)
 
 
 def test_a_service_monitor_needs_its_kind_and_then_scrapes_the_metrics_port(

@@ -30,7 +30,12 @@ ValidatingWebhookConfiguration = create_global_resource(
 
 
 def pods(client: Client, namespace: str) -> list[Pod]:
-    return list(client.list(Pod, namespace=namespace, labels=SELECTOR))
+    """The operator's pods, less those terminating (a rollout's old ones)."""
+    return [
+        pod
+        for pod in client.list(Pod, namespace=namespace, labels=SELECTOR)
+        if pod.metadata is not None and pod.metadata.deletionTimestamp is None
+    ]
 
 
 def is_leader(pod: Pod) -> bool:
@@ -58,7 +63,7 @@ def wait_running(client: Client, namespace: str, replicas: int, timeout: float =
     wait_for(available, what=f"{replicas} operator replicas available", timeout=timeout, interval=1)
 
     def one_leader() -> Pod | None:
-        running = [p for p in pods(client, namespace) if p.metadata.deletionTimestamp is None]  # type: ignore[union-attr]
+        running = pods(client, namespace)
         leaders = [p for p in running if is_leader(p)]
         if len(running) != replicas or len(leaders) != 1:
             return None

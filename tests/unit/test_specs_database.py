@@ -164,9 +164,9 @@ def test_credentials_and_the_application_secret() -> None:
     app = decoded(mysql_spec.app_secret(database, password="pw"))
     assert app["host"] == "shop-primary.apps.svc" and app["port"] == "3306"
     assert app["uri"] == "mariadb://app:pw@shop-primary.apps.svc:3306/app"
-    assert decoded(mysql_spec.app_secret(make_database("mysql"), password="pw"))[
-        "uri"
-    ].startswith("mysql://")
+    assert decoded(mysql_spec.app_secret(make_database("mysql"), password="pw"))["uri"].startswith(
+        "mysql://"
+    )
     with pytest.raises(ValueError, match="empty password"):
         mysql_spec.app_secret(database, password="")
 
