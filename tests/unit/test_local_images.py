@@ -206,8 +206,11 @@ def test_specs_refs_and_oci_config() -> None:
         "postgres-instance",
         "base",
         "postgres-instance",
+        "mariadb-instance",
         "stateward",
     ]
+    assert images.MARIADB_1011.ref == "ghcr.io/stateward/mariadb-instance:10.11"
+    assert images.MARIADB_1011.oci_config()["User"] == "999:999"
     with pytest.raises(ValueError, match="fixed tag"):
         images.ImageSpec(name="x", tag="latest")
     with pytest.raises(ValueError, match="not both"):

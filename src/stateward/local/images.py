@@ -524,6 +524,45 @@ def _instance_spec(major: int, base: ImageSpec) -> ImageSpec:
 POSTGRES_15 = _instance_spec(15, BASE)  # Debian bookworm's PostgreSQL 15
 POSTGRES_17 = _instance_spec(17, BASE_TRIXIE)  # Debian trixie's PostgreSQL 17
 
+
+def _prepare_mariadb(build: Build) -> None:
+    """Before apt: the mysql user with the pods' uid (the package would take any free one)."""
+    _system_user(
+        build,
+        "mysql",
+        MARIADB_UID,
+        home="/nonexistent",
+        login_shell="/bin/false",
+        comment="MariaDB Server",
+    )
+
+
+MARIADB_UID = 999
+"""The pods' runAsUser for MySQL and MariaDB (``specs.mysql.UID``, the official MySQL
+image's mysql user)."""
+
+
+def _mariadb_spec(base: ImageSpec) -> ImageSpec:
+    """``ghcr.io/stateward/mariadb-instance:SERIES``: Debian's MariaDB server and
+    mariadb-backup. The start-up script comes from the Database's ConfigMap, so the image
+    holds no Stateward code and changes only with Debian's packages."""
+    repository, name = v1alpha1.DATABASE_IMAGE_REPOSITORIES[v1alpha1.Engine.MARIADB].rsplit("/", 1)
+    return ImageSpec(
+        name=name,
+        tag="10.11",  # bookworm's series
+        repository=repository,
+        from_image=f"{base.name}:{base.tag}",
+        prepare=_prepare_mariadb,
+        packages=("mariadb-server", "mariadb-backup", "ca-certificates"),
+        cmd=("mariadbd",),
+        env=(DEFAULT_PATH, "LANG=C.UTF-8"),
+        user=f"{MARIADB_UID}:{MARIADB_UID}",
+        ports=("3306/tcp",),
+    )
+
+
+MARIADB_1011 = _mariadb_spec(BASE)
+
 OPERATOR_UID = 65532
 """uid and gid of the operator image's user (``nonroot``, as in distroless images): what
 config/manager's Deployment sets as runAsUser and runAsGroup."""
@@ -588,7 +627,15 @@ OPERATOR = ImageSpec(
 """The operator's own image, under the ref config/manager deploys: built and imported here,
 the Deployment runs with no registry (its imagePullPolicy is IfNotPresent)."""
 
-IMAGES: tuple[ImageSpec, ...] = (PAUSE, BASE, POSTGRES_15, BASE_TRIXIE, POSTGRES_17, OPERATOR)
+IMAGES: tuple[ImageSpec, ...] = (
+    PAUSE,
+    BASE,
+    POSTGRES_15,
+    BASE_TRIXIE,
+    POSTGRES_17,
+    MARIADB_1011,
+    OPERATOR,
+)
 PAUSE_REF = PAUSE.ref
 BASE_REF = BASE.ref
 INSTANCE_REFS: Mapping[int, str] = {15: POSTGRES_15.ref, 17: POSTGRES_17.ref}

@@ -105,7 +105,7 @@ datadir=/var/lib/mysql/data
 config=/etc/stateward/my.cnf
 if [ ! -d "$datadir/mysql" ]; then
   mariadb-install-db --defaults-file="$config" --datadir="$datadir" \\
-    --auth-root-authentication-method=normal --skip-test-db >/dev/null
+    --auth-root-authentication-method=normal --skip-test-db --skip-name-resolve --force
   mariadbd --defaults-file="$config" --datadir="$datadir" --skip-networking \\
     --skip-log-bin --socket=/run/mysqld/init.sock &
   server=$!
@@ -113,8 +113,11 @@ if [ ! -d "$datadir/mysql" ]; then
     kill -0 "$server"  # the server died: fail, the kubelet restarts the container
     sleep 0.5
   done
-  mariadb --socket=/run/mysqld/init.sock <<SQL
+  mariadb --socket=/run/mysqld/init.sock --user=root <<SQL
 SET sql_log_bin = 0;
+-- mariadb-install-db also made root@127.0.0.1, @::1 and @HOSTNAME without a password.
+DELETE FROM mysql.global_priv WHERE User = 'root' AND Host NOT IN ('localhost', '%');
+FLUSH PRIVILEGES;
 ALTER USER 'root'@'localhost' IDENTIFIED BY '${ROOT_PASSWORD}';
 CREATE USER 'root'@'%' IDENTIFIED BY '${ROOT_PASSWORD}';
 GRANT ALL ON *.* TO 'root'@'%' WITH GRANT OPTION;
@@ -123,9 +126,9 @@ GRANT REPLICATION SLAVE, REPLICATION CLIENT, SLAVE MONITOR ON *.* TO 'replicator
 CREATE DATABASE app;
 CREATE USER 'app'@'%' IDENTIFIED BY '${APP_PASSWORD}';
 GRANT ALL ON app.* TO 'app'@'%';
+SHUTDOWN;
 SQL
-  mariadb-admin --socket=/run/mysqld/init.sock --password="${ROOT_PASSWORD}" shutdown
-  wait "$server" || true
+  wait "$server"
 fi
 exec mariadbd --defaults-file="$config" --datadir="$datadir" --server-id=$((ordinal + 1))
 """
