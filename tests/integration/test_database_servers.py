@@ -6,13 +6,17 @@ storage growth and deletion."""
 from __future__ import annotations
 
 import base64
+import contextlib
+import itertools
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pymysql
 import pytest
 from lightkube import ApiError, Client, codecs
-from lightkube.resources.core_v1 import PersistentVolumeClaim, Pod, Secret
+from lightkube.resources.core_v1 import Event, PersistentVolumeClaim, Pod, Secret, Service
 from lightkube.types import PatchType
 
 from stateward.cli.run import OperatorProcess
@@ -163,3 +167,104 @@ def test_a_mariadb_database_replicates_scales_grows_and_goes(client: Client, ns:
 
     wait_for(gone, what="the Database gone", timeout=180)
     assert not list(client.list(PersistentVolumeClaim, namespace=ns)), "volumes left behind"
+
+
+class Writer:
+    """Inserts numbered rows through the ``-primary`` Service (as an application would) and
+    records each acknowledged one with the moment it was acknowledged."""
+
+    def __init__(self, address: str, app: dict[str, str]) -> None:
+        self.address, self.app = address, app
+        self.acked: list[tuple[int, float]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        connection: Any = None
+        number = 0
+        while not self.stop.is_set():
+            try:
+                if connection is None:
+                    connection = pymysql.connect(
+                        host=self.address, port=3306, user=self.app["user"],
+                        password=self.app["password"], database=self.app["dbname"],
+                        autocommit=True, connect_timeout=2, read_timeout=5, write_timeout=5,
+                    )  # fmt: skip
+                with connection.cursor() as cursor:
+                    cursor.execute("INSERT INTO acked (n) VALUES (%s)", (number + 1,))
+                number += 1
+                self.acked.append((number, time.monotonic()))
+            except pymysql.MySQLError:
+                with contextlib.suppress(Exception):
+                    if connection is not None:
+                        connection.close()
+                connection = None
+                number += 1  # a row that may or may not have been written: never reused
+                self.stop.wait(0.1)
+
+    def __enter__(self) -> Writer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
+
+    def since(self, moment: float) -> int:
+        return sum(1 for _, at in self.acked if at > moment)
+
+    def longest_gap(self) -> float:
+        stamps = [at for _, at in self.acked]
+        return max((b - a for a, b in itertools.pairwise(stamps)), default=0.0)
+
+
+def test_a_lost_mariadb_primary_is_replaced_without_losing_an_acknowledged_write(
+    client: Client, ns: str
+) -> None:
+    create(client, ns, "ha", "mariadb", "10.11", 3)
+    status = running(client, ns, "ha", 3)["status"]
+    old = status["primaryPod"]
+    app = secret(client, ns, "ha-app")
+    query(pod_ip(client, ns, old), app, "CREATE TABLE acked (n INT PRIMARY KEY)")
+    service = client.get(Service, "ha-primary", namespace=ns).spec.clusterIP  # type: ignore[union-attr]
+    assert service
+
+    with Writer(service, app) as writer:
+        wait_for(lambda: len(writer.acked) >= 50, what="the writer under way", timeout=60)
+        deleted_at = time.monotonic()
+        client.delete(Pod, old, namespace=ns)
+        failover = wait_for(
+            lambda: (
+                (s := client.get(DatabaseResource, "ha", namespace=ns).to_dict().get("status"))
+                and (s.get("lastFailover") or {}).get("fromPod") == old
+                and s
+            ),
+            what="the operator to fail over",
+            timeout=120,
+        )["lastFailover"]
+        new = failover["toPod"]
+        assert new != old
+        wait_for(lambda: writer.since(deleted_at) >= 50, what="writes again through the Service",
+                 timeout=120)  # fmt: skip
+    assert roles(client, ns)[new] == "primary"
+    acknowledged = {n for n, _ in writer.acked}
+    stored = {row[0] for row in query(pod_ip(client, ns, new), app, "SELECT n FROM acked")}
+    assert acknowledged <= stored, f"lost acknowledged writes: {sorted(acknowledged - stored)[:10]}"
+    print(
+        f"MariaDB failover: {len(acknowledged)} writes acknowledged, none lost; the longest"
+        f" gap between acknowledged writes {writer.longest_gap():.1f} s"
+    )
+    reasons = [e.reason for e in client.list(Event, namespace=ns)]
+    assert "Failover" in reasons
+    # The old primary comes back as a replica of the new one (recloned if it held writes the
+    # new primary never had), and the Database is whole again.
+    running(client, ns, "ha", 3)
+    assert roles(client, ns) == {
+        pod: ("primary" if pod == new else "replica") for pod in ("ha-0", "ha-1", "ha-2")
+    }
+    rejoined = pod_ip(client, ns, old)
+    wait_for(
+        lambda: {r[0] for r in query(rejoined, app, "SELECT n FROM acked")} >= acknowledged,
+        what=f"{old} to hold every acknowledged write",
+        timeout=120,
+    )

@@ -21,8 +21,9 @@ def fresh(pod: str, *, ready: bool = True) -> Server:
 
 
 def test_a_new_database_makes_its_first_ready_server_the_primary() -> None:
-    plan = mysql.plan(DB, [fresh("shop-1"), fresh("shop-0"), fresh("shop-2", ready=False)], None)
-    assert plan.primary == "shop-0" and plan.promote == "shop-0"
+    # Not ready: a server is ready only once it serves its role, which it has none of yet.
+    plan = mysql.plan(DB, [fresh("shop-1"), fresh("shop-0", ready=False), fresh("shop-2")], None)
+    assert plan.primary == "shop-0" and plan.promote == "shop-0" and plan.failover_from is None
     assert plan.follow == ("shop-1", "shop-2")
     assert plan.labels == {"shop-0": "primary"}
     assert plan.waiting is None
@@ -78,27 +79,83 @@ def test_a_restarted_operator_finds_the_primary_it_made_writable_but_never_label
     assert plan.labels == {"shop-1": "primary"}
 
 
-def test_a_primary_that_restarted_read_only_is_made_writable_again() -> None:
-    plan = mysql.plan(DB, [fresh("shop-0"), fresh("shop-1")], "shop-0")
-    assert plan.primary == "shop-0" and plan.promote == "shop-0"
-
-
-def test_an_unreachable_primary_is_waited_for_and_never_replaced_by_a_guess() -> None:
+def test_a_lost_primary_is_replaced_by_the_most_advanced_server() -> None:
     servers = [
-        Server(pod="shop-0", ready=False, role="primary"),  # no answer over SQL
+        Server(pod="shop-1", ready=False, role="replica", writable=False, source=SOURCE0,
+               gtid="0-1-40", received="0-1-41"),
+        Server(pod="shop-2", ready=False, role="replica", writable=False, source=SOURCE0,
+               gtid="0-1-42", received="0-1-42"),
+    ]  # fmt: skip
+    plan = mysql.plan(DB, servers, "shop-0")  # shop-0's pod is gone
+    assert plan.primary == "shop-2" and plan.promote == "shop-2"
+    assert plan.failover_from == "shop-0"
+    assert plan.follow == ("shop-1",)
+    assert plan.labels == {"shop-2": "primary", "shop-1": None}
+
+
+def test_received_but_unapplied_transactions_count_when_choosing() -> None:
+    servers = [
+        Server(pod="shop-1", ready=True, role="replica", writable=False, gtid="0-1-40",
+               received="0-1-45"),
+        Server(pod="shop-2", ready=True, role="replica", writable=False, gtid="0-1-44"),
+    ]  # fmt: skip
+    assert mysql.plan(DB, servers, "shop-0").promote == "shop-1"
+
+
+def test_a_restarted_primary_is_replaced_by_an_equally_advanced_replica() -> None:
+    servers = [
+        Server(pod="shop-0", ready=False, role=None, writable=False, gtid="0-1-9"),
         Server(pod="shop-1", ready=True, role="replica", writable=False, source=SOURCE0,
-               replicating=False),
+               gtid="0-1-9", received="0-1-9"),
     ]  # fmt: skip
     plan = mysql.plan(DB, servers, "shop-0")
+    assert plan.promote == "shop-1" and plan.failover_from == "shop-0"
+    assert plan.follow == ("shop-0",), "the old primary follows the new one"
+
+
+def test_a_restarted_primary_ahead_of_every_replica_resumes_so_no_write_is_lost() -> None:
+    servers = [
+        Server(pod="shop-0", ready=False, role=None, writable=False, gtid="0-1-12"),
+        Server(pod="shop-1", ready=True, role="replica", writable=False, source=SOURCE0,
+               gtid="0-1-9", received="0-1-10"),
+    ]  # fmt: skip
+    plan = mysql.plan(DB, servers, "shop-0")
+    assert plan.promote == "shop-0" and plan.failover_from is None
+
+
+def test_a_server_that_diverged_from_the_primary_is_recloned_not_followed() -> None:
+    source1 = mysql.host_of(DB, "shop-1")
+    servers = [
+        Server(pod="shop-1", ready=True, role="primary", writable=True, gtid="0-2-50"),
+        Server(pod="shop-0", ready=False, role=None, writable=False, source=source1,
+               gtid="0-1-48", replica_error=1236),
+    ]  # fmt: skip
+    plan = mysql.plan(DB, servers, "shop-1")
+    assert plan.reclone == ("shop-0",) and plan.follow == () and plan.promote is None
+
+
+def test_an_unreachable_primary_with_no_other_server_answering_is_waited_for() -> None:
+    servers = [
+        Server(pod="shop-0", ready=False, role="primary"),  # no answer over SQL
+        Server(pod="shop-1", ready=False, role="replica"),  # no answer either
+    ]
+    plan = mysql.plan(DB, servers, "shop-0")
     assert plan.primary is None and plan.promote is None
-    assert plan.waiting == "the primary shop-0 is not reachable"
+    assert plan.waiting == "the primary shop-0 is not reachable and no other server answers"
     assert plan.labels == {"shop-0": None}, "a dead primary keeps no primary label"
 
 
-def test_nothing_ready_means_no_primary_yet() -> None:
-    plan = mysql.plan(DB, [fresh("shop-0", ready=False)], None)
+def test_gtid_positions_of_both_engines() -> None:
+    assert mysql.positions("0-1-42,1-3-7") == {0: 42, 1: 7}
+    assert mysql.positions("") == {}
+    assert mysql.positions("3E11FA47-71CA-11E1-9E33-C80AA9429562:1-23") == {0: 23}
+    assert mysql.at_least({0: 5, 1: 2}, {0: 5}) and not mysql.at_least({0: 4}, {0: 5})
+
+
+def test_a_new_database_needs_a_server_that_answers() -> None:
+    plan = mysql.plan(DB, [Server(pod="shop-0", ready=False, role=None)], None)
     assert plan.primary is None
-    assert plan.waiting == "no server is ready to become the primary yet"
+    assert plan.waiting == "no server answers yet"
 
 
 def test_replicas_connect_to_the_primarys_stable_name() -> None:
@@ -106,7 +163,7 @@ def test_replicas_connect_to_the_primarys_stable_name() -> None:
 
 
 def test_each_engine_speaks_its_own_replication_sql() -> None:
-    assert "MASTER_USE_GTID = slave_pos" in mysql.MARIADB.follow
+    assert "MASTER_USE_GTID = current_pos" in mysql.MARIADB.follow
     assert "SOURCE_AUTO_POSITION = 1" in mysql.MYSQL.follow
     assert mysql.MARIADB.follow_statements("h") == (
         "STOP SLAVE", mysql.MARIADB.follow, "START SLAVE",

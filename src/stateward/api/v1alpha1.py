@@ -713,6 +713,19 @@ class DatabasePhase(enum.StrEnum):
     DELETING = "Deleting"
 
 
+class DatabaseFailover(_Model):
+    """A change of primary the operator made because the primary was lost or restarted."""
+
+    from_pod: str
+    """The primary that was lost."""
+
+    to_pod: str
+    """The server promoted: the most advanced one."""
+
+    at: str
+    """When the operator promoted it."""
+
+
 class DatabaseStatus(_Model):
     """The observed state of a Database."""
 
@@ -727,6 +740,9 @@ class DatabaseStatus(_Model):
 
     conditions: list[Condition] = Field(default_factory=list)
     """Ready, Progressing and Degraded."""
+
+    last_failover: DatabaseFailover | None = None
+    """The last failover (MySQL, MariaDB; a postgres Database's is in its PostgresCluster)."""
 
     observed_generation: int | None = None
     """The spec generation the status describes."""

@@ -36,6 +36,15 @@ def now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def seconds_between(earlier: str, later: str) -> float:
+    """Seconds between two RFC 3339 timestamps as the API server writes them."""
+
+    def parse(stamp: str) -> datetime.datetime:
+        return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+    return (parse(later) - parse(earlier)).total_seconds()
+
+
 @dataclasses.dataclass(kw_only=True)
 class Scope:
     """One reconcile's view of one object: its body, its observed children, and what the

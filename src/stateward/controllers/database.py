@@ -45,6 +45,8 @@ RECHECK = 5.0
 """Seconds between looks at servers that are not settled yet (SQL state has no watch)."""
 DELETE_RECHECK = 2.0
 UNSATISFIABLE_RECHECK = 30.0
+STUCK_AFTER = 60.0
+"""Seconds a pending server pod may wait for a claim that does not exist."""
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -52,6 +54,8 @@ class Scope(core.Scope):
     database: Database
     primary: str | None = None
     """The primary the status names (MySQL, MariaDB): read at the start, set by the plan."""
+    last_failover: dict[str, Any] | None = None
+    """``status.lastFailover``: read at the start, replaced when the operator fails over."""
 
 
 class DatabaseReconciler:
@@ -80,6 +84,7 @@ class DatabaseReconciler:
             now=core.now(),
             conditions=[dict(c) for c in status.get("conditions") or []],
             primary=status.get("primaryPod"),
+            last_failover=status.get("lastFailover"),
         )
         deleting = bool(body["metadata"].get("deletionTimestamp"))
         try:
@@ -142,29 +147,44 @@ class DatabaseReconciler:
         decided = servers.plan(database, observed, scope.primary)
         notes: list[str] = []
         by_pod = {pod["metadata"]["name"]: pod for pod in pods}
+        by_server = {server.pod: server for server in observed}
+        engine = database.spec.engine
         if decided.promote is not None:
+            promoted = by_server[decided.promote]
             await servers.promote(
-                _ip(by_pod[decided.promote]) or "", credentials, database.spec.engine
+                _ip(by_pod[decided.promote]) or "", credentials, engine, promoted.received
             )
-            await scope.event(
-                "PrimaryElected", f"{decided.promote} is the primary and takes writes"
-            )
+            if decided.failover_from is not None:
+                await scope.event(
+                    "Failover",
+                    f"the primary {decided.failover_from} was lost or restarted; promoted"
+                    f" {decided.promote}, the most advanced server ({promoted.gtid or 'empty'})",
+                    warning=True,
+                )
+                scope.last_failover = {
+                    "fromPod": decided.failover_from,
+                    "toPod": decided.promote,
+                    "at": scope.now,
+                }
+            else:
+                await scope.event("PrimaryElected", f"{decided.promote} is the primary")
             notes.append(f"made {decided.promote} the primary")
         for pod in decided.fence:
-            await servers.fence(_ip(by_pod[pod]) or "", credentials, database.spec.engine)
+            await servers.fence(_ip(by_pod[pod]) or "", credentials, engine)
             await scope.event(
-                "ServerFenced",
-                f"{pod} was writable but is not the primary: made read-only",
+                "ServerFenced", f"{pod} was writable but is not the primary: made read-only",
                 warning=True,
-            )
+            )  # fmt: skip
             notes.append(f"made {pod} read-only")
         if decided.primary is not None:
             source = servers.host_of(database, decided.primary)
             for pod in decided.follow:
-                await servers.follow(
-                    _ip(by_pod[pod]) or "", credentials, database.spec.engine, source
-                )
+                await servers.follow(_ip(by_pod[pod]) or "", credentials, engine, source)
                 notes.append(f"pointed {pod} at {decided.primary}")
+        for pod in decided.reclone:
+            await _reclone(scope, by_pod[pod])
+            notes.append(f"recloning {pod}")
+        await _unstick(scope)
         for pod, role in decided.labels.items():
             patched = await scope.kube.patch(
                 Ref.of(by_pod[pod]), {"metadata": {"labels": {meta.ROLE_LABEL: role}}}
@@ -216,6 +236,48 @@ class DatabaseReconciler:
 
 
 FINALIZER_REMOVED = "removed the finalizer"
+
+
+def _claim_of(pod: Body) -> str:
+    """The data volume claim the StatefulSet made for ``pod``."""
+    return f"{mysql_spec.DATA_VOLUME}-{pod['metadata']['name']}"
+
+
+async def _reclone(scope: Scope, pod: Body) -> None:
+    """A server whose data diverged from the primary's (it holds writes the primary never
+    had: an old primary's unacknowledged tail) gets a new volume: its claim and its pod are
+    deleted, and the StatefulSet makes both anew; the new server replicates from scratch."""
+    name = pod["metadata"]["name"]
+    claim = scope.observed("PersistentVolumeClaim", _claim_of(pod))
+    if claim is not None and not claim["metadata"].get("deletionTimestamp"):
+        await scope.kube.delete(Ref.of(claim))
+    await scope.kube.delete(Ref.of(pod))
+    scope.forget("Pod", name)
+    await scope.event(
+        "ServerRecloned",
+        f"{name} held transactions the primary {scope.primary} does not have (a former"
+        " primary's unacknowledged writes); its volume is replaced and it replicates anew",
+        warning=True,
+    )
+
+
+async def _unstick(scope: Scope) -> None:
+    """A pod made while its old claim was still being deleted waits for a volume that will
+    never come: delete it, and the StatefulSet makes the claim and the pod together."""
+    for pod in _server_pods(scope):
+        if (pod.get("status") or {}).get("phase") != "Pending":
+            continue
+        claim = scope.observed("PersistentVolumeClaim", _claim_of(pod))
+        if claim is None:
+            # Only once the claim has had time to be made and seen: a new pod's claim
+            # may simply not have reached the store yet.
+            created = pod["metadata"].get("creationTimestamp") or scope.now
+            if core.seconds_between(created, scope.now) < STUCK_AFTER:
+                continue
+        elif not claim["metadata"].get("deletionTimestamp"):
+            continue
+        await scope.kube.delete(Ref.of(pod))
+        scope.forget("Pod", pod["metadata"]["name"])
 
 
 # --- phases ------------------------------------------------------------------------------------
@@ -446,6 +508,7 @@ def _servers_status(scope: Scope, *, deleting: bool) -> dict[str, Any]:
         "readyReplicas": ready,
         "primaryPod": primary,
         "conditions": scope.conditions,
+        "lastFailover": scope.last_failover,
         "observedGeneration": scope.generation,
     }
 

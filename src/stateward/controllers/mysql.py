@@ -38,18 +38,62 @@ class Server:
     replicating: bool = False
     """Both replication threads running."""
     gtid: str = ""
+    """What it has applied (MariaDB's gtid_current_pos, MySQL's gtid_executed)."""
+    received: str = ""
+    """What it has received from its source (applied or still in the relay log)."""
+    replica_error: int = 0
+    """The replication threads' last error number (0: none)."""
 
     @property
     def reachable(self) -> bool:
         return self.writable is not None
+
+    @property
+    def position(self) -> dict[int, int]:
+        """Everything it holds, applied or received: domain -> highest sequence number."""
+        merged = positions(self.gtid)
+        for domain, seq in positions(self.received).items():
+            merged[domain] = max(merged.get(domain, 0), seq)
+        return merged
+
+
+DIVERGED_ERRORS = frozenset({1236, 1950})
+"""Replication errors that mean the server holds transactions its source lacks (1236: the
+source's binary log does not have the position it asks for; 1950: a GTID out of order in
+strict mode). Only a new copy of the data brings it back."""
+
+
+def positions(gtid: str) -> dict[int, int]:
+    """A MariaDB GTID position (``domain-server-seq`` per domain) as domain -> seq. MySQL's
+    gtid_executed (``uuid:1-42``) counts the transactions of each source as one domain."""
+    found: dict[int, int] = {}
+    for index, part in enumerate(p.strip() for p in gtid.split(",") if p.strip()):
+        if ":" in part:  # MySQL: uuid:1-42[:50-60]
+            last = part.rsplit(":", 1)[1].split("-")[-1]
+            found[index] = max(found.get(index, 0), int(last) if last.isdigit() else 0)
+            continue
+        pieces = part.split("-")
+        if len(pieces) == 3 and all(p.isdigit() for p in pieces):
+            domain, seq = int(pieces[0]), int(pieces[2])
+            found[domain] = max(found.get(domain, 0), seq)
+    return found
+
+
+def at_least(a: dict[int, int], b: dict[int, int]) -> bool:
+    """Whether position ``a`` holds everything ``b`` does."""
+    return all(a.get(domain, 0) >= seq for domain, seq in b.items())
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
     primary: str | None
     promote: str | None = None
+    failover_from: str | None = None
+    """Set when ``promote`` replaces a primary that was lost or restarted."""
     follow: tuple[str, ...] = ()
     fence: tuple[str, ...] = ()
+    reclone: tuple[str, ...] = ()
+    """Servers whose data diverged from the primary's: their volume is made anew."""
     labels: dict[str, str | None] = dataclasses.field(default_factory=dict)
     """Pod -> the role label it should carry (None: no role label)."""
     waiting: str | None = None
@@ -65,26 +109,35 @@ def ordinal(pod: str) -> int:
     return int(pod.rsplit("-", 1)[1])
 
 
+def _choose(servers: Sequence[Server], previous: str | None) -> tuple[Server | None, bool]:
+    """The primary, and whether it must be promoted (made writable) first."""
+    by_pod = {s.pod: s for s in servers}
+    labelled = [s for s in servers if s.role == meta.PRIMARY_ROLE and s.writable]
+    writable = [s for s in servers if s.writable]
+    if len(labelled) == 1:
+        return labelled[0], False
+    if len(writable) == 1:
+        return writable[0], False  # made writable, not yet labelled (the operator restarted)
+    reachable = [s for s in servers if s.reachable]
+    if not reachable:
+        return None, False
+    if previous is None:
+        return min(reachable, key=lambda s: ordinal(s.pod)), True  # a new Database
+    # The primary was lost (gone, unreachable) or restarted (read-only, like every server
+    # that starts): the most advanced server takes over, the old one only if it is ahead
+    # of every other (it holds writes no replica received: taking another would lose them).
+    best = max(reachable, key=lambda s: (sum(s.position.values()), s.pod != previous,
+                                         -ordinal(s.pod)))  # fmt: skip
+    old = by_pod.get(previous)
+    if old is not None and old.reachable and not at_least(best.position, old.position):
+        return old, True
+    return best, True
+
+
 def plan(database: v1alpha1.Database, servers: Sequence[Server], previous: str | None) -> Plan:
     """What to change, from one snapshot of the servers. ``previous`` is the primary the
     status last named."""
-    by_pod = {s.pod: s for s in servers}
-    labelled = [s for s in servers if s.role == meta.PRIMARY_ROLE and s.reachable]
-    writable = [s for s in servers if s.writable]
-    primary: Server | None = None
-    promote: str | None = None
-    if len(labelled) == 1 and labelled[0].writable:
-        primary = labelled[0]
-    elif len(writable) == 1 and writable[0].ready:
-        primary = writable[0]  # made writable, not yet labelled (the operator restarted)
-    elif previous is None or previous not in by_pod:
-        candidates = sorted(
-            (s for s in servers if s.ready and s.reachable), key=lambda s: ordinal(s.pod)
-        )
-        if previous is None and candidates:
-            primary, promote = candidates[0], candidates[0].pod
-    elif by_pod[previous].reachable and by_pod[previous].ready:
-        primary, promote = by_pod[previous], previous  # read-only after a restart: resume
+    primary, promote = _choose(servers, previous)
     if primary is None:
         return Plan(
             primary=None,
@@ -92,18 +145,18 @@ def plan(database: v1alpha1.Database, servers: Sequence[Server], previous: str |
                 s.pod: None for s in servers if s.role == meta.PRIMARY_ROLE and not s.reachable
             },
             waiting=(
-                f"the primary {previous} is not reachable"
+                f"the primary {previous} is not reachable and no other server answers"
                 if previous
-                else "no server is ready to become the primary yet"
+                else "no server answers yet"
             ),
         )
     source = host_of(database, primary.pod)
+    others = [s for s in servers if s.pod != primary.pod and s.reachable]
+    reclone = tuple(s.pod for s in others if s.replica_error in DIVERGED_ERRORS)
     follow = tuple(
-        s.pod
-        for s in servers
-        if s.pod != primary.pod and s.reachable and (s.source != source or not s.replicating)
+        s.pod for s in others if s.pod not in reclone and (s.source != source or not s.replicating)
     )
-    fence = tuple(s.pod for s in servers if s.pod != primary.pod and s.writable)
+    fence = tuple(s.pod for s in others if s.writable)
     labels: dict[str, str | None] = {}
     for s in servers:
         if s.pod == primary.pod:
@@ -114,7 +167,15 @@ def plan(database: v1alpha1.Database, servers: Sequence[Server], previous: str |
             wanted = None
         if s.role != wanted:
             labels[s.pod] = wanted
-    return Plan(primary=primary.pod, promote=promote, follow=follow, fence=fence, labels=labels)
+    return Plan(
+        primary=primary.pod,
+        promote=primary.pod if promote else None,
+        failover_from=previous if promote and previous and previous != primary.pod else None,
+        follow=follow,
+        fence=fence,
+        reclone=reclone,
+        labels=labels,
+    )
 
 
 # --- SQL ---------------------------------------------------------------------------------------
@@ -128,7 +189,12 @@ class Dialect:
     source_host: str
     io_running: str
     sql_running: str
+    received: str
+    """The replica status column with what it has received."""
     gtid: str
+    stop_receiving: str
+    wait_applied: str
+    """Waits (at most 60 s) until the relay log holding %(received)s has been applied."""
     promote: tuple[str, ...]
     fence: tuple[str, ...]
     follow: str
@@ -144,13 +210,16 @@ MARIADB = Dialect(
     source_host="Master_Host",
     io_running="Slave_IO_Running",
     sql_running="Slave_SQL_Running",
+    received="Gtid_IO_Pos",
     gtid="@@gtid_current_pos",
+    stop_receiving="STOP SLAVE IO_THREAD",
+    wait_applied="SELECT MASTER_GTID_WAIT(%(received)s, 60)",
     promote=("STOP SLAVE", "RESET SLAVE ALL", "SET GLOBAL read_only = OFF"),
     fence=("SET GLOBAL read_only = ON",),
     follow=(
         "CHANGE MASTER TO MASTER_HOST = %(host)s, MASTER_PORT = %(port)s,"
         " MASTER_USER = %(user)s, MASTER_PASSWORD = %(password)s,"
-        " MASTER_USE_GTID = slave_pos, MASTER_CONNECT_RETRY = 1"
+        " MASTER_USE_GTID = current_pos, MASTER_CONNECT_RETRY = 1"
     ),
 )
 MYSQL = Dialect(
@@ -158,7 +227,10 @@ MYSQL = Dialect(
     source_host="Source_Host",
     io_running="Replica_IO_Running",
     sql_running="Replica_SQL_Running",
+    received="Retrieved_Gtid_Set",
     gtid="@@gtid_executed",
+    stop_receiving="STOP REPLICA IO_THREAD",
+    wait_applied="SELECT WAIT_FOR_EXECUTED_GTID_SET(%(received)s, 60)",
     promote=(
         "STOP REPLICA",
         "RESET REPLICA ALL",
@@ -218,6 +290,8 @@ def _observe(address: str, credentials: Credentials, sql: Dialect) -> dict[str, 
         "source": replica.get(sql.source_host) or None,
         "replicating": replica.get(sql.io_running) == "Yes"
         and replica.get(sql.sql_running) == "Yes",
+        "received": str(replica.get(sql.received) or ""),
+        "replica_error": int(replica.get("Last_IO_Errno") or replica.get("Last_SQL_Errno") or 0),
     }
 
 
@@ -245,8 +319,14 @@ async def observe(
         return {}
 
 
-async def promote(address: str, credentials: Credentials, engine: v1alpha1.Engine) -> None:
-    await _run(address, credentials, dialect(engine).promote)
+async def promote(
+    address: str, credentials: Credentials, engine: v1alpha1.Engine, received: str = ""
+) -> None:
+    """Make the server the primary; a replica first applies everything it received."""
+    sql = dialect(engine)
+    if received:
+        await _run(address, credentials, (sql.stop_receiving, sql.wait_applied), received=received)
+    await _run(address, credentials, sql.promote)
 
 
 async def fence(address: str, credentials: Credentials, engine: v1alpha1.Engine) -> None:

@@ -133,6 +133,28 @@ fi
 exec mariadbd --defaults-file="$config" --datadir="$datadir" --server-id=$((ordinal + 1))
 """
 
+MARIADB_READY = """\
+#!/bin/bash
+# Ready: the primary (writable), or a replica whose two replication threads both run.
+export MYSQL_PWD="${ROOT_PASSWORD}"
+client=(mariadb --socket=/run/mysqld/mysqld.sock --user=root --batch --skip-column-names)
+read_only=$("${client[@]}" -e 'SELECT @@read_only') || exit 1
+[ "$read_only" = 0 ] && exit 0
+status=$("${client[@]}" -e 'SHOW SLAVE STATUS\\G') || exit 1
+grep -q 'Slave_IO_Running: Yes' <<<"$status" && grep -q 'Slave_SQL_Running: Yes' <<<"$status"
+"""
+
+MYSQL_READY = """\
+#!/bin/bash
+# Ready: the primary (writable), or a replica whose two replication threads both run.
+export MYSQL_PWD="${ROOT_PASSWORD}"
+client=(mysql --socket=/run/mysqld/mysqld.sock --user=root --batch --skip-column-names)
+read_only=$("${client[@]}" -e 'SELECT @@read_only') || exit 1
+[ "$read_only" = 0 ] && exit 0
+status=$("${client[@]}" -e 'SHOW REPLICA STATUS\\G') || exit 1
+grep -q 'Replica_IO_Running: Yes' <<<"$status" && grep -q 'Replica_SQL_Running: Yes' <<<"$status"
+"""
+
 MYSQL_INIT = """\
 #!/bin/bash
 # Run once by the official image's entrypoint on an empty data directory: the replication
@@ -151,10 +173,12 @@ def config_files(database: v1alpha1.Database) -> dict[str, str]:
         return {
             "my.cnf": MARIADB_CONFIG.format(port=PORT, socket=SOCKET),
             "entrypoint.sh": MARIADB_ENTRYPOINT,
+            "ready.sh": MARIADB_READY,
         }
     return {
         "my.cnf": MYSQL_CONFIG.format(port=PORT, socket=SOCKET),
         "replication.sh": MYSQL_INIT,
+        "ready.sh": MYSQL_READY,
     }
 
 
@@ -368,9 +392,9 @@ def _container(database: v1alpha1.Database) -> meta.Object:
         {"name": RUN_VOLUME, "mountPath": RUN_DIR},
         {"name": TMP_VOLUME, "mountPath": "/tmp"},  # noqa: S108 - an emptyDir
     ]
+    mounts.append({"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True})
     if database.spec.engine is v1alpha1.Engine.MARIADB:
         command = ["bash", f"{CONFIG_DIR}/entrypoint.sh"]
-        mounts.append({"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True})
         probe = ["mariadb-admin", f"--socket={SOCKET}", "ping"]
     else:
         # The official image's entrypoint initializes the data directory from MYSQL_*.
@@ -404,7 +428,8 @@ def _container(database: v1alpha1.Database) -> meta.Object:
         "volumeMounts": mounts,
         "startupProbe": _exec_probe(probe, period=2, failures=150),
         "livenessProbe": _exec_probe(probe, period=10, failures=6),
-        "readinessProbe": _exec_probe(probe, period=2, failures=2),
+        # Ready means serving its role: the primary, or a replica that replicates.
+        "readinessProbe": _exec_probe(["bash", f"{CONFIG_DIR}/ready.sh"], period=2, failures=2),
         "securityContext": pods.container_security_context(),
     }
 
