@@ -137,8 +137,8 @@ MARIADB_READY = """\
 #!/bin/bash
 # Ready: the primary (writable), or a replica whose two replication threads both run.
 export MYSQL_PWD="${ROOT_PASSWORD}"
-client=(mariadb --socket=/run/mysqld/mysqld.sock --user=root --batch --skip-column-names)
-read_only=$("${client[@]}" -e 'SELECT @@read_only') || exit 1
+client=(mariadb --socket=/run/mysqld/mysqld.sock --user=root --batch)
+read_only=$("${client[@]}" --skip-column-names -e 'SELECT @@read_only') || exit 1
 [ "$read_only" = 0 ] && exit 0
 status=$("${client[@]}" -e 'SHOW SLAVE STATUS\\G') || exit 1
 grep -q 'Slave_IO_Running: Yes' <<<"$status" && grep -q 'Slave_SQL_Running: Yes' <<<"$status"
@@ -148,8 +148,8 @@ MYSQL_READY = """\
 #!/bin/bash
 # Ready: the primary (writable), or a replica whose two replication threads both run.
 export MYSQL_PWD="${ROOT_PASSWORD}"
-client=(mysql --socket=/run/mysqld/mysqld.sock --user=root --batch --skip-column-names)
-read_only=$("${client[@]}" -e 'SELECT @@read_only') || exit 1
+client=(mysql --socket=/run/mysqld/mysqld.sock --user=root --batch)
+read_only=$("${client[@]}" --skip-column-names -e 'SELECT @@read_only') || exit 1
 [ "$read_only" = 0 ] && exit 0
 status=$("${client[@]}" -e 'SHOW REPLICA STATUS\\G') || exit 1
 grep -q 'Replica_IO_Running: Yes' <<<"$status" && grep -q 'Replica_SQL_Running: Yes' <<<"$status"
