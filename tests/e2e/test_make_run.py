@@ -82,6 +82,15 @@ def test_run_brings_a_sample_cluster_to_ready_and_stops_on_ctrl_c(tmp_path: Path
             timeout=90,
         )
         assert f"written on the primary {primary} was read back on the replica" in checked
+        # Beside it, the sample MariaDB Database: a primary and a replicating replica.
+        wait_for(
+            lambda: any(
+                "shop (Database mariadb): phase=Running ready=2/2 primary=shop-0" in line
+                for line in lines
+            ),
+            what="the sample MariaDB Database shown Running",
+            timeout=240,
+        )
         assert any("sample-app" in line and "base64 -d" in line for line in lines)
         # A real database: Patroni elected the primary the status names, the others replay.
         for pod in ("sample-0", "sample-1", "sample-2"):

@@ -23,12 +23,14 @@ __all__ = [
     "CHART_CRDS_PATH",
     "CHART_TEMPLATES",
     "CRDS",
+    "DATABASE_SAMPLE_PATH",
     "HEADER",
     "KEEP",
     "SAMPLE_PATH",
     "chart_crds",
     "chart_template",
     "crd_path",
+    "database_sample_yaml",
     "default_root",
     "generated_crds",
     "main",
@@ -43,6 +45,7 @@ CRDS: tuple[Callable[[], dict[str, Any]], ...] = (postgrescluster_crd, database_
 """Every CRD the operator serves, as functions that build it."""
 
 SAMPLE_PATH = Path("config/samples/postgrescluster.yaml")
+DATABASE_SAMPLE_PATH = Path("config/samples/database.yaml")
 
 
 def render(document: dict[str, Any]) -> str:
@@ -80,6 +83,22 @@ def sample_yaml() -> str:
                     }
                 }
             },
+        },
+    }
+    return yaml.safe_dump(sample, sort_keys=False)
+
+
+def database_sample_yaml() -> str:
+    """A MariaDB Database: a primary and a replica on the local cluster's real nodes."""
+    sample = {
+        "apiVersion": "stateward.io/v1alpha1",
+        "kind": "Database",
+        "metadata": {"name": "shop"},
+        "spec": {
+            "engine": "mariadb",
+            "version": "10.11",  # the series `stateward local images` builds (Debian bookworm)
+            "replicas": 2,
+            "storage": {"size": "1Gi"},
         },
     }
     return yaml.safe_dump(sample, sort_keys=False)
@@ -159,11 +178,15 @@ def sync(root: Path, generated: dict[Path, str], *, check: bool) -> int:
             print(f"stale: {relative}", file=sys.stderr)
         print("run `make manifests` and commit the result", file=sys.stderr)
         return 1
-    sample = root / SAMPLE_PATH
-    if not check and not sample.exists():
-        sample.parent.mkdir(parents=True, exist_ok=True)
-        sample.write_text(sample_yaml(), encoding="utf-8")
-        print(f"wrote {SAMPLE_PATH}")
+    for relative, make in (
+        (SAMPLE_PATH, sample_yaml),
+        (DATABASE_SAMPLE_PATH, database_sample_yaml),
+    ):
+        sample = root / relative
+        if not check and not sample.exists():
+            sample.parent.mkdir(parents=True, exist_ok=True)
+            sample.write_text(make(), encoding="utf-8")
+            print(f"wrote {relative}")
     return 0
 
 

@@ -26,7 +26,7 @@ from lightkube.resources.authorization_v1 import SubjectAccessReview
 from lightkube.resources.core_v1 import Namespace
 
 from stateward.api import manifests, v1alpha1
-from stateward.controllers.kube import PostgresClusterResource
+from stateward.controllers.kube import DatabaseResource, PostgresClusterResource
 from stateward.local import binaries
 from stateward.local.cluster import OPERATOR_USER, Config, LocalCluster, free_port_base
 from stateward.runtime import rbac
@@ -44,6 +44,14 @@ def sample_cluster() -> dict[str, Any]:
     or, where there is none (an installed wheel run outside a checkout), the generated one."""
     path = manifests.default_root() / manifests.SAMPLE_PATH
     text = path.read_text() if path.is_file() else manifests.sample_yaml()
+    sample: dict[str, Any] = yaml.safe_load(text)
+    return sample
+
+
+def sample_database() -> dict[str, Any]:
+    """The sample Database (MariaDB), from ``config/samples`` or else the generated one."""
+    path = manifests.default_root() / manifests.DATABASE_SAMPLE_PATH
+    text = path.read_text() if path.is_file() else manifests.database_sample_yaml()
     sample: dict[str, Any] = yaml.safe_load(text)
     return sample
 
@@ -186,6 +194,18 @@ def _status_line(obj: Any) -> str:
     )
 
 
+def _database_line(obj: Any) -> str:
+    status = obj.get("status") or {}
+    ready = {c["type"]: c for c in status.get("conditions") or []}.get("Ready", {})
+    return (
+        f"{obj['metadata']['name']} (Database {obj['spec']['engine']}):"
+        f" phase={status.get('phase', '-')}"
+        f" ready={status.get('readyReplicas', 0)}/{obj['spec']['replicas']}"
+        f" primary={status.get('primaryPod', '-')}"
+        f" ({ready.get('reason', '-')}: {ready.get('message', '')})"
+    )
+
+
 def _psql(kubeconfig: Path, namespace: str, pod: str, statement: str) -> str | None:
     """One statement as the superuser over the pod's own socket; None if it failed."""
     result = subprocess.run(
@@ -264,7 +284,7 @@ def run() -> int:
     else:
         say(f"==> Using the running local cluster ({cluster.kubeconfig})")
     client = admin_client(cluster)
-    say("==> Installing the PostgresCluster CRD")
+    say("==> Installing the CRDs (PostgresCluster, Database)")
     install_crds(client)
     ensure_namespace(client, OPERATOR_NAMESPACE)
     say(f"==> Starting the operator (log: {cluster.state_dir / 'logs' / 'operator.log'})")
@@ -275,9 +295,17 @@ def run() -> int:
         sample["metadata"].setdefault("namespace", "default")
         client.apply(codecs.from_dict(sample), field_manager="stateward-run", force=True)
         name = sample["metadata"]["name"]
-        say(f"==> Applied the sample PostgresCluster {name!r}; status follows (Ctrl-C to stop)")
-        say(f"    kubectl --kubeconfig {cluster.kubeconfig} get pgc,sts,svc,pods -n default")
+        database = sample_database()
+        database["metadata"].setdefault("namespace", "default")
+        client.apply(codecs.from_dict(database), field_manager="stateward-run", force=True)
+        database_name = database["metadata"]["name"]
+        say(
+            f"==> Applied the sample PostgresCluster {name!r} and the sample MariaDB Database"
+            f" {database_name!r}; status follows (Ctrl-C to stop)"
+        )
+        say(f"    kubectl --kubeconfig {cluster.kubeconfig} get pgc,db,sts,svc,pods -n default")
         last = ""
+        last_database = ""
         shown_ready = False
         while True:
             if operator.process.poll() is not None:
@@ -293,6 +321,12 @@ def run() -> int:
                     shown_ready = True
                     for text in what_now(cluster, name, "default", obj):
                         say(text)
+            with contextlib.suppress(ApiError):
+                found = client.get(DatabaseResource, database_name, namespace="default")
+                line = _database_line(found.to_dict())  # type: ignore[no-untyped-call]
+                if line != last_database:
+                    say(f"[{time.strftime('%H:%M:%S')}] {line}")
+                    last_database = line
             time.sleep(1)
     except KeyboardInterrupt:
         say(
