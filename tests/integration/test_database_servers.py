@@ -268,3 +268,10 @@ def test_a_lost_mariadb_primary_is_replaced_without_losing_an_acknowledged_write
         what=f"{old} to hold every acknowledged write",
         timeout=120,
     )
+    # Scaling down to one would remove the new primary (a higher ordinal): it moves first.
+    resize(client, ns, "ha", {"replicas": 1})
+    status = running(client, ns, "ha", 1)["status"]
+    assert status["primaryPod"] == "ha-0"
+    stored = {row[0] for row in query(pod_ip(client, ns, "ha-0"), app, "SELECT n FROM acked")}
+    assert acknowledged <= stored, "a write was lost in the switchover before the scale-down"
+    assert "SwitchedOver" in [e.reason for e in client.list(Event, namespace=ns)]

@@ -56,6 +56,8 @@ class Scope(core.Scope):
     """The primary the status names (MySQL, MariaDB): read at the start, set by the plan."""
     last_failover: dict[str, Any] | None = None
     """``status.lastFailover``: read at the start, replaced when the operator fails over."""
+    switch_below: int | None = None
+    """Set when a scale-down waits for the primary to move below this ordinal."""
 
 
 class DatabaseReconciler:
@@ -191,6 +193,23 @@ class DatabaseReconciler:
             )
             scope.observe(patched)
         scope.primary = decided.primary
+        if decided.primary is not None and scope.switch_below is not None:
+            target = _switchover_target(observed, decided.primary, scope.switch_below)
+            if target is not None:
+                await servers.switchover(
+                    _ip(by_pod[decided.primary]) or "",
+                    _ip(by_pod[target]) or "",
+                    credentials,
+                    engine,
+                )
+                await scope.event(
+                    "SwitchedOver",
+                    f"moved the primary from {decided.primary} to {target} before the"
+                    f" scale-down to {scope.switch_below} removes it",
+                )
+                notes.append(f"switched over from {decided.primary} to {target}")
+                scope.primary = target
+                scope.requeue(RECHECK)
         if decided.waiting:
             scope.progressing.append(("NoPrimary", decided.waiting))
         if (
@@ -236,6 +255,16 @@ class DatabaseReconciler:
 
 
 FINALIZER_REMOVED = "removed the finalizer"
+
+
+def _switchover_target(observed: list[servers.Server], primary: str, below: int) -> str | None:
+    """The replica below the cut that replicates from the primary, most advanced first."""
+    candidates = [
+        s for s in observed if s.pod != primary and servers.ordinal(s.pod) < below and s.replicating
+    ]
+    if not candidates:
+        return None
+    return max(candidates, key=lambda s: (sum(s.position.values()), -servers.ordinal(s.pod))).pod
 
 
 def _claim_of(pod: Body) -> str:
@@ -367,10 +396,27 @@ async def ensure_secrets(scope: Scope) -> str | None:
 
 
 async def apply_servers(scope: Scope) -> str | None:
+    desired = mysql_spec.children(scope.database)
+    _hold_scale_down(scope, desired)
     return await core.converge(
-        scope,
-        mysql_spec.children(scope.database),
-        immutable={"StatefulSet": IMMUTABLE_STATEFULSET_FIELDS},
+        scope, desired, immutable={"StatefulSet": IMMUTABLE_STATEFULSET_FIELDS}
+    )
+
+
+def _hold_scale_down(scope: Scope, desired: list[Body]) -> None:
+    """A scale-down removes the highest ordinals; when the primary is among them, keep the
+    current size until a switchover (``replicate``) has moved it below the cut."""
+    wanted = scope.database.spec.replicas
+    if scope.primary is None or servers.ordinal(scope.primary) < wanted:
+        return
+    observed = scope.observed("StatefulSet", scope.name)
+    current = int(((observed or {}).get("spec") or {}).get("replicas") or wanted)
+    for child in desired:
+        if child["kind"] == "StatefulSet":
+            child["spec"]["replicas"] = max(current, servers.ordinal(scope.primary) + 1)
+    scope.switch_below = wanted
+    scope.progressing.append(
+        ("ScaleDownWaiting", f"moving the primary {scope.primary} below ordinal {wanted} first")
     )
 
 

@@ -194,7 +194,8 @@ class Dialect:
     gtid: str
     stop_receiving: str
     wait_applied: str
-    """Waits (at most 60 s) until the relay log holding %(received)s has been applied."""
+    """Waits (at most 8 s, under the read timeout) until %(received)s has been applied: 0 when
+    it has, -1 (MariaDB) or 1 (MySQL) when the time ran out."""
     promote: tuple[str, ...]
     fence: tuple[str, ...]
     follow: str
@@ -213,7 +214,7 @@ MARIADB = Dialect(
     received="Gtid_IO_Pos",
     gtid="@@gtid_current_pos",
     stop_receiving="STOP SLAVE IO_THREAD",
-    wait_applied="SELECT MASTER_GTID_WAIT(%(received)s, 60)",
+    wait_applied="SELECT MASTER_GTID_WAIT(%(received)s, 8)",
     promote=("STOP SLAVE", "RESET SLAVE ALL", "SET GLOBAL read_only = OFF"),
     fence=("SET GLOBAL read_only = ON",),
     follow=(
@@ -230,7 +231,7 @@ MYSQL = Dialect(
     received="Retrieved_Gtid_Set",
     gtid="@@gtid_executed",
     stop_receiving="STOP REPLICA IO_THREAD",
-    wait_applied="SELECT WAIT_FOR_EXECUTED_GTID_SET(%(received)s, 60)",
+    wait_applied="SELECT WAIT_FOR_EXECUTED_GTID_SET(%(received)s, 8)",
     promote=(
         "STOP REPLICA",
         "RESET REPLICA ALL",
@@ -295,6 +296,25 @@ def _observe(address: str, credentials: Credentials, sql: Dialect) -> dict[str, 
     }
 
 
+def _fetch(address: str, credentials: Credentials, statement: str, **params: Any) -> Any:
+    connection = _connect(address, credentials)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(statement, params or None)
+            row = cursor.fetchone()
+    finally:
+        connection.close()
+    return row[0] if row else None
+
+
+async def _scalar(address: str, credentials: Credentials, statement: str, **params: Any) -> Any:
+    try:
+        return await asyncio.to_thread(_fetch, address, credentials, statement, **params)
+    except pymysql.MySQLError as error:
+        code = error.args[0] if error.args else "?"
+        raise SQLError(f"the server at {address} refused a query (error {code})") from None
+
+
 def _execute(
     address: str, credentials: Credentials, statements: Sequence[str], **params: Any
 ) -> None:
@@ -325,8 +345,31 @@ async def promote(
     """Make the server the primary; a replica first applies everything it received."""
     sql = dialect(engine)
     if received:
-        await _run(address, credentials, (sql.stop_receiving, sql.wait_applied), received=received)
+        # Stop taking more from the lost primary, then apply what the relay log holds: the
+        # promotion (RESET ... ALL) drops the relay log, and with it anything not applied.
+        await _run(address, credentials, (sql.stop_receiving,))
+        if await _scalar(address, credentials, sql.wait_applied, received=received) != 0:
+            raise SQLError(f"the server at {address} is still applying its relay log")
     await _run(address, credentials, sql.promote)
+
+
+async def switchover(
+    primary: str, target: str, credentials: Credentials, engine: v1alpha1.Engine
+) -> None:
+    """A planned change of primary: the primary stops taking writes, the target applies
+    everything the primary wrote, then takes over (the others are pointed at it next). If
+    the target cannot catch up, the primary takes writes again and nothing changed."""
+    sql = dialect(engine)
+    await _run(primary, credentials, sql.fence)
+    written = await observe(primary, credentials, engine)
+    caught_up = (
+        bool(written)
+        and await _scalar(target, credentials, sql.wait_applied, received=written["gtid"]) == 0
+    )
+    if not caught_up:
+        await promote(primary, credentials, engine)
+        raise SQLError(f"the server at {target} did not catch up with the primary in time")
+    await promote(target, credentials, engine)
 
 
 async def fence(address: str, credentials: Credentials, engine: v1alpha1.Engine) -> None:
