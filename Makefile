@@ -7,6 +7,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_FLAGS ?=
+# Two pytest workers: every test on real nodes runs in one of them, in order (one cluster with
+# real nodes fits a host; tests/conftest.py groups them), the rest runs beside it.
+TEST_WORKERS ?= 2
 
 .PHONY: help
 help: ## Show this help
@@ -31,8 +34,8 @@ run: binaries ## Main job: local cluster + operator + a sample PostgresCluster, 
 	@$(BIN)/stateward local run
 
 .PHONY: test
-test: binaries ## Every test: unit, integration, e2e
-	@$(BIN)/pytest $(PYTEST_FLAGS) tests
+test: binaries ## Every test: unit, integration, e2e (TEST_WORKERS=1 runs them one by one)
+	@$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_FLAGS) tests
 
 .PHONY: test-unit
 test-unit: $(STAMP) ## Unit tests only (no binaries, seconds)

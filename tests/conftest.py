@@ -23,6 +23,19 @@ from tests.support.kwok import simulate
 
 os.environ.pop("KUBECONFIG", None)
 
+REAL_NODE_FILES = frozenset({"test_make_run.py", "test_real_nodes_cli.py"})
+"""e2e stories that start a cluster with real nodes of their own."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """One cluster with real nodes fits a host (they share its bridge): every test that uses
+    one — the session's ``real_cluster`` or a story's own — goes to the same xdist worker,
+    in collection order (the e2e stories first, before ``real_cluster`` is made), while the
+    other workers run the rest beside it (``make test`` runs ``-n 2 --dist loadgroup``)."""
+    for item in items:
+        if "real_cluster" in getattr(item, "fixturenames", ()) or item.path.name in REAL_NODE_FILES:
+            item.add_marker(pytest.mark.xdist_group("real-nodes"))
+
 
 def _start(tmp: Path, *, controllers: bool) -> Iterator[LocalCluster]:
     config = Config(
