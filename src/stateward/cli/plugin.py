@@ -398,7 +398,9 @@ def psql_command(args: argparse.Namespace, out: Callable[[str], None]) -> int:
         argv.append(f"--kubeconfig={args.kubeconfig}")
     if args.context:
         argv.append(f"--context={args.context}")
-    argv += ["exec", "-it", "-n", namespace, pod, "-c", statefulset.CONTAINER_NAME, "--"]
+    # A terminal only when there is one: `psql NAME -- -c "select 1"` works in a script too.
+    interactive = "-it" if sys.stdin.isatty() else "-i"
+    argv += ["exec", interactive, "-n", namespace, pod, "-c", statefulset.CONTAINER_NAME, "--"]
     argv += ["psql", "-h", "/var/run/postgresql", "-U", "postgres", *args.psql_args]
     os.execv(kubectl, argv)  # noqa: S606 - no shell; replaces this process
     return 0  # not reached
