@@ -107,8 +107,15 @@ def test_services_route_by_the_role_the_operator_labels() -> None:
     assert headless["spec"]["publishNotReadyAddresses"] is True
     assert primary["spec"]["selector"][meta.ROLE_LABEL] == meta.PRIMARY_ROLE
     assert replicas["spec"]["selector"][meta.ROLE_LABEL] == meta.REPLICA_ROLE
-    for service in (headless, primary, replicas):
+    for service in (headless, replicas):
         assert service["spec"]["ports"] == [{"name": "mysql", "port": 3306}]
+    # New MariaDB replicas copy the primary's data through its Service.
+    assert primary["spec"]["ports"] == [
+        {"name": "mysql", "port": 3306},
+        {"name": "clone", "port": 3307},
+    ]
+    mysql_primary = mysql_spec.services(make_database("mysql"))[1]
+    assert mysql_primary["spec"]["ports"] == [{"name": "mysql", "port": 3306}]
 
 
 def test_the_statefulset_runs_the_engines_image_with_credentials_from_secrets() -> None:

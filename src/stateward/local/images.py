@@ -553,7 +553,8 @@ def _mariadb_spec(base: ImageSpec) -> ImageSpec:
         repository=repository,
         from_image=f"{base.name}:{base.tag}",
         prepare=_prepare_mariadb,
-        packages=("mariadb-server", "mariadb-backup", "ca-certificates"),
+        # socat serves copies of the data (mariadb-backup) to new replicas.
+        packages=("mariadb-server", "mariadb-backup", "socat", "ca-certificates"),
         cmd=("mariadbd",),
         env=(DEFAULT_PATH, "LANG=C.UTF-8"),
         user=f"{MARIADB_UID}:{MARIADB_UID}",

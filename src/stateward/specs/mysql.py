@@ -19,6 +19,8 @@ from stateward.specs import meta, pods
 
 PORT: Final = 3306
 PORT_NAME: Final = "mysql"
+CLONE_PORT: Final = 3307
+"""MariaDB: where each server streams a copy of its data (mariadb-backup) to new replicas."""
 CONTAINER: Final = "database"
 DATA_VOLUME: Final = "data"
 CONFIG_VOLUME: Final = "config"
@@ -96,24 +98,33 @@ skip-replica-start = ON
 
 MARIADB_ENTRYPOINT = """\
 #!/bin/bash
-# Initializes an empty data directory once (users and the application database, kept out
-# of the binary log: every server makes its own), then runs the server read-only with a
-# server id from the pod's ordinal.
+# An empty data directory is filled once: with a copy of the primary's data (mariadb-backup,
+# streamed from the primary, started at the copy's GTID position) when the Database has a
+# primary; else initialized empty (users and the application database, kept out of the
+# binary log: every server of a new Database makes its own). Then the server runs read-only
+# (the operator chooses the primary) with a server id from the pod's ordinal, and serves
+# copies of its data to new replicas on the clone port.
 set -euo pipefail
 ordinal="${HOSTNAME##*-}"
 datadir=/var/lib/mysql/data
 config=/etc/stateward/my.cnf
-if [ ! -d "$datadir/mysql" ]; then
-  mariadb-install-db --defaults-file="$config" --datadir="$datadir" \\
-    --auth-root-authentication-method=normal --skip-test-db --skip-name-resolve --force
-  mariadbd --defaults-file="$config" --datadir="$datadir" --skip-networking \\
-    --skip-log-bin --socket=/run/mysqld/init.sock &
+local_socket=/run/mysqld/init.sock
+
+start_local() {  # the server on a socket only, no network, no binary log
+  mariadbd --defaults-file="$config" --datadir="$1" --skip-networking --skip-log-bin \\
+    --socket="$local_socket" &
   server=$!
-  until mariadb-admin --socket=/run/mysqld/init.sock ping >/dev/null 2>&1; do
+  until mariadb-admin --socket="$local_socket" ping >/dev/null 2>&1; do
     kill -0 "$server"  # the server died: fail, the kubelet restarts the container
     sleep 0.5
   done
-  mariadb --socket=/run/mysqld/init.sock --user=root <<SQL
+}
+
+initialize() {
+  mariadb-install-db --defaults-file="$config" --datadir="$datadir" \\
+    --auth-root-authentication-method=normal --skip-test-db --skip-name-resolve --force
+  start_local "$datadir"
+  mariadb --socket="$local_socket" --user=root <<SQL
 SET sql_log_bin = 0;
 -- mariadb-install-db also made root@127.0.0.1, @::1 and @HOSTNAME without a password.
 DELETE FROM mysql.global_priv WHERE User = 'root' AND Host NOT IN ('localhost', '%');
@@ -129,8 +140,45 @@ GRANT ALL ON app.* TO 'app'@'%';
 SHUTDOWN;
 SQL
   wait "$server"
+}
+
+clone() {  # 1: no primary to copy from; other failures exit (the kubelet retries)
+  { exec 3<>"/dev/tcp/${PRIMARY_HOST}/${CLONE_PORT}"; } 2>/dev/null || return 1
+  printf '%s\\n' "${REPLICATION_PASSWORD}" >&3
+  rm -rf "$datadir.clone" && mkdir -p "$datadir.clone"
+  mbstream --extract --directory="$datadir.clone" <&3
+  exec 3<&-
+  # The copy's binary log position (mariadb-backup 10.11 still names it xtrabackup_*).
+  info=$(ls "$datadir.clone"/*_binlog_info 2>/dev/null | head -n 1)
+  [ -n "$info" ] || { echo "clone: no copy came from ${PRIMARY_HOST}" >&2; exit 1; }
+  mariabackup --prepare --target-dir="$datadir.clone"
+  gtid=$(awk '{print $3}' "$info")
+  start_local "$datadir.clone"
+  MYSQL_PWD="${ROOT_PASSWORD}" mariadb --socket="$local_socket" --user=root <<SQL
+SET GLOBAL gtid_slave_pos = '${gtid}';
+SHUTDOWN;
+SQL
+  wait "$server"
+  mv "$datadir.clone" "$datadir"
+  echo "cloned from ${PRIMARY_HOST} at GTID ${gtid:-(empty)}" >&2
+}
+
+if [ ! -d "$datadir/mysql" ]; then
+  clone || initialize
 fi
+socat "TCP-LISTEN:${CLONE_PORT},reuseaddr,fork" EXEC:"bash /etc/stateward/serve-clone.sh" &
 exec mariadbd --defaults-file="$config" --datadir="$datadir" --server-id=$((ordinal + 1))
+"""
+
+MARIADB_SERVE_CLONE = """\
+#!/bin/bash
+# One copy of this server's data for a new replica, streamed by mariadb-backup to whoever
+# first sends the replication password (on one line).
+read -r -t 5 token || exit 1
+[ "$token" = "${REPLICATION_PASSWORD}" ] || { echo "clone: wrong password" >&2; exit 1; }
+export MYSQL_PWD="${ROOT_PASSWORD}"
+exec mariabackup --backup --stream=xbstream --user=root --socket=/run/mysqld/mysqld.sock \\
+  --target-dir=/tmp 2>/tmp/clone.log
 """
 
 MARIADB_READY = """\
@@ -173,6 +221,7 @@ def config_files(database: v1alpha1.Database) -> dict[str, str]:
         return {
             "my.cnf": MARIADB_CONFIG.format(port=PORT, socket=SOCKET),
             "entrypoint.sh": MARIADB_ENTRYPOINT,
+            "serve-clone.sh": MARIADB_SERVE_CLONE,
             "ready.sh": MARIADB_READY,
         }
     return {
@@ -261,13 +310,16 @@ def services(database: v1alpha1.Database) -> list[meta.Object]:
     replicas (read-only): the last two select on the role label the operator sets."""
     selector = selector_labels(database)
     port = {"name": PORT_NAME, "port": PORT}
+    clone = {"name": "clone", "port": CLONE_PORT}
 
-    def service(name: str, selector: dict[str, str], **extra: object) -> meta.Object:
+    def service(
+        name: str, selector: dict[str, str], *extra_ports: meta.Object, **extra: object
+    ) -> meta.Object:
         return {
             "apiVersion": "v1",
             "kind": "Service",
             "metadata": _meta(database, name),
-            "spec": {**extra, "selector": selector, "ports": [port]},
+            "spec": {**extra, "selector": selector, "ports": [port, *extra_ports]},
         }
 
     return [
@@ -277,7 +329,12 @@ def services(database: v1alpha1.Database) -> list[meta.Object]:
             clusterIP="None",
             publishNotReadyAddresses=True,
         ),
-        service(database.primary_service_name, {**selector, meta.ROLE_LABEL: meta.PRIMARY_ROLE}),
+        service(
+            database.primary_service_name,
+            {**selector, meta.ROLE_LABEL: meta.PRIMARY_ROLE},
+            # MariaDB: new replicas copy the primary's data through it (entrypoint.sh).
+            *([clone] if database.spec.engine is v1alpha1.Engine.MARIADB else []),
+        ),
         service(database.replicas_service_name, {**selector, meta.ROLE_LABEL: meta.REPLICA_ROLE}),
     ]
 
@@ -393,8 +450,16 @@ def _container(database: v1alpha1.Database) -> meta.Object:
         {"name": TMP_VOLUME, "mountPath": "/tmp"},  # noqa: S108 - an emptyDir
     ]
     mounts.append({"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True})
+    ports = [{"name": PORT_NAME, "containerPort": PORT}]
     if database.spec.engine is v1alpha1.Engine.MARIADB:
         command = ["bash", f"{CONFIG_DIR}/entrypoint.sh"]
+        env += [
+            # A new server copies the primary's data from here (entrypoint.sh).
+            {"name": "PRIMARY_HOST",
+             "value": f"{database.primary_service_name}.{database.namespace}.svc.cluster.local"},
+            {"name": "CLONE_PORT", "value": str(CLONE_PORT)},
+        ]  # fmt: skip
+        ports.append({"name": "clone", "containerPort": CLONE_PORT})
         probe = ["mariadb-admin", f"--socket={SOCKET}", "ping"]
     else:
         # The official image's entrypoint initializes the data directory from MYSQL_*.
@@ -423,7 +488,7 @@ def _container(database: v1alpha1.Database) -> meta.Object:
         "name": CONTAINER,
         "image": database.image,
         "command": command,
-        "ports": [{"name": PORT_NAME, "containerPort": PORT}],
+        "ports": ports,
         "env": env,
         "volumeMounts": mounts,
         "startupProbe": _exec_probe(probe, period=2, failures=150),
