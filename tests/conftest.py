@@ -31,9 +31,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """One cluster with real nodes fits a host (they share its bridge): every test that uses
     one — the session's ``real_cluster`` or a story's own — goes to the same xdist worker,
     in collection order (the e2e stories first, before ``real_cluster`` is made), while the
-    other workers run the rest beside it (``make test`` runs ``-n 2 --dist loadgroup``)."""
+    other workers run the rest beside it (``make test`` runs ``-n 2 --dist loadgroup``).
+    Tests marked ``host`` (they mount or change host-wide state) go there too: the e2e
+    stories compare the host before and after, and must not see another test's mount."""
     for item in items:
-        if "real_cluster" in getattr(item, "fixturenames", ()) or item.path.name in REAL_NODE_FILES:
+        if (
+            "real_cluster" in getattr(item, "fixturenames", ())
+            or item.path.name in REAL_NODE_FILES
+            or item.get_closest_marker("host") is not None
+        ):
             item.add_marker(pytest.mark.xdist_group("real-nodes"))
 
 

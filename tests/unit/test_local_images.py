@@ -732,6 +732,7 @@ def test_package_step_writes_policy_rc_d_and_restores(
     assert (rootfs / "etc" / "resolv.conf").read_text() == ""
 
 
+@pytest.mark.host
 @pytest.mark.skipif(not IS_ROOT, reason="mounting needs root")
 def test_chroot_mounts_are_always_unmounted(tmp_path: Path) -> None:
     rootfs = tmp_path / "rootfs"
