@@ -188,6 +188,8 @@ class DatabaseReconciler:
             notes.append(f"recloning {pod}")
         await _unstick(scope)
         for pod, role in decided.labels.items():
+            if scope.observed("Pod", pod) is None:
+                continue  # deleted above (recloned, or stuck on a deleted volume)
             patched = await scope.kube.patch(
                 Ref.of(by_pod[pod]), {"metadata": {"labels": {meta.ROLE_LABEL: role}}}
             )
