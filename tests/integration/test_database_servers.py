@@ -22,6 +22,7 @@ from lightkube.types import PatchType
 from stateward.cli.run import OperatorProcess
 from stateward.controllers.kube import DatabaseResource
 from stateward.local.cluster import LocalCluster
+from tests.integration.conftest import AuditLog, assert_no_writes_at_rest
 from tests.support.dataplane import client_of, fresh_namespace, operator_on, sql
 from tests.support.waiting import wait_for
 
@@ -116,7 +117,9 @@ def test_a_postgres_database_runs_on_the_real_nodes(
     assert app["host"] == f"pgdb-primary.{ns}.svc"
 
 
-def test_a_mariadb_database_replicates_scales_grows_and_goes(client: Client, ns: str) -> None:
+def test_a_mariadb_database_replicates_scales_grows_and_goes(
+    real_cluster: LocalCluster, client: Client, db_operator: OperatorProcess, ns: str
+) -> None:
     create(client, ns, "shop", "mariadb", "10.11", 1)
     status = running(client, ns, "shop", 1)["status"]
     assert status["primaryPod"] == "shop-0"
@@ -130,6 +133,8 @@ def test_a_mariadb_database_replicates_scales_grows_and_goes(client: Client, ns:
     running(client, ns, "shop", 3)
     query(primary, app, "INSERT INTO orders VALUES (4)")
     assert roles(client, ns) == {"shop-0": "primary", "shop-1": "replica", "shop-2": "replica"}
+    # Converged: reconciles read every server over SQL and write nothing.
+    assert_no_writes_at_rest(AuditLog(real_cluster.audit_log), db_operator, ns)
     for replica in ("shop-1", "shop-2"):
         address = pod_ip(client, ns, replica)
         wait_for(
