@@ -169,7 +169,8 @@ def test_each_engine_speaks_its_own_replication_sql() -> None:
         "STOP SLAVE", mysql.MARIADB.follow, "START SLAVE",
     )  # fmt: skip
     assert mysql.MYSQL.follow_statements("h")[-1] == "START REPLICA"
-    assert "SET GLOBAL super_read_only = OFF" in mysql.MYSQL.promote
+    assert "SET GLOBAL super_read_only = OFF" in mysql.MYSQL.open_writes
+    assert mysql.MARIADB.detach == ("STOP SLAVE", "RESET SLAVE ALL")
 
 
 def test_credentials_never_show_in_a_repr() -> None:

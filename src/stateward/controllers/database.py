@@ -153,7 +153,7 @@ class DatabaseReconciler:
         engine = database.spec.engine
         if decided.promote is not None:
             promoted = by_server[decided.promote]
-            await servers.promote(
+            await servers.detach(
                 _ip(by_pod[decided.promote]) or "", credentials, engine, promoted.received
             )
             if decided.failover_from is not None:
@@ -183,6 +183,9 @@ class DatabaseReconciler:
             for pod in decided.follow:
                 await servers.follow(_ip(by_pod[pod]) or "", credentials, engine, source)
                 notes.append(f"pointed {pod} at {decided.primary}")
+        if decided.promote is not None:
+            # Writable last: the replicas are already connected to acknowledge its commits.
+            await servers.open_writes(_ip(by_pod[decided.promote]) or "", credentials, engine)
         for pod in decided.reclone:
             await _reclone(scope, by_pod[pod])
             notes.append(f"recloning {pod}")

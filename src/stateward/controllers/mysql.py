@@ -196,7 +196,11 @@ class Dialect:
     wait_applied: str
     """Waits (at most 8 s, under the read timeout) until %(received)s has been applied: 0 when
     it has, -1 (MariaDB) or 1 (MySQL) when the time ran out."""
-    promote: tuple[str, ...]
+    detach: tuple[str, ...]
+    """Stop replicating and forget the source (the relay log goes too)."""
+    open_writes: tuple[str, ...]
+    """Take writes: last, once the replicas are pointed at it (semi-synchronous commits
+    then find a replica to acknowledge them instead of waiting for the timeout)."""
     fence: tuple[str, ...]
     follow: str
 
@@ -215,7 +219,8 @@ MARIADB = Dialect(
     gtid="@@gtid_current_pos",
     stop_receiving="STOP SLAVE IO_THREAD",
     wait_applied="SELECT MASTER_GTID_WAIT(%(received)s, 8)",
-    promote=("STOP SLAVE", "RESET SLAVE ALL", "SET GLOBAL read_only = OFF"),
+    detach=("STOP SLAVE", "RESET SLAVE ALL"),
+    open_writes=("SET GLOBAL read_only = OFF",),
     fence=("SET GLOBAL read_only = ON",),
     follow=(
         "CHANGE MASTER TO MASTER_HOST = %(host)s, MASTER_PORT = %(port)s,"
@@ -232,12 +237,8 @@ MYSQL = Dialect(
     gtid="@@gtid_executed",
     stop_receiving="STOP REPLICA IO_THREAD",
     wait_applied="SELECT WAIT_FOR_EXECUTED_GTID_SET(%(received)s, 8)",
-    promote=(
-        "STOP REPLICA",
-        "RESET REPLICA ALL",
-        "SET GLOBAL super_read_only = OFF",
-        "SET GLOBAL read_only = OFF",
-    ),
+    detach=("STOP REPLICA", "RESET REPLICA ALL"),
+    open_writes=("SET GLOBAL super_read_only = OFF", "SET GLOBAL read_only = OFF"),
     fence=("SET GLOBAL super_read_only = ON",),
     follow=(
         "CHANGE REPLICATION SOURCE TO SOURCE_HOST = %(host)s, SOURCE_PORT = %(port)s,"
@@ -339,18 +340,31 @@ async def observe(
         return {}
 
 
-async def promote(
+async def detach(
     address: str, credentials: Credentials, engine: v1alpha1.Engine, received: str = ""
 ) -> None:
-    """Make the server the primary; a replica first applies everything it received."""
+    """The first half of a promotion: a replica applies everything it received, then stops
+    replicating. It stays read-only until :func:`open_writes`."""
     sql = dialect(engine)
     if received:
         # Stop taking more from the lost primary, then apply what the relay log holds: the
-        # promotion (RESET ... ALL) drops the relay log, and with it anything not applied.
+        # reset drops the relay log, and with it anything not applied.
         await _run(address, credentials, (sql.stop_receiving,))
         if await _scalar(address, credentials, sql.wait_applied, received=received) != 0:
             raise SQLError(f"the server at {address} is still applying its relay log")
-    await _run(address, credentials, sql.promote)
+    await _run(address, credentials, sql.detach)
+
+
+async def open_writes(address: str, credentials: Credentials, engine: v1alpha1.Engine) -> None:
+    await _run(address, credentials, dialect(engine).open_writes)
+
+
+async def promote(
+    address: str, credentials: Credentials, engine: v1alpha1.Engine, received: str = ""
+) -> None:
+    """Make the server the primary at once (both halves)."""
+    await detach(address, credentials, engine, received)
+    await open_writes(address, credentials, engine)
 
 
 async def switchover(
