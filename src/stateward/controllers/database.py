@@ -184,8 +184,12 @@ class DatabaseReconciler:
                 await servers.follow(_ip(by_pod[pod]) or "", credentials, engine, source)
                 notes.append(f"pointed {pod} at {decided.primary}")
         if decided.promote is not None:
-            # Writable last: the replicas are already connected to acknowledge its commits.
-            await servers.open_writes(_ip(by_pod[decided.promote]) or "", credentials, engine)
+            # Writable last, once a replica is connected to acknowledge its commits (the
+            # first commit would otherwise wait out the semi-synchronous timeout).
+            address = _ip(by_pod[decided.promote]) or ""
+            if decided.follow:
+                await servers.wait_for_replicas(address, credentials, engine)
+            await servers.open_writes(address, credentials, engine)
         for pod in decided.reclone:
             await _reclone(scope, by_pod[pod])
             notes.append(f"recloning {pod}")

@@ -193,11 +193,15 @@ class Dialect:
     """The replica status column with what it has received."""
     gtid: str
     stop_receiving: str
+    sql_state: str
+    """The replica status column saying what the applier does."""
     wait_applied: str
     """Waits (at most 8 s, under the read timeout) until %(received)s has been applied: 0 when
     it has, -1 (MariaDB) or 1 (MySQL) when the time ran out."""
     detach: tuple[str, ...]
     """Stop replicating and forget the source (the relay log goes too)."""
+    semi_sync_clients: str | None
+    """How many replicas acknowledge the primary's commits (None: no semi-sync)."""
     open_writes: tuple[str, ...]
     """Take writes: last, once the replicas are pointed at it (semi-synchronous commits
     then find a replica to acknowledge them instead of waiting for the timeout)."""
@@ -218,8 +222,11 @@ MARIADB = Dialect(
     received="Gtid_IO_Pos",
     gtid="@@gtid_current_pos",
     stop_receiving="STOP SLAVE IO_THREAD",
+    sql_state="Slave_SQL_Running_State",
     wait_applied="SELECT MASTER_GTID_WAIT(%(received)s, 8)",
     detach=("STOP SLAVE", "RESET SLAVE ALL"),
+    semi_sync_clients="SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS"
+    " WHERE VARIABLE_NAME = 'RPL_SEMI_SYNC_MASTER_CLIENTS'",
     open_writes=("SET GLOBAL read_only = OFF",),
     fence=("SET GLOBAL read_only = ON",),
     follow=(
@@ -236,8 +243,10 @@ MYSQL = Dialect(
     received="Retrieved_Gtid_Set",
     gtid="@@gtid_executed",
     stop_receiving="STOP REPLICA IO_THREAD",
+    sql_state="Replica_SQL_Running_State",
     wait_applied="SELECT WAIT_FOR_EXECUTED_GTID_SET(%(received)s, 8)",
     detach=("STOP REPLICA", "RESET REPLICA ALL"),
+    semi_sync_clients=None,
     open_writes=("SET GLOBAL super_read_only = OFF", "SET GLOBAL read_only = OFF"),
     fence=("SET GLOBAL super_read_only = ON",),
     follow=(
@@ -348,11 +357,58 @@ async def detach(
     sql = dialect(engine)
     if received:
         # Stop taking more from the lost primary, then apply what the relay log holds: the
-        # reset drops the relay log, and with it anything not applied.
+        # reset drops the relay log, and with it anything not applied. (Not a wait for the
+        # received GTID: the last one may begin a transaction that never arrived whole,
+        # which no replica acknowledged, and which can never be applied.)
         await _run(address, credentials, (sql.stop_receiving,))
-        if await _scalar(address, credentials, sql.wait_applied, received=received) != 0:
+        if not await _relay_log_applied(address, credentials, sql, within=8.0):
             raise SQLError(f"the server at {address} is still applying its relay log")
     await _run(address, credentials, sql.detach)
+
+
+async def _relay_log_applied(
+    address: str, credentials: Credentials, sql: Dialect, *, within: float
+) -> bool:
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        try:
+            state = await asyncio.to_thread(_replica_state, address, credentials, sql)
+        except pymysql.MySQLError as error:
+            code = error.args[0] if error.args else "?"
+            raise SQLError(f"the server at {address} did not answer (error {code})") from None
+        if "read all relay log" in state or not state:
+            return True
+        if asyncio.get_running_loop().time() >= deadline:
+            return False
+        await asyncio.sleep(0.2)
+
+
+def _replica_state(address: str, credentials: Credentials, sql: Dialect) -> str:
+    connection = _connect(address, credentials)
+    try:
+        with connection.cursor(pymysql.cursors.DictCursor) as cursor:
+            cursor.execute(sql.replica_status)
+            row = cursor.fetchone() or {}
+    finally:
+        connection.close()
+    return str(row.get(sql.sql_state) or "")
+
+
+async def wait_for_replicas(
+    address: str, credentials: Credentials, engine: v1alpha1.Engine, *, within: float = 5.0
+) -> bool:
+    """Until a replica is connected to acknowledge commits (semi-synchronous replication):
+    a commit with none waits out the whole timeout. False if none came ``within`` seconds."""
+    query = dialect(engine).semi_sync_clients
+    if query is None:
+        return True
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        if int(await _scalar(address, credentials, query) or 0) >= 1:
+            return True
+        if asyncio.get_running_loop().time() >= deadline:
+            return False
+        await asyncio.sleep(0.2)
 
 
 async def open_writes(address: str, credentials: Credentials, engine: v1alpha1.Engine) -> None:
