@@ -170,7 +170,8 @@ def test_each_engine_speaks_its_own_replication_sql() -> None:
     )  # fmt: skip
     assert mysql.MYSQL.follow_statements("h")[-1] == "START REPLICA"
     assert "SET GLOBAL super_read_only = OFF" in mysql.MYSQL.open_writes
-    assert mysql.MARIADB.detach == ("STOP SLAVE", "RESET SLAVE ALL")
+    assert mysql.MARIADB.open_writes[0] == "SET GLOBAL rpl_semi_sync_master_enabled = ON"
+    assert "SET GLOBAL rpl_semi_sync_master_enabled = OFF" in mysql.MARIADB.fence
 
 
 def test_credentials_never_show_in_a_repr() -> None:

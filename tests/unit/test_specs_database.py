@@ -147,7 +147,9 @@ def test_every_server_starts_read_only_with_gtids_and_binary_logs() -> None:
     mysql = mysql_spec.config_files(make_database("mysql"))["my.cnf"]
     for text in (mariadb, mysql):
         assert "read-only = ON" in text and "log-bin" in text and "binlog-format = ROW" in text
-    assert "gtid-strict-mode = ON" in mariadb and "rpl-semi-sync-master-enabled = ON" in mariadb
+    assert "gtid-strict-mode = ON" in mariadb and "rpl-semi-sync-slave-enabled = ON" in mariadb
+    # Only the primary waits for acknowledgements; the operator turns that on there.
+    assert "rpl-semi-sync-master-enabled = OFF" in mariadb
     assert "gtid-mode = ON" in mysql and "super-read-only = ON" in mysql
 
 

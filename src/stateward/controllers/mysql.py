@@ -224,11 +224,13 @@ MARIADB = Dialect(
     stop_receiving="STOP SLAVE IO_THREAD",
     sql_state="Slave_SQL_Running_State",
     wait_applied="SELECT MASTER_GTID_WAIT(%(received)s, 8)",
-    detach=("STOP SLAVE", "RESET SLAVE ALL"),
+    detach=("STOP SLAVE", "RESET SLAVE ALL", "SET GLOBAL rpl_semi_sync_master_enabled = OFF"),
     semi_sync_clients="SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS"
     " WHERE VARIABLE_NAME = 'RPL_SEMI_SYNC_MASTER_CLIENTS'",
-    open_writes=("SET GLOBAL read_only = OFF",),
-    fence=("SET GLOBAL read_only = ON",),
+    # Only the primary waits for acknowledgements: a replica's applier that waited too (its
+    # own binary log has no replica) stalled every replicated commit for the timeout.
+    open_writes=("SET GLOBAL rpl_semi_sync_master_enabled = ON", "SET GLOBAL read_only = OFF"),
+    fence=("SET GLOBAL read_only = ON", "SET GLOBAL rpl_semi_sync_master_enabled = OFF"),
     follow=(
         "CHANGE MASTER TO MASTER_HOST = %(host)s, MASTER_PORT = %(port)s,"
         " MASTER_USER = %(user)s, MASTER_PASSWORD = %(password)s,"
@@ -358,8 +360,7 @@ async def detach(
     if received:
         # Stop taking more from the lost primary, then apply what the relay log holds: the
         # reset drops the relay log, and with it anything not applied. (Not a wait for the
-        # received GTID: the last one may begin a transaction that never arrived whole,
-        # which no replica acknowledged, and which can never be applied.)
+        # received GTID: the last one may begin a transaction that never arrived whole.)
         await _run(address, credentials, (sql.stop_receiving,))
         if not await _relay_log_applied(address, credentials, sql, within=8.0):
             raise SQLError(f"the server at {address} is still applying its relay log")
@@ -369,6 +370,7 @@ async def detach(
 async def _relay_log_applied(
     address: str, credentials: Credentials, sql: Dialect, *, within: float
 ) -> bool:
+    """Whether the applier, no longer receiving, says it has read all of the relay log."""
     deadline = asyncio.get_running_loop().time() + within
     while True:
         try:

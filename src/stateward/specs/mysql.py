@@ -78,7 +78,9 @@ log-slave-updates = ON
 gtid-strict-mode = ON
 # Semi-synchronous replication: a commit is acknowledged after a replica has it (received
 # before the commit returns: AFTER_SYNC), so losing the primary loses no acknowledged write.
-rpl-semi-sync-master-enabled = ON
+# The operator turns the waiting side on on the primary only (a replica's applier would wait
+# for acknowledgements nobody sends).
+rpl-semi-sync-master-enabled = OFF
 rpl-semi-sync-slave-enabled = ON
 rpl-semi-sync-master-wait-point = AFTER_SYNC
 rpl-semi-sync-master-timeout = 10000
