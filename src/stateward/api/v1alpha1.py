@@ -696,7 +696,8 @@ class DatabaseSpec(_Model):
     version: str = Field(max_length=12)
     """The engine's version: PostgreSQL "13" to "18", MySQL "8.0" or "8.4", MariaDB "10.6",
     "10.11", "11.4" or "11.8", optionally with a minor or patch level ("17.2", "10.11.9").
-    Minor updates roll the pods; a major change is refused until upgrades exist."""
+    A major change is refused until upgrades exist. PostgreSQL rolls minor updates through
+    the pods; MySQL and MariaDB take a new minor when their pods are next replaced."""
 
     replicas: int = Field(ge=1, le=DATABASE_MAX_REPLICAS)
     """Servers in total: one primary that takes writes and replicas - 1 read replicas."""
