@@ -27,6 +27,7 @@ REAL_NODE_FILES = frozenset({"test_make_run.py", "test_real_nodes_cli.py"})
 """e2e stories that start a cluster with real nodes of their own."""
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """One cluster with real nodes fits a host (they share its bridge): every test that uses
     one — the session's ``real_cluster`` or a story's own — goes to the same xdist worker,
