@@ -134,6 +134,7 @@ class DatabaseReconciler:
         credentials = await self._credentials_of(scope)
         if credentials is None:
             return "waiting for the credentials Secret"
+        await _fence_departing(scope, credentials)
         answers = await asyncio.gather(
             *(servers.observe(_ip(pod), credentials, database.spec.engine) for pod in pods)
         )
@@ -264,6 +265,27 @@ class DatabaseReconciler:
 
 
 FINALIZER_REMOVED = "removed the finalizer"
+
+
+async def _fence_departing(scope: Scope, credentials: servers.Credentials) -> None:
+    """A server whose pod is being deleted still runs until its shutdown ends, and a primary
+    among them still takes writes that no one else may ever receive: make every departing
+    server read-only first (if it still answers), before anything is promoted."""
+    selector = mysql_spec.selector_labels(scope.database)
+    for pod in scope.owned("Pod"):
+        labels = pod["metadata"].get("labels") or {}
+        if not pod["metadata"].get("deletionTimestamp") or any(
+            labels.get(k) != v for k, v in selector.items()
+        ):
+            continue
+        address = _ip(pod)
+        if address and (
+            await servers.observe(address, credentials, scope.database.spec.engine)
+        ).get("writable"):
+            try:
+                await servers.fence(address, credentials, scope.database.spec.engine)
+            except servers.SQLError:
+                continue  # gone meanwhile: it takes no writes either
 
 
 def _switchover_target(observed: list[servers.Server], primary: str, below: int) -> str | None:

@@ -230,7 +230,14 @@ MARIADB = Dialect(
     # Only the primary waits for acknowledgements: a replica's applier that waited too (its
     # own binary log has no replica) stalled every replicated commit for the timeout.
     open_writes=("SET GLOBAL rpl_semi_sync_master_enabled = ON", "SET GLOBAL read_only = OFF"),
-    fence=("SET GLOBAL read_only = ON", "SET GLOBAL rpl_semi_sync_master_enabled = OFF"),
+    # Read-only, then the application's sessions closed: a commit already waiting for an
+    # acknowledgement gets an error instead of, after the timeout, an acknowledgement from
+    # a server no replica follows any more.
+    fence=(
+        "SET GLOBAL read_only = ON",
+        f"KILL CONNECTION USER '{spec.APP_USER}'",
+        "SET GLOBAL rpl_semi_sync_master_enabled = OFF",
+    ),
     follow=(
         "CHANGE MASTER TO MASTER_HOST = %(host)s, MASTER_PORT = %(port)s,"
         " MASTER_USER = %(user)s, MASTER_PASSWORD = %(password)s,"
