@@ -62,6 +62,7 @@ from stateward.cli.run import (
     install_crds,
     start_operator,
 )
+from stateward.controllers import core
 from stateward.local import binaries
 from stateward.local.cluster import LocalCluster
 
@@ -111,11 +112,8 @@ def unarchived(current: str, archived: str) -> int:
     return max(segment_number(current) - segment_number(archived) - 1, 0)
 
 
-def seconds_between(start: str, end: str) -> float:
-    def parse(stamp: str) -> datetime.datetime:
-        return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-
-    return (parse(end) - parse(start)).total_seconds()
+seconds_between = core.seconds_between
+"""pgBackRest's start and stop times are RFC 3339 like the API server's: the core's parser."""
 
 
 def mb_per_s(size_bytes: float, seconds: float) -> float:
