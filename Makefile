@@ -96,7 +96,7 @@ down: $(STAMP) ## Stop the local cluster and remove its state
 BENCH_FLAGS ?=
 
 .PHONY: bench
-bench: bench-nodes bench-dataplane bench-faults bench-backup ## Benchmarks: real nodes, the data plane, failures (RTO/RPO vs bare Patroni), backups and restore, then the operator at 100 and 1000 clusters (kwok); docs/benchmarks.md
+bench: bench-nodes bench-dataplane bench-faults bench-backup bench-mariadb ## Benchmarks: real nodes, the data plane, failures (RTO/RPO vs bare Patroni), backups and restore, MariaDB failover, then the operator at 100 and 1000 clusters (kwok); docs/benchmarks.md
 	@$(BIN)/python -m bench.run $(BENCH_FLAGS)
 
 .PHONY: bench-nodes
@@ -110,6 +110,10 @@ bench-dataplane: binaries ## Benchmark the data plane: apply → Ready, switchov
 .PHONY: bench-faults
 bench-faults: binaries ## The RTO/RPO table: every fault of the matrix 5 times on one cluster with a writer
 	@$(BIN)/python -m bench.faults $(BENCH_FAULTS_FLAGS)
+
+.PHONY: bench-mariadb
+bench-mariadb: binaries ## MariaDB Database: the primary lost 5 times under a writer — write downtime, time to a new primary, writes lost
+	@$(BIN)/python -m bench.mariadb $(BENCH_MARIADB_FLAGS)
 
 .PHONY: bench-backup
 bench-backup: binaries ## Backup and restore throughput, WAL archive lag, restore time by database size (pgbench scales 10 and 50)

@@ -152,6 +152,21 @@ def test_gtid_positions_of_both_engines() -> None:
     assert mysql.at_least({0: 5, 1: 2}, {0: 5}) and not mysql.at_least({0: 4}, {0: 5})
 
 
+def test_a_switchover_target_has_caught_up_only_with_the_very_same_last_transactions() -> None:
+    # A former primary that wrote 0-1-42 itself, and a new primary that wrote nothing since
+    # it took over (MASTER_GTID_WAIT would wait forever here: gtid_slave_pos is empty).
+    assert mysql.caught_up("0-1-42", "0-1-42")
+    # The new primary wrote since, the old one applied it as a replica.
+    assert mysql.caught_up("0-2-50", "0-2-50")
+    assert mysql.caught_up("1-3-7, 0-2-50", "0-2-50,1-3-7"), "order and spaces do not matter"
+    assert mysql.caught_up("0-1-42", ""), "a primary that never wrote"
+    assert not mysql.caught_up("0-1-41", "0-1-42"), "behind"
+    assert not mysql.caught_up("0-2-42", "0-1-42"), "another transaction with the same number"
+    assert not mysql.caught_up("0-1-43", "0-1-42"), "ahead: holds what the primary never had"
+    assert not mysql.caught_up("0-1-42", "0-1-42,1-3-7"), "a domain missing"
+    assert not mysql.caught_up("", "0-1-42")
+
+
 def test_a_new_database_needs_a_server_that_answers() -> None:
     plan = mysql.plan(DB, [Server(pod="shop-0", ready=False, role=None)], None)
     assert plan.primary is None

@@ -84,6 +84,29 @@ def at_least(a: dict[int, int], b: dict[int, int]) -> bool:
     return all(a.get(domain, 0) >= seq for domain, seq in b.items())
 
 
+def _last_transactions(gtid: str) -> dict[int, tuple[int, int]]:
+    """A MariaDB GTID position as domain -> (server id, seq) of its last transaction."""
+    found: dict[int, tuple[int, int]] = {}
+    for part in (p.strip() for p in gtid.split(",")):
+        pieces = part.split("-")
+        if len(pieces) == 3 and all(p.isdigit() for p in pieces):
+            found[int(pieces[0])] = (int(pieces[1]), int(pieces[2]))
+    return found
+
+
+def caught_up(applied: str, written: str) -> bool:
+    """MariaDB: whether a server at ``applied`` (its gtid_current_pos) has everything a fenced
+    primary at ``written`` wrote — the very same last transaction in every domain.
+
+    Not MASTER_GTID_WAIT: it looks only at gtid_slave_pos, what the server applied as a
+    replica, so a former primary holding the same transactions in its own binary log (the
+    new primary wrote none since the failover) never reaches it. And not a higher sequence
+    number: that server would hold transactions the primary never had (a former primary's
+    unacknowledged tail), which the primary's replicas would then receive."""
+    mine = _last_transactions(applied)
+    return all(mine.get(domain) == last for domain, last in _last_transactions(written).items())
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     primary: str | None
@@ -195,9 +218,9 @@ class Dialect:
     stop_receiving: str
     sql_state: str
     """The replica status column saying what the applier does."""
-    wait_applied: str
+    wait_applied: str | None
     """Waits (at most 8 s, under the read timeout) until %(received)s has been applied: 0 when
-    it has, -1 (MariaDB) or 1 (MySQL) when the time ran out."""
+    it has, 1 when the time ran out. None: poll the server's position (:func:`caught_up`)."""
     detach: tuple[str, ...]
     """Stop replicating and forget the source (the relay log goes too)."""
     semi_sync_clients: str | None
@@ -223,7 +246,7 @@ MARIADB = Dialect(
     gtid="@@gtid_current_pos",
     stop_receiving="STOP SLAVE IO_THREAD",
     sql_state="Slave_SQL_Running_State",
-    wait_applied="SELECT MASTER_GTID_WAIT(%(received)s, 8)",
+    wait_applied=None,
     detach=("STOP SLAVE", "RESET SLAVE ALL", "SET GLOBAL rpl_semi_sync_master_enabled = OFF"),
     semi_sync_clients="SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS"
     " WHERE VARIABLE_NAME = 'RPL_SEMI_SYNC_MASTER_CLIENTS'",
@@ -441,14 +464,25 @@ async def switchover(
     sql = dialect(engine)
     await _run(primary, credentials, sql.fence)
     written = await observe(primary, credentials, engine)
-    caught_up = (
-        bool(written)
-        and await _scalar(target, credentials, sql.wait_applied, received=written["gtid"]) == 0
-    )
-    if not caught_up:
+    if not written or not await _applied(target, credentials, sql, written["gtid"], within=8.0):
         await promote(primary, credentials, engine)
         raise SQLError(f"the server at {target} did not catch up with the primary in time")
     await promote(target, credentials, engine)
+
+
+async def _applied(
+    address: str, credentials: Credentials, sql: Dialect, written: str, *, within: float
+) -> bool:
+    """Whether the server applies everything up to ``written`` within ``within`` seconds."""
+    if sql.wait_applied is not None:
+        return bool(await _scalar(address, credentials, sql.wait_applied, received=written) == 0)
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        if caught_up(str(await _scalar(address, credentials, f"SELECT {sql.gtid}") or ""), written):
+            return True
+        if asyncio.get_running_loop().time() >= deadline:
+            return False
+        await asyncio.sleep(0.2)
 
 
 async def fence(address: str, credentials: Credentials, engine: v1alpha1.Engine) -> None:

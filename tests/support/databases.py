@@ -1,0 +1,186 @@
+"""Databases (MySQL and MariaDB servers) as a user's program sees them: created, waited for
+until Running, their credentials, SQL through a pod's address, and a writer that records
+every acknowledged write — shared by the real-node tests and ``make bench-mariadb``."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import itertools
+import threading
+import time
+from typing import Any
+
+import pymysql
+from lightkube import Client, codecs
+from lightkube.resources.core_v1 import Pod, Secret, Service
+from lightkube.types import PatchType
+
+from stateward.controllers.kube import DatabaseResource
+from tests.support.waiting import wait_for
+
+
+def create(client: Client, ns: str, name: str, engine: str, version: str, replicas: int) -> None:
+    client.create(
+        codecs.from_dict(
+            {
+                "apiVersion": "stateward.io/v1alpha1",
+                "kind": "Database",
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {"engine": engine, "version": version, "replicas": replicas,
+                         "storage": {"size": "1Gi"}},
+            }
+        )
+    )  # fmt: skip
+
+
+def running(client: Client, ns: str, name: str, replicas: int) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        found: dict[str, Any] = client.get(DatabaseResource, name, namespace=ns).to_dict()
+        status = found.get("status") or {}
+        done = status.get("phase") == "Running" and status.get("readyReplicas") == replicas
+        return found if done and status.get("observedGeneration") == found["metadata"][
+            "generation"] else None  # fmt: skip
+
+    return wait_for(check, what=f"{ns}/{name} Running with {replicas}", timeout=240, interval=1)
+
+
+def resize(client: Client, ns: str, name: str, spec: dict[str, Any]) -> None:
+    client.patch(DatabaseResource, name, {"spec": spec}, namespace=ns,
+                 patch_type=PatchType.MERGE)  # fmt: skip
+
+
+def secret(client: Client, ns: str, name: str) -> dict[str, str]:
+    found = client.get(Secret, name, namespace=ns)
+    return {k: base64.b64decode(v).decode() for k, v in (found.data or {}).items()}
+
+
+def pod_ip(client: Client, ns: str, pod: str) -> str:
+    found = client.get(Pod, pod, namespace=ns)
+    assert found.status is not None and found.status.podIP
+    return found.status.podIP
+
+
+def query(address: str, app: dict[str, str], statement: str) -> tuple[Any, ...]:
+    connection = pymysql.connect(host=address, port=3306, user=app["user"],
+                                 password=app["password"], database=app["dbname"],
+                                 autocommit=True, connect_timeout=5)  # fmt: skip
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(statement)
+            return tuple(cursor.fetchall())
+    finally:
+        connection.close()
+
+
+def roles(client: Client, ns: str) -> dict[str, str | None]:
+    return {
+        p.metadata.name: (p.metadata.labels or {}).get("stateward.io/role")  # type: ignore[union-attr]
+        for p in client.list(Pod, namespace=ns, labels={"app.kubernetes.io/name": "mariadb"})
+        if p.metadata is not None and p.metadata.deletionTimestamp is None
+    }
+
+
+class Writer:
+    """Inserts numbered rows through the ``-primary`` Service (as an application would) and
+    records each acknowledged one with the moment it was acknowledged."""
+
+    def __init__(self, address: str, app: dict[str, str], table: str = "acked") -> None:
+        self.address, self.app, self.table = address, app, table
+        self.acked: list[tuple[int, float]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        connection: Any = None
+        number = 0
+        while not self.stop.is_set():
+            try:
+                if connection is None:
+                    connection = pymysql.connect(
+                        host=self.address, port=3306, user=self.app["user"],
+                        password=self.app["password"], database=self.app["dbname"],
+                        autocommit=True, connect_timeout=2, read_timeout=5, write_timeout=5,
+                    )  # fmt: skip
+                with connection.cursor() as cursor:
+                    insert = f"INSERT INTO {self.table} (n) VALUES (%s)"  # noqa: S608 (our name)
+                    cursor.execute(insert, (number + 1,))
+                number += 1
+                self.acked.append((number, time.monotonic()))
+            except pymysql.MySQLError:
+                with contextlib.suppress(Exception):
+                    if connection is not None:
+                        connection.close()
+                connection = None
+                number += 1  # a row that may or may not have been written: never reused
+                self.stop.wait(0.1)
+
+    def __enter__(self) -> Writer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
+
+    def since(self, moment: float) -> int:
+        return sum(1 for _, at in self.acked if at > moment)
+
+    def longest_gap(self) -> float:
+        stamps = [at for _, at in self.acked]
+        return max((b - a for a, b in itertools.pairwise(stamps)), default=0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Failover:
+    """One primary lost under a writer, as the writer and the status saw it."""
+
+    old: str
+    new: str
+    acknowledged: frozenset[int]
+    lost: tuple[int, ...]
+    """Acknowledged writes the new primary does not have: must be empty."""
+    longest_gap: float
+    """Seconds: the longest time between two acknowledged writes (the write downtime)."""
+    reported_after: float
+    """Seconds from the pod's deletion until ``status.lastFailover`` named the new primary."""
+
+
+def lose_the_primary(client: Client, ns: str, name: str, table: str) -> Failover:
+    """Delete the primary's pod while a writer inserts into ``table`` (made here) through the
+    ``NAME-primary`` Service; wait for the operator to report the failover and for writes to
+    be acknowledged again (by the new primary: the old one was fenced first); then compare
+    what was acknowledged with what the new primary holds."""
+    status = client.get(DatabaseResource, name, namespace=ns).to_dict()["status"]
+    old, before = status["primaryPod"], status.get("lastFailover")
+    app = secret(client, ns, f"{name}-app")
+    query(pod_ip(client, ns, old), app, f"CREATE TABLE {table} (n INT PRIMARY KEY)")
+    service = client.get(Service, f"{name}-primary", namespace=ns).spec.clusterIP  # type: ignore[union-attr]
+    assert service
+    with Writer(service, app, table) as writer:
+        wait_for(lambda: len(writer.acked) >= 50, what="the writer under way", timeout=60)
+        deleted_at = time.monotonic()
+        client.delete(Pod, old, namespace=ns)
+
+        def reported() -> dict[str, Any] | None:
+            found = client.get(DatabaseResource, name, namespace=ns).to_dict().get("status") or {}
+            last = found.get("lastFailover")
+            return last if last and last != before and last.get("fromPod") == old else None
+
+        failover = wait_for(reported, what="the operator to fail over", timeout=120)
+        reported_at = time.monotonic()
+        wait_for(lambda: writer.since(reported_at) >= 50,
+                 what="writes again through the Service", timeout=120)  # fmt: skip
+    new = failover["toPod"]
+    acknowledged = frozenset(n for n, _ in writer.acked)
+    rows = query(pod_ip(client, ns, new), app, f"SELECT n FROM {table}")  # noqa: S608 (ours)
+    stored = {row[0] for row in rows}
+    return Failover(
+        old=old,
+        new=new,
+        acknowledged=acknowledged,
+        lost=tuple(sorted(acknowledged - stored)),
+        longest_gap=writer.longest_gap(),
+        reported_after=reported_at - deleted_at,
+    )
