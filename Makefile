@@ -36,7 +36,7 @@ run: binaries ## Main job: local cluster + operator + a sample PostgresCluster, 
 
 .PHONY: test
 test: binaries ## Every test: unit, integration, e2e (TEST_WORKERS=2: two workers)
-	@$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_FLAGS) tests
+	@$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_FLAGS) tests
 
 .PHONY: test-unit
 test-unit: $(STAMP) ## Unit tests only (no binaries, seconds)
