@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from lightkube import Client
@@ -42,6 +43,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             or item.get_closest_marker("host") is not None
         ):
             item.add_marker(pytest.mark.xdist_group("real-nodes"))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: Sequence[str]) -> None:
+    """(The controller.) Under ``--dist loadgroup`` xdist keeps a group in one worker only
+    through the ``@group`` suffix it puts into node ids; some pytest versions silently undo
+    that (9.2: pytest-xdist issue 1386), and two real-node clusters on one host then fail in
+    confusing ways. Stop at once instead, naming the cause."""
+    if node.config.getoption("dist") != "loadgroup":
+        return
+    lost = [
+        i for i in ids if i.split("::")[0].rsplit("/", 1)[-1] in REAL_NODE_FILES and "@" not in i
+    ]
+    if lost:
+        pytest.exit(
+            f"pytest {pytest.__version__} dropped xdist's group from the node ids (first:"
+            f" {lost[0]}): the real-node tests would run in two workers at once. Install the"
+            " pytest pyproject.toml allows (make venv), or run with TEST_WORKERS=1.",
+            returncode=4,
+        )
 
 
 def _start(tmp: Path, *, controllers: bool) -> Iterator[LocalCluster]:

@@ -520,18 +520,15 @@ class PostgresClusterStatus(_Model):
     """The running or last restart rolled for a parameter change."""
 
 
-class PostgresCluster(_Model):
-    """A primary-replica PostgreSQL cluster managed by Stateward."""
+class _Resource(_Model):
+    """What a Stateward resource's children are named after: its metadata, and the three
+    Services every data plane has (``NAME-headless``, ``NAME-primary``, ``NAME-replicas``)
+    and the applications' ``NAME-app`` Secret."""
 
     model_config = ConfigDict(extra="ignore")
 
     api_version: str = API_VERSION
-    kind: str = KIND
     metadata: dict[str, Any] = Field(default_factory=dict)
-    spec: PostgresClusterSpec
-    status: PostgresClusterStatus = Field(default_factory=PostgresClusterStatus)
-
-    # --- names of the children; every builder and controller takes them from here --------
 
     @property
     def name(self) -> str:
@@ -562,6 +559,21 @@ class PostgresCluster(_Model):
         return f"{self.name}-replicas"
 
     @property
+    def app_secret_name(self) -> str:
+        """Connection details for applications: host, port, database, user, password, uri."""
+        return f"{self.name}-app"
+
+
+class PostgresCluster(_Resource):
+    """A primary-replica PostgreSQL cluster managed by Stateward."""
+
+    kind: str = KIND
+    spec: PostgresClusterSpec
+    status: PostgresClusterStatus = Field(default_factory=PostgresClusterStatus)
+
+    # --- names of the children; every builder and controller takes them from here --------
+
+    @property
     def patroni_config_map_name(self) -> str:
         """Our static Patroni configuration. Not ``NAME-config``: in ConfigMaps mode Patroni
         owns ``{scope}-config`` (its dynamic configuration and timeline history)."""
@@ -579,11 +591,6 @@ class PostgresCluster(_Model):
     @property
     def replication_secret_name(self) -> str:
         return f"{self.name}-replication"
-
-    @property
-    def app_secret_name(self) -> str:
-        """Connection details for applications: host, port, dbname, user, password, uri."""
-        return f"{self.name}-app"
 
     @property
     def instance_account_name(self) -> str:
@@ -749,50 +756,18 @@ class DatabaseStatus(_Model):
     """The spec generation the status describes."""
 
 
-class Database(_Model):
+class Database(_Resource):
     """A database server (PostgreSQL, MySQL or MariaDB) with replicas, managed by Stateward."""
 
-    model_config = ConfigDict(extra="ignore")
-
-    api_version: str = API_VERSION
     kind: str = DATABASE_KIND
-    metadata: dict[str, Any] = Field(default_factory=dict)
     spec: DatabaseSpec
     status: DatabaseStatus = Field(default_factory=DatabaseStatus)
-
-    @property
-    def name(self) -> str:
-        return str(self.metadata["name"])
-
-    @property
-    def namespace(self) -> str:
-        return str(self.metadata.get("namespace", "default"))
-
-    @property
-    def uid(self) -> str:
-        return str(self.metadata.get("uid", ""))
-
-    @property
-    def generation(self) -> int:
-        return int(self.metadata.get("generation", 0))
 
     @property
     def major(self) -> str:
         return engine_major(self.spec.engine, self.spec.version)
 
-    # --- names of the children -------------------------------------------------------------
-
-    @property
-    def headless_service_name(self) -> str:
-        return f"{self.name}-headless"
-
-    @property
-    def primary_service_name(self) -> str:
-        return f"{self.name}-primary"
-
-    @property
-    def replicas_service_name(self) -> str:
-        return f"{self.name}-replicas"
+    # --- names of the children (and those of every resource: ``_Resource``) ----------------
 
     @property
     def config_map_name(self) -> str:
@@ -803,11 +778,6 @@ class Database(_Model):
     def credentials_secret_name(self) -> str:
         """The root and replication passwords (MySQL and MariaDB), created once."""
         return f"{self.name}-credentials"
-
-    @property
-    def app_secret_name(self) -> str:
-        """Connection details for applications: host, port, database, user, password, uri."""
-        return f"{self.name}-app"
 
     @property
     def image(self) -> str:

@@ -104,6 +104,21 @@ class Scope:
     async def event(self, reason: str, message: str, *, warning: bool = False) -> None:
         await self.kube.event(self.body, reason=reason, message=message, warning=warning)
 
+    def summarize(self, settled: str) -> None:
+        """Progressing and Degraded from what the phases noted: the first reason, every
+        message; ``settled`` says what a resource with nothing in progress looks like."""
+        if self.progressing:
+            reason = self.progressing[0][0]
+            message = "; ".join(m for _, m in self.progressing)
+            self.set_condition("Progressing", True, reason, message)
+        else:
+            self.set_condition("Progressing", False, "Stable", settled)
+        if self.degraded:
+            reason = self.degraded[0][0]
+            self.set_condition("Degraded", True, reason, " ".join(m for _, m in self.degraded))
+        else:
+            self.set_condition("Degraded", False, "AsExpected", "nothing is wrong")
+
 
 S = TypeVar("S", bound=Scope)
 Phase = Callable[[S], Awaitable[str | None]]

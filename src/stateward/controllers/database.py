@@ -494,19 +494,6 @@ async def write_status(scope: Scope, *, deleting: bool) -> None:
     await core.patch_status(scope, status)
 
 
-def _summary(scope: Scope) -> None:
-    if scope.degraded:
-        reason, message = scope.degraded[0]
-        scope.set_condition("Degraded", True, reason, message)
-    else:
-        scope.set_condition("Degraded", False, "AsExpected", "")
-    if scope.progressing:
-        reason, message = scope.progressing[0]
-        scope.set_condition("Progressing", True, reason, message)
-    else:
-        scope.set_condition("Progressing", False, "Converged", "")
-
-
 def _postgres_status(scope: Scope, *, deleting: bool) -> dict[str, Any]:
     """The PostgresCluster's state as the Database's: its phase mapped, its Ready, Progressing
     and Degraded conditions taken over (a Degraded of our own comes first)."""
@@ -569,7 +556,7 @@ def _servers_status(scope: Scope, *, deleting: bool) -> dict[str, Any]:
         )  # fmt: skip
     if not is_ready and not scope.progressing:
         scope.progressing.append(("ServersStarting", f"{ready}/{wanted} ready"))
-    _summary(scope)
+    scope.summarize("the servers match the spec")
     if deleting:
         phase = DatabasePhase.DELETING
     elif scope.degraded:

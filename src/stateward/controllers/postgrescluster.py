@@ -884,19 +884,6 @@ def _ready_condition(scope: Scope, ready: int, primaries: list[str], replicas: l
     return is_ready
 
 
-def _summary_conditions(scope: Scope) -> None:
-    if scope.progressing:
-        reason = scope.progressing[0][0]
-        scope.set_condition("Progressing", True, reason, "; ".join(m for _, m in scope.progressing))
-    else:
-        scope.set_condition("Progressing", False, "Stable", "the cluster matches its spec")
-    if scope.degraded:
-        reason, _ = scope.degraded[0]
-        scope.set_condition("Degraded", True, reason, " ".join(m for _, m in scope.degraded))
-    else:
-        scope.set_condition("Degraded", False, "AsExpected", "nothing is wrong")
-
-
 def _backup_condition(scope: Scope, cronjob: Body | None) -> None:
     schedule = scope.cluster.spec.backup_schedule
     if schedule is None:
@@ -937,7 +924,7 @@ async def write_status(scope: Scope, *, deleting: bool) -> None:
     replicas = sorted(p["metadata"]["name"] for p in pods if _role(p) == meta.REPLICA_ROLE)
     _count_progress(scope, statefulset, ready)
     is_ready = _ready_condition(scope, ready, primaries, replicas)
-    _summary_conditions(scope)
+    scope.summarize("the cluster matches its spec")
     cronjob = scope.observed("CronJob", cluster.backup_cronjob_name)
     _backup_condition(scope, cronjob)
 
