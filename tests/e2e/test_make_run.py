@@ -82,15 +82,17 @@ def test_run_brings_a_sample_cluster_to_ready_and_stops_on_ctrl_c(tmp_path: Path
             timeout=90,
         )
         assert f"written on the primary {primary} was read back on the replica" in checked
-        # Beside it, the sample MariaDB Database: a primary and a replicating replica.
+        # Beside it, the sample MariaDB Database: a primary (whichever server answered first:
+        # the pods start in parallel) and a replicating replica.
         wait_for(
             lambda: any(
-                "shop (Database mariadb): phase=Running ready=2/2 primary=shop-0" in line
+                re.search(r"shop \(Database mariadb\): phase=Running ready=2/2 primary=shop-[01]\b",
+                          line)
                 for line in lines
             ),
             what="the sample MariaDB Database shown Running",
             timeout=240,
-        )
+        )  # fmt: skip
         assert any("sample-app" in line and "base64 -d" in line for line in lines)
         # A real database: Patroni elected the primary the status names, the others replay.
         for pod in ("sample-0", "sample-1", "sample-2"):
@@ -126,7 +128,9 @@ def test_run_brings_a_sample_cluster_to_ready_and_stops_on_ctrl_c(tmp_path: Path
             line.startswith("operator") and "running" in line for line in status.stdout.splitlines()
         ), status.stdout
         process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=30) == 0
+        # The operator gets 15 s to stop gracefully before it is killed; the rest is room for
+        # a busy machine (a two-worker CI run once needed more than 30 s).
+        assert process.wait(timeout=90) == 0
         assert any("cluster keeps running" in line for line in lines)
         after = local(tmp_path, env, "status")
         assert after.returncode == 0, after.stdout
