@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -42,6 +43,7 @@ def start_run(
         "STATEWARD_LOCAL_PORT_BASE": str(free_port_base()),
         "STATEWARD_LOCAL_DIR": str(tmp_path / "local"),
         "STATEWARD_LOCAL_NODES": str(real_nodes),
+        "PYTHONFAULTHANDLER": "1",  # a stuck run shows its threads' stacks on SIGABRT
     }
     process = subprocess.Popen(
         [sys.executable, "-m", "stateward", "local", "run"],
@@ -130,7 +132,16 @@ def test_run_brings_a_sample_cluster_to_ready_and_stops_on_ctrl_c(tmp_path: Path
         process.send_signal(signal.SIGINT)
         # The operator gets 15 s to stop gracefully before it is killed; the rest is room for
         # a busy machine (a two-worker CI run once needed more than 30 s).
-        assert process.wait(timeout=90) == 0
+        try:
+            code = process.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGABRT)  # its stacks, into the lines read
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=10)
+            pytest.fail(
+                "Ctrl-C did not stop the run in 90 s; its last output:\n" + "".join(lines[-60:])
+            )
+        assert code == 0
         assert any("cluster keeps running" in line for line in lines)
         after = local(tmp_path, env, "status")
         assert after.returncode == 0, after.stdout
