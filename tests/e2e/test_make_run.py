@@ -52,6 +52,10 @@ def start_run(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # As in a terminal, Ctrl-C must reach it: a pytest-xdist worker can run with SIGINT
+        # ignored, and a child inherits that (Python then never raises KeyboardInterrupt;
+        # two-worker runs hung here, the run's stack in time.sleep of its status loop).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     lines: list[str] = []
     threading.Thread(
