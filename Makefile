@@ -7,11 +7,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_FLAGS ?=
-# Pytest workers. With 2, every test on real nodes runs in one of them, in order (one cluster
-# with real nodes fits a host; tests/conftest.py groups them), the rest beside it: 30 minutes
-# instead of 43 here, but the make-run story's Ctrl-C hung twice in that mode, so one worker
-# stays the default until that is understood (docs/architecture.md).
-TEST_WORKERS ?= 1
+# Pytest workers: every test on real nodes runs in one of them, in order (one cluster with
+# real nodes fits a host; tests/conftest.py groups them), the rest beside it: about 32 minutes
+# instead of 43 here (docs/architecture.md). TEST_WORKERS=1 runs them one by one.
+TEST_WORKERS ?= 2
 
 .PHONY: help
 help: ## Show this help
@@ -36,7 +35,7 @@ run: binaries ## Main job: local cluster + operator + a sample PostgresCluster, 
 	@$(BIN)/stateward local run
 
 .PHONY: test
-test: binaries ## Every test: unit, integration, e2e (TEST_WORKERS=2: two workers)
+test: binaries ## Every test: unit, integration, e2e (two workers; TEST_WORKERS=1 for one)
 	@$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_FLAGS) tests
 
 .PHONY: test-unit
