@@ -279,7 +279,7 @@ def test_every_rule_has_a_message_naming_its_field(schema: dict[str, Any]) -> No
                 "FieldValueForbidden",
                 "FieldValueRequired",
             }
-    assert found == 15
+    assert found == 16
 
 
 def test_storage_size_rules(schema: dict[str, Any]) -> None:
@@ -335,12 +335,18 @@ def test_backup_schedule_rule(schema: dict[str, Any]) -> None:
 
 
 def test_managed_parameters_rule(schema: dict[str, Any]) -> None:
-    rule = rule_containing(at(schema, "spec.postgresql.parameters"), ".all(p, !(p in self))")
-    listed = re.findall(r"'([a-z_]+)'", rule["rule"].split("].all(")[0])
+    rule = rule_containing(at(schema, "spec.postgresql.parameters"), "p.lowerAscii() in [")
+    listed = re.findall(r"'([a-z_]+)'", rule["rule"].split(" in [")[1])
     assert tuple(listed) == MANAGED_PARAMETERS
     assert rule["message"].startswith("spec.postgresql.parameters must not set parameters")
     assert all(p in rule["message"] for p in MANAGED_PARAMETERS)
-    assert ".filter(p, p in self)[0]" in rule["messageExpression"]
+    assert ".filter(p, p.lowerAscii() in [" in rule["messageExpression"]
+
+
+def test_parameter_names_rule_is_the_one_pattern(schema: dict[str, Any]) -> None:
+    rule = rule_containing(at(schema, "spec.postgresql.parameters"), "p.matches(")
+    assert v1alpha1.PARAMETER_NAME_PATTERN in rule["rule"]
+    assert rule["message"].startswith("spec.postgresql.parameters names must each be")
 
 
 def test_rules_are_cheap_enough(schema: dict[str, Any]) -> None:
@@ -353,7 +359,7 @@ def test_rules_are_cheap_enough(schema: dict[str, Any]) -> None:
 def test_rules_only_use_kubernetes_cel_functions(schema: dict[str, Any]) -> None:
     known = {
         "self", "oldSelf", "has", "isQuantity", "quantity", "compareTo", "isGreaterThan",
-        "matches", "int", "split", "all", "filter", "p", "in",
+        "matches", "int", "split", "all", "filter", "p", "in", "lowerAscii",
     }  # fmt: skip
     for _, node in nodes(schema):
         for rule in rules(node):

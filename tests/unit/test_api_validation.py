@@ -427,7 +427,9 @@ def test_parameter_names_and_values() -> None:
         )
     )
     assert errors == [
-        'spec.postgresql.parameters["bad name"]: is not a valid PostgreSQL parameter name',
+        'spec.postgresql.parameters["bad name"]: must be a PostgreSQL parameter name: letters,'
+        " digits and underscores, starting with a letter or underscore, with at most one dot"
+        " for an extension's parameter (max_connections, pg_stat_statements.max)",
         'spec.postgresql.parameters["work_mem"]: must be a string (got 64)',
     ]
 

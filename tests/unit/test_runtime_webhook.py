@@ -69,7 +69,7 @@ def test_local_endpoint_is_a_url() -> None:
     assert endpoint.client_config(b"CA")["url"] == f"https://127.0.0.1:30001{webhook.PATH}"
 
 
-def test_configuration_covers_postgresclusters_and_fails_open() -> None:
+def test_configuration_covers_postgresclusters_and_fails_closed_for_what_it_checks() -> None:
     configuration = webhook.webhook_configuration(
         webhook.Endpoint(namespace="ops", port=1, service="s"), b"CA"
     )
@@ -77,7 +77,14 @@ def test_configuration_covers_postgresclusters_and_fails_open() -> None:
     assert configuration["metadata"]["name"] == "stateward.io"
     assert hook["rules"][0]["resources"] == ["postgresclusters"]
     assert hook["rules"][0]["operations"] == ["CREATE", "UPDATE"]
-    assert hook["failurePolicy"] == "Ignore"
+    # Never admits what it could not check, and sees only what CEL cannot check.
+    assert hook["failurePolicy"] == "Fail"
+    (condition,) = hook["matchConditions"]
+    assert "object.spec.backupSchedule" in condition["expression"]
+    assert (
+        "'stateward.io/fenced-instances' in object.metadata.annotations"
+        in (condition["expression"])
+    )
     assert hook["sideEffects"] == "None"
 
 

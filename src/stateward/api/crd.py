@@ -60,6 +60,7 @@ from stateward.api.validation import (
     CRON_MESSAGE,
     CRON_REGEX,
     MANAGED_PARAMETERS,
+    PARAMETER_NAME_MESSAGE,
     VERSION_MESSAGE,
     VERSION_REGEX,
 )
@@ -428,6 +429,7 @@ def _cel_string(text: str) -> str:
 
 
 _NUMERIC_VERSION = _cel_string("^[0-9]+([.][0-9]+)?$")
+MAX_PARAMETERS = 256
 _MANAGED_LIST = "[" + ", ".join(_cel_string(p) for p in MANAGED_PARAMETERS) + "]"
 
 POSTGRESCLUSTER_EXTRAS: dict[str, dict[str, Any]] = {
@@ -589,9 +591,19 @@ POSTGRESCLUSTER_EXTRAS: dict[str, dict[str, Any]] = {
         ]
     },
     "spec.postgresql.parameters": {
+        # Bounds the CEL cost estimate of the rules below (an unbounded map is over budget);
+        # a postgresql.conf rarely sets more than a few dozen parameters.
+        "maxProperties": MAX_PARAMETERS,
         "x-kubernetes-validations": [
+            # The API server enforces both without the operator: a name outside the pattern
+            # could write other lines into postgresql.conf.
             Rule(
-                rule=f"{_MANAGED_LIST}.all(p, !(p in self))",
+                rule=f"self.all(p, p.matches({_cel_string(v1alpha1.PARAMETER_NAME_PATTERN)}))",
+                message=f"spec.postgresql.parameters names must each be {PARAMETER_NAME_MESSAGE}",
+            ),
+            Rule(
+                # lowerAscii: PostgreSQL's names are case-insensitive, WAL_LEVEL is wal_level.
+                rule=f"self.all(p, !(p.lowerAscii() in {_MANAGED_LIST}))",
                 message=(
                     "spec.postgresql.parameters must not set parameters the operator manages: "
                     + ", ".join(MANAGED_PARAMETERS)
@@ -599,12 +611,12 @@ POSTGRESCLUSTER_EXTRAS: dict[str, dict[str, Any]] = {
                 # Names the first offender. (join() would name all, but its estimated cost
                 # is far over the CRD budget.)
                 message_expression=(
-                    f"'spec.postgresql.parameters must not set ' + "
-                    f"{_MANAGED_LIST}.filter(p, p in self)[0] + "
+                    "'spec.postgresql.parameters must not set ' + "
+                    f"self.filter(p, p.lowerAscii() in {_MANAGED_LIST})[0] + "
                     "': the operator manages it'"
                 ),
-            )
-        ]
+            ),
+        ],
     },
     "status.conditions": {
         "x-kubernetes-list-type": "map",

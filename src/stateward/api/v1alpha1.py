@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import re
 from typing import Any
 
 import pydantic
@@ -31,6 +32,11 @@ VERSION_PATTERN = "^(" + "|".join(map(str, SUPPORTED_MAJOR_VERSIONS)) + ")([.][0
 """Supported versions: a major from SUPPORTED_MAJOR_VERSIONS, optionally ``.minor``. The one
 definition: the CRD's OpenAPI pattern, its CEL rule and the webhook all use it. Written without
 backslashes so that it reads the same in Python, Go (RE2) and a CEL string."""
+PARAMETER_NAME_PATTERN = "^[A-Za-z_][A-Za-z0-9_]*([.][A-Za-z_][A-Za-z0-9_]*)?$"
+"""A postgresql.conf parameter name: an identifier, or ``extension.name``. The one definition
+for the CRD's CEL rule, the webhook and the model. A name outside it could write other lines
+into postgresql.conf (``"x = 1\narchive_command"``), so the API server refuses it without the
+operator, and a stored object that has one is never rendered."""
 DEFAULT_IMAGE_REPOSITORY = "ghcr.io/stateward/postgres-instance"
 SWITCHOVER_ANNOTATION = "stateward.io/switchover"
 """Set on a PostgresCluster to request a switchover: the value is the pod to promote, or
@@ -82,6 +88,18 @@ class PostgreSQLConfig(_Model):
     """postgresql.conf parameters, e.g. {"max_connections": "200"}. Parameters the operator
     manages itself (listen_addresses, port, wal_level, hot_standby, archive_command, ...)
     are refused."""
+
+    @pydantic.field_validator("parameters")
+    @classmethod
+    def _names(cls, parameters: dict[str, str]) -> dict[str, str]:
+        # Admission (CEL) refuses these; an object stored before that rule must still never
+        # reach postgresql.conf, so the model refuses it too and the reconciler skips it.
+        for name in parameters:
+            if not re.fullmatch(PARAMETER_NAME_PATTERN, name):
+                raise ValueError(
+                    f"spec.postgresql.parameters: {name!r} is not a PostgreSQL parameter name"
+                )
+        return parameters
 
 
 class SynchronousMode(enum.StrEnum):

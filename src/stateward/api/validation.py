@@ -36,6 +36,7 @@ from lightkube.utils import quantity as lightkube_quantity
 from stateward.api.v1alpha1 import (
     FENCED_INSTANCES_ANNOTATION,
     MAX_REPLICAS,
+    PARAMETER_NAME_PATTERN,
     SUPPORTED_MAJOR_VERSIONS,
     VERSION_PATTERN,
     PostgresClusterSpec,
@@ -138,7 +139,12 @@ MANAGED_PARAMETERS: tuple[str, ...] = tuple(
 not set them in ``spec.postgresql.parameters``. All lowercase. Derived from the sets above, so
 what admission refuses is exactly what the instance configuration overrides."""
 
-_PARAMETER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?")
+_PARAMETER_NAME = re.compile(PARAMETER_NAME_PATTERN)
+PARAMETER_NAME_MESSAGE = (
+    "a PostgreSQL parameter name: letters, digits and underscores, starting with a letter or"
+    " underscore, with at most one dot for an extension's parameter (max_connections,"
+    " pg_stat_statements.max)"
+)
 
 # --- versions ----------------------------------------------------------------------------
 
@@ -578,7 +584,7 @@ def _check_parameters(spec: Mapping[str, Any]) -> list[str]:
     for key, value in parameters.items():
         path = f"spec.postgresql.parameters[{_quote(key)}]"
         if not isinstance(key, str) or not _PARAMETER_NAME.fullmatch(key):
-            errors.append(f"{path}: is not a valid PostgreSQL parameter name")
+            errors.append(f"{path}: must be {PARAMETER_NAME_MESSAGE}")
         elif key.lower() in MANAGED_PARAMETERS:
             errors.append(
                 f"{path}: the operator manages {key.lower()} and it cannot be set here "

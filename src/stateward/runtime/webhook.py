@@ -13,11 +13,15 @@ it). Every replica re-reads it periodically (:class:`CertificateMonitor`): a ser
 certificate is loaded into the live TLS context (new handshakes get it), and what the port
 really serves — read back by a TLS handshake with itself — is compared with the Secret. A
 difference is the gauge ``stateward_webhook_certificate_mismatch`` = 1, a log line and a
-Warning Event on the Secret, because ``failurePolicy: Ignore`` would otherwise hide a replica
-whose answers the API server can no longer trust.
+Warning Event on the Secret: a replica whose answers the API server can no longer trust
+refuses every request that needs it.
 
-Admission is a second line behind the CRD's CEL rules, which hold even without the operator;
-``failurePolicy: Ignore`` keeps PostgresCluster writes possible while no replica answers.
+Admission never admits what it could not check. The CRD's CEL rules hold without the
+operator and say everything CEL can; the webhook checks only what CEL cannot (a schedule
+that can never fire, the fenced-instances annotation's JSON). Its ``matchConditions`` send it
+exactly the requests that set or change one of those, and ``failurePolicy: Fail`` refuses
+them while no replica answers; every other PostgresCluster write never waits for the
+operator.
 """
 
 from __future__ import annotations
@@ -116,6 +120,43 @@ class Endpoint:
         return {"url": f"https://{self.host or '127.0.0.1'}:{self.port}{PATH}", "caBundle": bundle}
 
 
+def _sets_or_changes(path: str, key: str | None = None) -> str:
+    """CEL (a webhook match condition): ``object`` has the field at ``path`` (or the map entry
+    ``key`` there), and it is new (CREATE) or differs from ``oldObject``'s."""
+    parts = path.split(".")
+
+    def present(root: str) -> str:
+        checks = [f"has({root}.{'.'.join(parts[: i + 1])})" for i in range(len(parts))]
+        if key is not None:
+            checks.append(f"{key!r} in {root}.{path}")
+        return " && ".join(checks)
+
+    def value(root: str) -> str:
+        return f"{root}.{path}[{key!r}]" if key is not None else f"{root}.{path}"
+
+    return (
+        f"({present('object')}) && (oldObject == null || !({present('oldObject')})"
+        f" || {value('oldObject')} != {value('object')})"
+    )
+
+
+MATCH_CONDITIONS = [
+    {
+        "name": "sets-what-only-the-webhook-checks",
+        "expression": " || ".join(
+            f"({condition})"
+            for condition in (
+                _sets_or_changes("spec.backupSchedule"),
+                _sets_or_changes("metadata.annotations", v1alpha1.FENCED_INSTANCES_ANNOTATION),
+            )
+        ),
+    }
+]
+"""The webhook sees only writes that set or change what CEL cannot check: the backup schedule
+(a schedule that never fires) and the fenced-instances annotation (JSON). With ``Fail``, an
+operator outage blocks just those, and every other write is checked by CEL alone."""
+
+
 def webhook_configuration(
     endpoint: Endpoint, ca: bytes, *, owner_uid: str | None = None
 ) -> dict[str, Any]:
@@ -151,9 +192,11 @@ def webhook_configuration(
                         "scope": "Namespaced",
                     }
                 ],
+                "matchConditions": MATCH_CONDITIONS,
                 "admissionReviewVersions": ["v1"],
                 "sideEffects": "None",
-                "failurePolicy": "Ignore",
+                # Only the requests the match conditions select: those CEL cannot check.
+                "failurePolicy": "Fail",
                 "matchPolicy": "Equivalent",
                 "timeoutSeconds": 5,
             }
