@@ -13,6 +13,7 @@ import yaml
 from lightkube import ApiError, Client, codecs
 from lightkube.models.core_v1 import ResourceRequirements
 from lightkube.resources.apps_v1 import StatefulSet
+from lightkube.resources.authorization_v1 import SubjectAccessReview
 from lightkube.resources.batch_v1 import CronJob, Job
 from lightkube.resources.core_v1 import (
     ConfigMap,
@@ -783,3 +784,57 @@ def test_unknown_fields_are_refused_by_kubectl(
     )
     assert result.returncode != 0
     assert 'unknown field "spec.replcas"' in result.stderr
+
+
+def _may(kube: Client, namespace: str, account: str, verb: str, resource: str, name: str) -> bool:
+    """Whether the API server's authorizer lets ServiceAccount ``account`` do it."""
+    resource, _, subresource = resource.partition("/")
+    review = kube.create(
+        SubjectAccessReview.from_dict(
+            {
+                "spec": {
+                    "user": f"system:serviceaccount:{namespace}:{account}",
+                    "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}"],
+                    "resourceAttributes": {
+                        "namespace": namespace,
+                        "verb": verb,
+                        "resource": resource,
+                        "subresource": subresource,
+                        "name": name,
+                    },
+                }
+            }
+        )
+    )
+    return bool(review.status and review.status.allowed)
+
+
+def test_instances_and_backup_jobs_may_touch_only_their_own_clusters_objects(
+    kube: Client, namespace: str, make_cluster: MakeCluster
+) -> None:
+    # Two clusters in one namespace: an attacker in one's pods, or in its backup Job, goes
+    # for the other's pods (its Service traffic, a shell) and leader lock.
+    mine = make_cluster(backup=clusters.BACKUP)
+    theirs = make_cluster()
+    wait_for(
+        lambda: (
+            _may(kube, namespace, f"{mine}-backup", "create", "pods/exec", f"{mine}-0")
+            and _may(kube, namespace, f"{mine}-instance", "patch", "pods", f"{mine}-0")
+        ),
+        what="the cluster's Roles to be bound",
+    )
+    instance, backup = f"{mine}-instance", f"{mine}-backup"
+    assert _may(kube, namespace, instance, "update", "configmaps", f"{mine}-leader")
+    assert _may(kube, namespace, instance, "create", "configmaps", "")
+    assert _may(kube, namespace, backup, "create", "pods/exec", f"{mine}-15")
+    for verb, resource, name in (
+        ("patch", "pods", f"{theirs}-0"),
+        ("update", "configmaps", f"{theirs}-leader"),
+        ("delete", "configmaps", f"{theirs}-failover"),
+        ("patch", "configmaps", "someone-elses-config"),
+        ("patch", "pods", "application-pod"),
+        ("get", "secrets", f"{theirs}-superuser"),
+    ):
+        assert not _may(kube, namespace, instance, verb, resource, name), (verb, resource, name)
+    for name in (f"{theirs}-0", "application-pod", f"{mine}-16"):
+        assert not _may(kube, namespace, backup, "create", "pods/exec", name), name

@@ -35,19 +35,62 @@ def test_role_grants_what_patronis_configmaps_dcs_needs() -> None:
     assert role["apiVersion"] == "rbac.authorization.k8s.io/v1"
     assert role["kind"] == "Role"
     assert role["metadata"] == expected_meta(cluster)
-    rules = {resource: rule for rule in role["rules"] for resource in rule["resources"]}
-    assert set(rules) == {"configmaps", "pods"}
     assert all(rule["apiGroups"] == [""] for rule in role["rules"])
-    assert set(rules["configmaps"]["verbs"]) == {
-        "create",
-        "delete",
-        "get",
-        "list",
-        "patch",
-        "update",
-        "watch",
+    anywhere = {
+        (resource, verb)
+        for rule in role["rules"]
+        if "resourceNames" not in rule
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
     }
-    assert set(rules["pods"]["verbs"]) == {"get", "list", "patch", "update", "watch"}
+    assert anywhere == {("configmaps", verb) for verb in ("create", "get", "list", "watch")} | {
+        ("pods", verb) for verb in ("get", "list", "watch")
+    }
+    named = {
+        (resource, verb): rule["resourceNames"]
+        for rule in role["rules"]
+        if "resourceNames" in rule
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    state = ["demo-config", "demo-failover", "demo-leader", "demo-sync"]
+    pods = [f"demo-{ordinal}" for ordinal in range(16)]
+    assert named == {
+        ("configmaps", "delete"): state,
+        ("configmaps", "patch"): state,
+        ("configmaps", "update"): state,
+        ("pods", "patch"): pods,
+        ("pods", "update"): pods,
+    }
+
+
+def test_backup_jobs_exec_only_into_their_clusters_pods() -> None:
+    cluster = make_cluster()
+    _account, role, _binding = rbac.backup_identity(cluster)
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+        {
+            "apiGroups": [""],
+            "resources": ["pods/exec"],
+            "resourceNames": [f"demo-{ordinal}" for ordinal in range(16)],
+            "verbs": ["create", "get"],
+        },
+    ]
+
+
+def test_named_rules_stay_within_what_the_operator_holds() -> None:
+    # The operator's ClusterRole is built from the envelopes; each named rule must fit one.
+    cluster = make_cluster()
+    for rules, envelope in (
+        (rbac.instance_rules(cluster), rbac.INSTANCE_RULES),
+        (rbac.backup_rules(cluster), rbac.BACKUP_RULES),
+    ):
+        for rule in rules:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    assert any(
+                        resource in e["resources"] and verb in e["verbs"] for e in envelope
+                    ), (resource, verb)
 
 
 def test_role_grants_nothing_beyond_its_namespace_or_wildcards() -> None:
