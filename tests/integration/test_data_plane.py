@@ -17,6 +17,7 @@ from lightkube import ApiError, Client
 from lightkube.resources.core_v1 import Pod, Secret
 from lightkube.types import PatchType
 
+from stateward.api import v1alpha1
 from stateward.cli.run import (
     OperatorProcess,
     PostgresClusterResource,
@@ -24,6 +25,7 @@ from stateward.cli.run import (
 from stateward.local.cluster import LocalCluster
 from tests.integration.conftest import get_pgc, metric
 from tests.support.dataplane import (
+    PATCH_CONFIG_AS_AN_ATTACKER,
     Writer,
     annotate,
     client_of,
@@ -35,6 +37,7 @@ from tests.support.dataplane import (
     operator_on,
     ready,
     roles,
+    run_in_pod,
     sql,
     status_of,
     switchover_done,
@@ -114,6 +117,18 @@ def test_parameters_are_applied_through_patroni_without_recreating_pods(
     ready(client, ns, "tuned")
     before = client.get(Pod, "tuned-0", namespace=ns)
     assert sql(real_cluster, ns, "tuned-0", "show max_connections") == "100"
+
+    # Another pod of the namespace cannot change the configuration behind the operator's
+    # back: Patroni's REST API asks for credentials only the operator and the instances hold.
+    superuser = client.get(Secret, "tuned-superuser", namespace=ns).data or {}
+    answers = run_in_pod(
+        client, ns, "attacker", f"{v1alpha1.DEFAULT_IMAGE_REPOSITORY}:15",
+        ["python3", "-c", PATCH_CONFIG_AS_AN_ATTACKER,
+         f"http://{before.status.podIP}:8008/config",  # type: ignore[union-attr]
+         base64.b64decode(superuser["password"]).decode()],
+    )  # fmt: skip
+    assert answers.split() == ["401", "401", "401"], answers
+    assert sql(real_cluster, ns, "tuned-0", "show archive_command") == "/bin/true"
 
     client.patch(
         PostgresClusterResource,

@@ -257,3 +257,50 @@ class Writer:
         present = sql(real, ns, pod, f"select string_agg(n::text, ',') from {self.table}")  # noqa: S608
         rows = {int(x) for x in present.split(",") if x}
         return {a.n for a in self.acknowledged} - rows
+
+
+PATCH_CONFIG_AS_AN_ATTACKER = """
+import base64, json, sys, urllib.error, urllib.request
+body = json.dumps({"postgresql": {"parameters": {"archive_command": "touch /tmp/pwned"}}})
+for auth in (None, "stateward:guessed", "postgres:" + sys.argv[2]):
+    request = urllib.request.Request(sys.argv[1], data=body.encode(), method="PATCH")
+    request.add_header("Content-Type", "application/json")
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+    try:
+        code = urllib.request.urlopen(request, timeout=10).status
+    except urllib.error.HTTPError as error:
+        code = error.code
+    print(code, flush=True)
+"""
+"""PATCH Patroni's /config with an archive_command (a shell on the primary, had it worked):
+without credentials, with a guessed password, and with the superuser's name and password."""
+
+
+def run_in_pod(client: Client, ns: str, name: str, image: str, argv: list[str]) -> str:
+    """Run ``argv`` in a one-off pod of ``ns`` on a real node; its log once it ended."""
+    client.create(
+        Pod.from_dict(
+            {
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": image,
+                            "imagePullPolicy": "IfNotPresent",
+                            "command": argv,
+                        }
+                    ],
+                },
+            }
+        )
+    )
+
+    def ended() -> bool:
+        pod = client.get(Pod, name, namespace=ns)
+        return bool(pod.status and pod.status.phase in ("Succeeded", "Failed"))
+
+    wait_for(ended, what=f"pod {name} to run to its end", timeout=120)
+    return "".join(client.log(name, namespace=ns))

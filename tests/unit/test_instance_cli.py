@@ -24,6 +24,8 @@ POD_ENV = {
     "PATRONI_SUPERUSER_PASSWORD": "s3cret-superuser",
     "PATRONI_REPLICATION_USERNAME": "replicator",
     "PATRONI_REPLICATION_PASSWORD": "s3cret-replication",
+    "PATRONI_RESTAPI_USERNAME": "stateward",
+    "PATRONI_RESTAPI_PASSWORD": "s3cret-restapi",
 }
 
 

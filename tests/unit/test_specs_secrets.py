@@ -64,3 +64,11 @@ def test_generate_password() -> None:
     assert first != second
     assert len(first) >= 43
     assert all(char.isalnum() or char in "-_" for char in first)
+
+
+def test_restapi_secret_holds_what_patroni_asks_for() -> None:
+    cluster = make_cluster()
+    secret = secrets.restapi_secret(cluster, password="s3cret-api")
+    assert secret["metadata"]["name"] == "demo-patroni-api"
+    assert secret["type"] == "kubernetes.io/basic-auth"
+    assert decoded(secret) == {"username": "stateward", "password": "s3cret-api"}

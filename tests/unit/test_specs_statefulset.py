@@ -185,6 +185,8 @@ def test_connect_addresses_use_the_pod_ip_defined_before_them() -> None:
         ("PATRONI_SUPERUSER_PASSWORD", "demo-superuser", "password"),
         ("PATRONI_REPLICATION_USERNAME", "demo-replication", "username"),
         ("PATRONI_REPLICATION_PASSWORD", "demo-replication", "password"),
+        ("PATRONI_RESTAPI_USERNAME", "demo-patroni-api", "username"),
+        ("PATRONI_RESTAPI_PASSWORD", "demo-patroni-api", "password"),
     ],
 )
 def test_credentials_come_from_secrets(name: str, secret: str, key: str) -> None:

@@ -611,6 +611,11 @@ class PostgresCluster(_Resource):
         return f"{self.name}-replication"
 
     @property
+    def restapi_secret_name(self) -> str:
+        """The credentials of Patroni's REST API, held by the instances and the operator."""
+        return f"{self.name}-patroni-api"
+
+    @property
     def instance_account_name(self) -> str:
         return f"{self.name}-instance"
 

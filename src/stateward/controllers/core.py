@@ -11,6 +11,7 @@ putting a failed reconcile where users look.
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import datetime
 import logging
@@ -45,6 +46,42 @@ def seconds_between(earlier: str, later: str) -> float:
     return (parse(later) - parse(earlier)).total_seconds()
 
 
+class SecretCache:
+    """Secret data the store does not keep (it slims Secrets to metadata): read with a GET
+    only when the Secret's resourceVersion, which the store does keep, changed. Kept in memory
+    only, per owning object, and dropped when that object is gone (:meth:`forget`)."""
+
+    def __init__(self) -> None:
+        self._data: dict[tuple[str, str, str], tuple[str, dict[str, str]]] = {}
+
+    async def read(self, scope: Scope, name: str) -> dict[str, str] | None:
+        """The decoded data of the Secret ``name`` beside ``scope``'s object, or None while it
+        does not exist."""
+        observed = scope.observed("Secret", name)
+        if observed is None:
+            return None
+        version = str(observed["metadata"].get("resourceVersion", ""))
+        key = (scope.namespace, scope.name, name)
+        cached = self._data.get(key)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        found = await scope.kube.get("v1", "Secret", scope.namespace, name)
+        if found is None:
+            return None
+        data: dict[str, str] = {}
+        for field, value in (found.get("data") or {}).items():
+            try:
+                data[field] = base64.b64decode(value).decode()
+            except ValueError:
+                continue  # not text: no credential of ours
+        self._data[key] = (version, data)
+        return data
+
+    def forget(self, namespace: str, owner: str) -> None:
+        for key in [k for k in self._data if k[:2] == (namespace, owner)]:
+            del self._data[key]
+
+
 @dataclasses.dataclass(kw_only=True)
 class Scope:
     """One reconcile's view of one object: its body, its observed children, and what the
@@ -59,6 +96,8 @@ class Scope:
     requeue_after: float | None = None
     degraded: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     progressing: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    secrets: SecretCache = dataclasses.field(default_factory=SecretCache)
+    """Shared by one reconciler's scopes, so a Secret is read once per change."""
 
     @property
     def name(self) -> str:

@@ -145,7 +145,13 @@ class DataPlane:
         if not leader.address:
             scope.requeue(RECHECK)
             return "waiting for the primary's address to apply the configuration"
-        await scope.kube.patch_patroni_config(leader.address, patroni.RESTAPI_PORT, patch)
+        auth = await scope.restapi_auth()
+        if auth is None:
+            scope.requeue(RECHECK)
+            return f"waiting for Secret {cluster.restapi_secret_name} to apply the configuration"
+        await scope.kube.patch_patroni_config(
+            leader.address, patroni.RESTAPI_PORT, patch, auth=auth
+        )
         await scope.event("ConfigurationApplied", f"Applied through Patroni: {_describe(patch)}")
         # Patroni writes its ConfigMap asynchronously: check again shortly.
         scope.requeue(RECHECK * 2)
@@ -439,10 +445,11 @@ class DataPlane:
         victim = next((x for x in left if not x.is_primary), left[0])
         if victim.is_primary and any(x.streaming for x in everyone):
             return await start_switchover(scope, "Restart")
-        if not victim.address:
+        auth = await scope.restapi_auth()
+        if not victim.address or auth is None:
             return None
         code, text = await scope.kube.post_patroni(
-            victim.address, patroni.RESTAPI_PORT, "/restart", {}, wait=120
+            victim.address, patroni.RESTAPI_PORT, "/restart", {}, auth=auth, wait=120
         )
         scope.requeue(RECHECK)
         if code >= 400:
@@ -557,8 +564,14 @@ async def start_switchover(
         else ("/failover", {"candidate": name})
     )
     record = _record(scope, RUNNING, leader.name, name, reason)
+    auth = await scope.restapi_auth()
+    if auth is None:
+        scope.requeue(RECHECK)
+        return f"switchover waits for Secret {scope.cluster.restapi_secret_name}"
     try:
-        code, text = await scope.kube.post_patroni(leader.address, patroni.RESTAPI_PORT, path, body)
+        code, text = await scope.kube.post_patroni(
+            leader.address, patroni.RESTAPI_PORT, path, body, auth=auth
+        )
     except PatroniError:
         code, text = 0, ""  # it may be under way: observe (the timeout reports a failure)
     if code >= 400:

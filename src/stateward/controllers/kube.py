@@ -66,6 +66,17 @@ class PatroniError(Exception):
     """Patroni's REST API refused a request; the message is safe to show (no credentials)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class BasicAuth:
+    """Credentials for Patroni's REST API. The password never appears in a repr."""
+
+    username: str
+    password: str = dataclasses.field(repr=False)
+
+    def httpx(self) -> httpx.BasicAuth:
+        return httpx.BasicAuth(self.username, self.password)
+
+
 class Kube:
     def __init__(
         self,
@@ -89,11 +100,13 @@ class Kube:
 
     # --- Patroni's REST API ----------------------------------------------------------------
 
-    async def patch_patroni_config(self, address: str, port: int, patch: Body) -> None:
+    async def patch_patroni_config(
+        self, address: str, port: int, patch: Body, *, auth: BasicAuth
+    ) -> None:
         """``PATCH /config`` on one member: Patroni merges it into the cluster-wide (DCS)
         configuration, and every member applies it within one HA loop (null removes a key)."""
         self._guard("patch", "PatroniConfig")
-        async with httpx.AsyncClient(timeout=10) as http:
+        async with httpx.AsyncClient(timeout=10, auth=auth.httpx()) as http:
             response = await http.patch(f"http://{address}:{port}/config", json=patch)
         if response.status_code >= 400:
             raise PatroniError(
@@ -102,7 +115,7 @@ class Kube:
             )
 
     async def post_patroni(
-        self, address: str, port: int, path: str, body: Body, *, wait: float = 30
+        self, address: str, port: int, path: str, body: Body, *, auth: BasicAuth, wait: float = 30
     ) -> tuple[int, str]:
         """``POST`` an action (``/switchover``, ``/failover``, ``/restart``) to one member.
 
@@ -111,7 +124,7 @@ class Kube:
         :class:`PatroniError` and the caller observes the outcome instead."""
         self._guard("post", f"Patroni{path}")
         try:
-            async with httpx.AsyncClient(timeout=wait) as http:
+            async with httpx.AsyncClient(timeout=wait, auth=auth.httpx()) as http:
                 response = await http.post(f"http://{address}:{port}{path}", json=body)
         except httpx.HTTPError as error:
             raise PatroniError(

@@ -26,7 +26,7 @@ from stateward.api.v1alpha1 import PostgresCluster
 from stateward.controllers import backups, core
 from stateward.controllers import conditions as cond
 from stateward.controllers.dataplane import DataPlane, start_switchover
-from stateward.controllers.kube import Body, Kube, Ref
+from stateward.controllers.kube import BasicAuth, Body, Kube, Ref
 from stateward.controllers.members import Member, instances, member
 from stateward.controllers.queue import Outcome
 from stateward.controllers.store import ObjectStore
@@ -97,6 +97,14 @@ class Scope(core.Scope):
             self._members = [member(pod) for pod in _pods(self)]
         return self._members
 
+    async def restapi_auth(self) -> BasicAuth | None:
+        """Patroni's REST API credentials (``NAME-patroni-api``), or None while the Secret is
+        missing or incomplete (``ensure_secrets`` makes it)."""
+        data = await self.secrets.read(self, self.cluster.restapi_secret_name)
+        if not data or not data.get(secrets.USERNAME_KEY) or not data.get(secrets.PASSWORD_KEY):
+            return None
+        return BasicAuth(data[secrets.USERNAME_KEY], data[secrets.PASSWORD_KEY])
+
     def forget(self, kind: str, name: str) -> None:
         """A child this reconcile deleted: gone from the store, and from ``members`` too, so
         later phases do not act on a pod that is going away."""
@@ -119,12 +127,14 @@ class Reconciler:
         self.kube = kube
         self.store = store
         self.data_plane = DataPlane()
+        self.secret_cache = core.SecretCache()
 
     async def reconcile(self, key: tuple[str, str]) -> Outcome:
         namespace, name = key
         body = self.store.get(KIND, namespace, name)
         if body is None:
             self.data_plane.forget(key)
+            self.secret_cache.forget(namespace, name)
             return Outcome()
         try:
             cluster = PostgresCluster.model_validate(body)
@@ -138,6 +148,7 @@ class Reconciler:
             body=body,
             kube=self.kube,
             store=self.store,
+            secrets=self.secret_cache,
             now=core.now(),
             conditions=[dict(c) for c in (body.get("status") or {}).get("conditions") or []],
             final_backup_attempts=(body.get("status") or {}).get("finalBackupAttempts"),
@@ -216,14 +227,17 @@ def _data_volumes(scope: Scope) -> list[Body]:
 async def ensure_secrets(scope: Scope) -> str | None:
     cluster = scope.cluster
     made: list[str] = []
-    for name, build in (
-        (cluster.superuser_secret_name, secrets.superuser_secret),
-        (cluster.replication_secret_name, secrets.replication_secret),
-        (cluster.app_secret_name, secrets.app_secret),
+    for name, build, held_by_data in (
+        (cluster.superuser_secret_name, secrets.superuser_secret, True),
+        (cluster.replication_secret_name, secrets.replication_secret, True),
+        (cluster.app_secret_name, secrets.app_secret, True),
+        # No data depends on it: a cluster made before it existed gets one (its pods then
+        # roll onto it), and so does a cluster whose copy was deleted.
+        (cluster.restapi_secret_name, secrets.restapi_secret, False),
     ):
         if scope.observed("Secret", name) is not None:
             continue
-        if _data_volumes(scope):
+        if held_by_data and _data_volumes(scope):
             # The data already holds the old passwords: new ones would lock everyone out.
             message = (
                 f"Secret {name} is missing but the cluster's data volumes exist; restore the"

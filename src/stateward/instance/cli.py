@@ -43,9 +43,12 @@ REQUIRED_ENVIRONMENT: Final[Mapping[str, str]] = {
     "PATRONI_SUPERUSER_PASSWORD": "from the cluster's superuser Secret",
     "PATRONI_REPLICATION_USERNAME": "from the cluster's replication Secret",
     "PATRONI_REPLICATION_PASSWORD": "from the cluster's replication Secret",
+    "PATRONI_RESTAPI_USERNAME": "from the cluster's patroni-api Secret",
+    "PATRONI_RESTAPI_PASSWORD": "from the cluster's patroni-api Secret",
 }
 """What the StatefulSet's container sets for Patroni; without any of them Patroni would start
-with a wrong identity or no credentials."""
+with a wrong identity or no credentials (without the REST API's, with its unsafe endpoints
+open to anyone who reaches the pod)."""
 _ADDRESSES: Final = ("PATRONI_RESTAPI_CONNECT_ADDRESS", "PATRONI_POSTGRESQL_CONNECT_ADDRESS")
 
 NSS_WRAPPER_LIBRARIES: Final = (

@@ -29,6 +29,13 @@ SCOPE_LABEL: Final = "stateward.io/cluster"
 
 SUPERUSER_USERNAME: Final = "postgres"
 REPLICATION_USERNAME: Final = "replicator"
+RESTAPI_USERNAME: Final = "stateward"
+"""Patroni's REST API asks for it (HTTP basic, ``restapi.authentication``) on every request
+that changes something: ``PATCH /config``, ``POST /switchover`` and ``/failover``,
+``/restart``, ``/reload`` ... The password comes from ``PATRONI_RESTAPI_PASSWORD`` (the Secret
+``NAME-patroni-api``); members send it to each other, the operator reads it from the Secret.
+Without it, any pod that reached :8008 could ``PATCH /config`` an ``archive_command``: a
+shell on the primary. Reads (``/patroni``, ``/cluster``, the probes) stay open."""
 
 # --- ports and paths inside the instance container --------------------------------------
 
@@ -196,7 +203,8 @@ def configuration(
             "standby_leader_label_value": PRIMARY_ROLE,
         },
         "restapi": {
-            # connect_address comes from PATRONI_RESTAPI_CONNECT_ADDRESS (the pod IP).
+            # connect_address comes from PATRONI_RESTAPI_CONNECT_ADDRESS (the pod IP);
+            # authentication from PATRONI_RESTAPI_USERNAME/PASSWORD (RESTAPI_USERNAME).
             "listen": f"0.0.0.0:{RESTAPI_PORT}",
         },
         "bootstrap": bootstrap_configuration(cluster),

@@ -1,4 +1,4 @@
-"""The two credential Secrets of a cluster, created once by the controller.
+"""The credential Secrets of a cluster, created once by the controller.
 
 Builders take the password as an argument; ``generate_password`` is the only
 non-deterministic function of ``stateward.specs``. Values go to ``data`` (base64) rather
@@ -38,6 +38,16 @@ def replication_secret(cluster: v1alpha1.PostgresCluster, *, password: str) -> m
         cluster,
         cluster.replication_secret_name,
         username=patroni.REPLICATION_USERNAME,
+        password=password,
+    )
+
+
+def restapi_secret(cluster: v1alpha1.PostgresCluster, *, password: str) -> meta.Object:
+    """Patroni's REST API credentials (``patroni.RESTAPI_USERNAME``)."""
+    return _basic_auth(
+        cluster,
+        cluster.restapi_secret_name,
+        username=patroni.RESTAPI_USERNAME,
         password=password,
     )
 

@@ -146,6 +146,16 @@ def _env(cluster: v1alpha1.PostgresCluster) -> list[meta.Object]:
             secret=cluster.replication_secret_name,
             key=secrets.PASSWORD_KEY,
         ),
+        pods.secret_env(
+            "PATRONI_RESTAPI_USERNAME",
+            secret=cluster.restapi_secret_name,
+            key=secrets.USERNAME_KEY,
+        ),
+        pods.secret_env(
+            "PATRONI_RESTAPI_PASSWORD",
+            secret=cluster.restapi_secret_name,
+            key=secrets.PASSWORD_KEY,
+        ),
         # The application role and database, made once by `stateward-instance post-bootstrap`.
         {"name": patroni.APP_DATABASE_ENV, "value": cluster.spec.bootstrap.database},
         {"name": patroni.APP_OWNER_ENV, "value": cluster.spec.bootstrap.owner},
