@@ -11,7 +11,6 @@ phases per engine.
 from __future__ import annotations
 
 import asyncio
-import base64
 import dataclasses
 import logging
 from collections.abc import Callable
@@ -64,13 +63,13 @@ class DatabaseReconciler:
     def __init__(self, kube: Kube, store: ObjectStore) -> None:
         self.kube = kube
         self.store = store
-        self._credentials: dict[tuple[str, str], tuple[str, servers.Credentials]] = {}
+        self.secret_cache = core.SecretCache()
 
     async def reconcile(self, key: tuple[str, str]) -> Outcome:
         namespace, name = key
         body = self.store.get(v1alpha1.DATABASE_KIND, namespace, name)
         if body is None:
-            self._credentials.pop(key, None)
+            self.secret_cache.forget(namespace, name)
             return Outcome()
         try:
             database = Database.model_validate(body)
@@ -82,6 +81,7 @@ class DatabaseReconciler:
             database=database,
             body=body,
             kube=self.kube,
+            secrets=self.secret_cache,
             store=self.store,
             now=core.now(),
             conditions=[dict(c) for c in status.get("conditions") or []],
@@ -235,33 +235,20 @@ class DatabaseReconciler:
         """The root and replication passwords, read from the Secret (the store keeps no
         Secret data) when its resourceVersion changed; kept in memory only."""
         name = scope.database.credentials_secret_name
-        observed = scope.observed("Secret", name)
-        if observed is None:
+        data = await scope.secrets.read(scope, name)
+        if data is None:
             return None
-        version = observed["metadata"].get("resourceVersion", "")
-        key = (scope.namespace, scope.name)
-        cached = self._credentials.get(key)
-        if cached is not None and cached[0] == version:
-            return cached[1]
-        found = await scope.kube.get("v1", "Secret", scope.namespace, name)
-        if found is None:
-            return None
-        data = found.get("data") or {}
         try:
-            credentials = servers.Credentials(
-                root_password=base64.b64decode(data[mysql_spec.ROOT_PASSWORD_KEY]).decode(),
-                replication_password=base64.b64decode(
-                    data[mysql_spec.REPLICATION_PASSWORD_KEY]
-                ).decode(),
+            return servers.Credentials(
+                root_password=data[mysql_spec.ROOT_PASSWORD_KEY],
+                replication_password=data[mysql_spec.REPLICATION_PASSWORD_KEY],
             )
-        except (KeyError, ValueError):
+        except KeyError:
             scope.degraded.append(
                 ("SecretInvalid", f"Secret {name} lacks {mysql_spec.ROOT_PASSWORD_KEY} or"
                  f" {mysql_spec.REPLICATION_PASSWORD_KEY}; restore it from your backup")
             )  # fmt: skip
             return None
-        self._credentials[key] = (version, credentials)
-        return credentials
 
 
 FINALIZER_REMOVED = "removed the finalizer"
