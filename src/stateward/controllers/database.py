@@ -191,8 +191,9 @@ class DatabaseReconciler:
             if decided.follow:
                 await servers.wait_for_replicas(address, credentials, engine)
             await servers.open_writes(address, credentials, engine)
+        gtids = {server.pod: server.gtid for server in observed}
         for pod in decided.reclone:
-            await _reclone(scope, by_pod[pod])
+            await _reclone(scope, by_pod[pod], gtids)
             notes.append(f"recloning {pod}")
         await _unstick(scope)
         for pod, role in decided.labels.items():
@@ -290,20 +291,62 @@ def _claim_of(pod: Body) -> str:
     return f"{mysql_spec.DATA_VOLUME}-{pod['metadata']['name']}"
 
 
-async def _reclone(scope: Scope, pod: Body) -> None:
+DIVERGED_FROM_LABEL = "stateward.io/diverged-from"
+"""On a PersistentVolume the operator kept: the Database (``NAMESPACE.NAME``) whose server held
+transactions the new primary never had."""
+DIVERGED_ANNOTATIONS = ("stateward.io/diverged-pod", "stateward.io/diverged-gtid")
+
+
+async def _retain_volume(scope: Scope, claim: Body, pod: str, gtid: str) -> str | None:
+    """Keep the volume under ``claim`` when the claim goes: reclaim policy Retain, labelled
+    with the Database and annotated with the pod and the GTID position it held. Returns the
+    volume's name (None for a claim not bound yet, which holds no data)."""
+    volume = (claim.get("spec") or {}).get("volumeName")
+    if not volume:
+        return None
+    await scope.kube.patch(
+        Ref("v1", "PersistentVolume", "", volume),
+        {
+            "metadata": {
+                "labels": {DIVERGED_FROM_LABEL: f"{scope.namespace}.{scope.name}"},
+                "annotations": dict(zip(DIVERGED_ANNOTATIONS, (pod, gtid), strict=True)),
+            },
+            "spec": {"persistentVolumeReclaimPolicy": "Retain"},
+        },
+    )
+    return str(volume)
+
+
+async def _reclone(scope: Scope, pod: Body, gtids: dict[str, str]) -> None:
     """A server whose data diverged from the primary's (it holds writes the primary never
     had: an old primary's unacknowledged tail) gets a new volume: its claim and its pod are
-    deleted, and the StatefulSet makes both anew; the new server replicates from scratch."""
+    deleted, and the StatefulSet makes both anew; the new server replicates from scratch.
+
+    The old volume is never deleted: it holds the only copy of those transactions. Before
+    its claim goes, its PersistentVolume is set to Retain and labelled, and a Warning Event
+    names it and the transactions; deleting it is the user's decision."""
     name = pod["metadata"]["name"]
     claim = scope.observed("PersistentVolumeClaim", _claim_of(pod))
+    kept = None
     if claim is not None and not claim["metadata"].get("deletionTimestamp"):
+        kept = await _retain_volume(scope, claim, name, gtids.get(name, ""))
         await scope.kube.delete(Ref.of(claim))
     await scope.kube.delete(Ref.of(pod))
     scope.forget("Pod", name)
+    held = gtids.get(name) or "unknown"
+    primary = gtids.get(scope.primary or "") or "unknown"
     await scope.event(
         "ServerRecloned",
         f"{name} held transactions the primary {scope.primary} does not have (a former"
-        " primary's unacknowledged writes); its volume is replaced and it replicates anew",
+        f" primary's unacknowledged writes; its GTID position {held}, the primary's {primary});"
+        " it gets a new volume and replicates anew"
+        + (
+            f". Its old volume is kept as PersistentVolume {kept} (reclaim policy Retain,"
+            f" label {DIVERGED_FROM_LABEL}={scope.namespace}.{scope.name}); delete it when"
+            " you no longer need those transactions"
+            if kept
+            else ""
+        ),
         warning=True,
     )
 

@@ -132,6 +132,8 @@ def cluster_role() -> dict[str, Any]:
     rules.allow(v1alpha1.GROUP, [f"{v1alpha1.DATABASE_PLURAL}/finalizers"], ("update",))
     rules.allow(v1alpha1.GROUP, [v1alpha1.PLURAL], ("create", "delete"))
     rules.allow("", ["events"], ("create", "patch"))
+    # A diverged MariaDB server's volume is kept (reclaim policy Retain) before its claim goes.
+    rules.allow("", ["persistentvolumes"], ("get", "patch"))
     rules.allow("storage.k8s.io", ["storageclasses"], ("get",))
     # A failing primary's node: an out-of-service taint proves it cannot accept writes
     # (controllers/takeover.py). Read only while a primary pod looks unhealthy.

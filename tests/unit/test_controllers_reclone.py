@@ -1,0 +1,72 @@
+"""A diverged MariaDB server gets a new volume, and its old one is kept, never deleted."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from stateward.controllers import database
+from stateward.controllers.kube import Ref
+from stateward.controllers.store import ObjectStore
+from stateward.specs import mysql as mysql_spec
+from tests.unit.test_specs_database import make_database
+
+pytestmark = pytest.mark.unit
+
+
+class Recorder:
+    """The writes of a reconcile, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any, Any]] = []
+
+    async def patch(self, ref: Ref, patch: Any, **_: Any) -> dict[str, Any]:
+        self.calls.append(("patch", ref, patch))
+        return {}
+
+    async def delete(self, ref: Ref, **_: Any) -> None:
+        self.calls.append(("delete", ref, None))
+
+    async def event(self, involved: Any, *, reason: str, message: str, warning: bool) -> None:
+        self.calls.append(("event", reason, message))
+
+
+def test_the_diverged_volume_is_retained_and_named_before_its_claim_goes() -> None:
+    db = make_database()
+    store = ObjectStore()
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": f"{mysql_spec.DATA_VOLUME}-shop-0", "namespace": "apps"},
+        "spec": {"volumeName": "pv-17"},
+    }
+    store.observe(claim)
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "shop-0", "namespace": "apps"}}
+    kube = Recorder()
+    scope = database.Scope(
+        database=db, body=db.model_dump(by_alias=True), kube=kube, store=store,  # type: ignore[arg-type]
+        now="2026-12-04T00:00:00Z", conditions=[], primary="shop-1",
+    )  # fmt: skip
+    gtids = {"shop-0": "0-1-120", "shop-1": "0-2-118"}
+    asyncio.run(database._reclone(scope, pod, gtids))
+
+    verbs = [(verb, getattr(target, "kind", target)) for verb, target, _ in kube.calls]
+    assert verbs == [
+        ("patch", "PersistentVolume"),  # first: nothing is deleted before the volume is safe
+        ("delete", "PersistentVolumeClaim"),
+        ("delete", "Pod"),
+        ("event", "ServerRecloned"),
+    ]
+    _, volume, patch = kube.calls[0]
+    assert volume.name == "pv-17"
+    assert patch["spec"] == {"persistentVolumeReclaimPolicy": "Retain"}
+    assert patch["metadata"]["labels"] == {database.DIVERGED_FROM_LABEL: "apps.shop"}
+    assert patch["metadata"]["annotations"] == {
+        "stateward.io/diverged-pod": "shop-0",
+        "stateward.io/diverged-gtid": "0-1-120",
+    }
+    message = kube.calls[-1][2]
+    assert "0-1-120" in message and "0-2-118" in message
+    assert "PersistentVolume pv-17" in message and "delete it" in message
