@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import subprocess
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,12 +13,14 @@ import pytest
 import yaml
 from lightkube import ApiError, Client, codecs
 from lightkube.models.core_v1 import ResourceRequirements
+from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.authorization_v1 import SubjectAccessReview
 from lightkube.resources.batch_v1 import CronJob, Job
 from lightkube.resources.core_v1 import (
     ConfigMap,
     Event,
+    Namespace,
     PersistentVolumeClaim,
     Pod,
     ResourceQuota,
@@ -838,3 +841,34 @@ def test_instances_and_backup_jobs_may_touch_only_their_own_clusters_objects(
         assert not _may(kube, namespace, instance, verb, resource, name), (verb, resource, name)
     for name in (f"{theirs}-0", "application-pod", f"{mine}-16"):
         assert not _may(kube, namespace, backup, "create", "pods/exec", name), name
+
+
+def test_deleting_the_namespace_of_a_cluster_completes(
+    kube: Client, operator: OperatorProcess
+) -> None:
+    # The namespace refuses new Events while it terminates; the finalizer's Event must not
+    # keep the finalizer (and so the namespace) forever.
+    ns = f"t-{uuid.uuid4().hex[:10]}"
+    kube.create(Namespace(metadata=ObjectMeta(name=ns, labels={"stateward.io/test": "true"})))
+    # With a repository, so the finalizer wants a final backup it cannot start, and says so.
+    kube.create(
+        Secret.from_dict(
+            {
+                "metadata": {"name": clusters.REPOSITORY["s3"]["credentialsSecret"]},
+                "stringData": {"accessKeyId": "AK", "secretAccessKey": "SK"},
+            }
+        ),
+        namespace=ns,
+    )
+    kube.create(codecs.from_dict(pgc_body("doomed", ns, replicas=1, backup=clusters.BACKUP)))
+    wait_phase(kube, "doomed", ns, "Ready", timeout=90)
+    kube.delete(Namespace, ns)
+
+    def namespace_gone() -> bool:
+        try:
+            kube.get(Namespace, ns)
+        except ApiError as error:
+            return error.status.code == 404
+        return False
+
+    wait_for(namespace_gone, what=f"namespace {ns} to be gone", timeout=120)

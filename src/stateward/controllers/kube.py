@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import logging
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,8 @@ from lightkube.generic_resource import create_namespaced_resource
 from lightkube.types import CascadeType, PatchType
 
 from stateward.api import v1alpha1
+
+logger = logging.getLogger(__name__)
 
 FIELD_MANAGER = "stateward"
 Body = dict[str, Any]
@@ -211,12 +214,25 @@ class Kube:
     async def event(
         self, involved: Body, *, reason: str, message: str, warning: bool = False
     ) -> None:
-        """Record a core/v1 Event on ``involved``. Messages never carry secret values."""
-        await self.create(
-            event_body(
-                involved, reason=reason, message=message, warning=warning, component=self.component
-            )
+        """Record a core/v1 Event on ``involved``. Messages never carry secret values.
+
+        Best effort: an Event the API server refuses is logged and dropped. A terminating
+        namespace refuses new Events (403), and a reconcile that failed on one could never
+        remove its finalizer, so the namespace stayed Terminating forever."""
+        body = event_body(
+            involved, reason=reason, message=message, warning=warning, component=self.component
         )
+        try:
+            await self.create(body)
+        except ApiError as error:
+            logger.info(
+                "Event %s on %s/%s not recorded: %s",
+                reason,
+                body["metadata"]["namespace"],
+                involved["metadata"]["name"],
+                error.status.message,
+            )
+            return
         self.on_event(reason, "Warning" if warning else "Normal")
 
 

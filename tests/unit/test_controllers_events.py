@@ -1,0 +1,55 @@
+"""Events are best effort: a refused Event never fails a reconcile."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from lightkube import ApiError
+from lightkube.models.meta_v1 import Status
+
+from stateward.controllers.kube import Kube, NotLeader
+
+pytestmark = pytest.mark.unit
+
+CLUSTER = {
+    "apiVersion": "stateward.io/v1alpha1",
+    "kind": "PostgresCluster",
+    "metadata": {"name": "pg", "namespace": "leaving", "uid": "u1"},
+}
+
+
+class RefusingClient:
+    """A namespace being deleted: the API server refuses new objects in it."""
+
+    def __init__(self) -> None:
+        self.creates = 0
+
+    async def create(self, obj: Any, **_: Any) -> Any:
+        self.creates += 1
+        raise ApiError(
+            status=Status(
+                code=403,
+                reason="Forbidden",
+                message="events is forbidden: unable to create new content in namespace"
+                " leaving because it is being terminated",
+            )
+        )
+
+
+def test_an_event_refused_in_a_terminating_namespace_does_not_fail_the_caller() -> None:
+    client = RefusingClient()
+    counted: list[tuple[str, str]] = []
+    kube = Kube(client, on_event=lambda reason, kind: counted.append((reason, kind)))  # type: ignore[arg-type]
+    asyncio.run(kube.event(CLUSTER, reason="FinalBackupImpossible", message="m", warning=True))
+    assert client.creates == 1  # it was tried
+    assert counted == []  # and not counted as recorded
+
+
+def test_a_replica_that_lost_leadership_still_writes_no_event() -> None:
+    client = RefusingClient()
+    kube = Kube(client, may_write=lambda: False)  # type: ignore[arg-type]
+    with pytest.raises(NotLeader):
+        asyncio.run(kube.event(CLUSTER, reason="R", message="m"))
+    assert client.creates == 0
