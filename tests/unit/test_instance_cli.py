@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import os
 import pwd
+import re
 from pathlib import Path
 
 import pytest
@@ -250,20 +254,55 @@ def test_a_subcommand_is_required() -> None:
 def test_the_bootstrap_statements_create_the_owner_and_its_database() -> None:
     text = cli.bootstrap_sql("shop", "shopper", "s3cr3t_-X")
     # Idempotent (a restored cluster has both): create what is missing, then set the
-    # password of this cluster's Secret.
-    assert text.splitlines() == [
+    # password of this cluster's Secret, as its SCRAM verifier: the password is nowhere.
+    assert "s3cr3t_-X" not in text
+    lines = text.splitlines()
+    verifier = r"SCRAM-SHA-256\$4096:[A-Za-z0-9+/=]{24}\$[A-Za-z0-9+/=]{44}:[A-Za-z0-9+/=]{44}"
+    assert re.fullmatch(f"ALTER ROLE shopper LOGIN PASSWORD '{verifier}';", lines[8]), lines[8]
+    lines[8] = "ALTER ROLE shopper LOGIN PASSWORD '<verifier>';"
+    assert lines == [
         "SET log_statement = 'none';",
+        "SET log_min_duration_statement = -1;",
+        "SET log_min_error_statement = 'panic';",
         "DO $$ BEGIN",
         "  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'shopper') THEN",
         "    CREATE ROLE shopper LOGIN;",
         "  END IF;",
         "END $$;",
-        "ALTER ROLE shopper LOGIN PASSWORD 's3cr3t_-X';",
+        "ALTER ROLE shopper LOGIN PASSWORD '<verifier>';",
         "SELECT 'CREATE DATABASE shop OWNER shopper' WHERE NOT EXISTS"
         " (SELECT FROM pg_database WHERE datname = 'shop')\\gexec",
         "REVOKE ALL ON DATABASE shop FROM PUBLIC;",
         "GRANT ALL ON DATABASE shop TO shopper;",
     ]
+
+
+def test_the_scram_verifier_is_what_a_scram_client_proves_against() -> None:
+    # The server side of a SCRAM-SHA-256 exchange (RFC 5802): a client that knows the
+    # password proves it against stored_key; one that does not, cannot.
+    verifier = cli.scram_verifier("pencil", salt=b"0123456789abcdef")
+    scheme, rest = verifier.split("$", 1)
+    params, keys = rest.split("$")
+    iterations, salt = params.split(":")
+    stored_key = base64.b64decode(keys.split(":")[0])
+    assert scheme == "SCRAM-SHA-256" and iterations == "4096"
+    assert base64.b64decode(salt) == b"0123456789abcdef"
+
+    def proof(password: str, auth_message: bytes) -> bytes:
+        salted = hashlib.pbkdf2_hmac("sha256", password.encode(), base64.b64decode(salt), 4096)
+        client_key = hmac.digest(salted, b"Client Key", "sha256")
+        signature = hmac.digest(hashlib.sha256(client_key).digest(), auth_message, "sha256")
+        return bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
+
+    def server_accepts(client_proof: bytes, auth_message: bytes) -> bool:
+        signature = hmac.digest(stored_key, auth_message, "sha256")
+        client_key = bytes(a ^ b for a, b in zip(client_proof, signature, strict=True))
+        return hashlib.sha256(client_key).digest() == stored_key
+
+    message = b"n=,r=nonce,r=nonce-server,s=salt,i=4096,c=biws,r=nonce-server"
+    assert server_accepts(proof("pencil", message), message)
+    assert not server_accepts(proof("pencils", message), message)
+    assert cli.scram_verifier("pencil") != cli.scram_verifier("pencil")  # a fresh salt each
 
 
 @pytest.mark.parametrize(

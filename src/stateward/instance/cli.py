@@ -16,10 +16,14 @@ Runs inside the instance image, with the stateward package and its dependencies.
 from __future__ import annotations
 
 import argparse
+import base64
+import hashlib
+import hmac
 import importlib.metadata
 import os
 import pwd
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -171,9 +175,32 @@ def run(config: str, *, supervise: Callable[..., int] | None = None) -> int:
     )
 
 
+SCRAM_ITERATIONS: Final = 4096
+"""PostgreSQL's own default (``scram_iterations``)."""
+
+
+def scram_verifier(password: str, *, salt: bytes | None = None) -> str:
+    """The SCRAM-SHA-256 verifier PostgreSQL stores for ``password`` (RFC 5802/7677, as
+    libpq's ``PQencryptPasswordConn`` makes it). Sent instead of the password, what any log
+    line could show is a verifier, from which a 43-character random password cannot be had.
+    The operator's passwords are ASCII, which SASLprep leaves as they are."""
+    salt = salt if salt is not None else secrets.token_bytes(16)
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, SCRAM_ITERATIONS)
+    client_key = hmac.digest(salted, b"Client Key", "sha256")
+    stored_key = hashlib.sha256(client_key).digest()
+    server_key = hmac.digest(salted, b"Server Key", "sha256")
+
+    def b64(raw: bytes) -> str:
+        return base64.b64encode(raw).decode()
+
+    return f"SCRAM-SHA-256${SCRAM_ITERATIONS}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
+
+
 def bootstrap_sql(database: str, owner: str, password: str) -> str:
     """The statements that create the application role and database (fed to psql on stdin,
-    so the password is in no process's arguments; not logged whatever log_statement says)."""
+    so the password is in no process's arguments). The role gets the password's SCRAM
+    verifier, never the password itself, and the session logs no statement text: not by
+    ``log_statement``, not as a slow statement, not beside an error."""
     for what, value in (("database", database), ("owner", owner)):
         if not re.fullmatch(v1alpha1.IDENTIFIER_PATTERN, value):
             raise InstanceError(f"the application {what} {value!r} is not a plain identifier")
@@ -183,12 +210,14 @@ def bootstrap_sql(database: str, owner: str, password: str) -> str:
     # this cluster's password (its Secret's), the data stays as it was.
     return (
         "SET log_statement = 'none';\n"  # noqa: S608 - checked identifiers
+        "SET log_min_duration_statement = -1;\n"
+        "SET log_min_error_statement = 'panic';\n"
         "DO $$ BEGIN\n"
         f"  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{owner}') THEN\n"
         f"    CREATE ROLE {owner} LOGIN;\n"
         "  END IF;\n"
         "END $$;\n"
-        f"ALTER ROLE {owner} LOGIN PASSWORD '{password}';\n"
+        f"ALTER ROLE {owner} LOGIN PASSWORD '{scram_verifier(password)}';\n"
         f"SELECT 'CREATE DATABASE {database} OWNER {owner}'"
         f" WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = '{database}')\\gexec\n"
         f"REVOKE ALL ON DATABASE {database} FROM PUBLIC;\n"
