@@ -126,36 +126,10 @@ def _env(cluster: v1alpha1.PostgresCluster) -> list[meta.Object]:
             "name": "PATRONI_POSTGRESQL_CONNECT_ADDRESS",
             "value": f"{pod_ip}:{patroni.POSTGRES_PORT}",
         },
-        pods.secret_env(
-            "PATRONI_SUPERUSER_USERNAME",
-            secret=cluster.superuser_secret_name,
-            key=secrets.USERNAME_KEY,
-        ),
-        pods.secret_env(
-            "PATRONI_SUPERUSER_PASSWORD",
-            secret=cluster.superuser_secret_name,
-            key=secrets.PASSWORD_KEY,
-        ),
-        pods.secret_env(
-            "PATRONI_REPLICATION_USERNAME",
-            secret=cluster.replication_secret_name,
-            key=secrets.USERNAME_KEY,
-        ),
-        pods.secret_env(
-            "PATRONI_REPLICATION_PASSWORD",
-            secret=cluster.replication_secret_name,
-            key=secrets.PASSWORD_KEY,
-        ),
-        pods.secret_env(
-            "PATRONI_RESTAPI_USERNAME",
-            secret=cluster.restapi_secret_name,
-            key=secrets.USERNAME_KEY,
-        ),
-        pods.secret_env(
-            "PATRONI_RESTAPI_PASSWORD",
-            secret=cluster.restapi_secret_name,
-            key=secrets.PASSWORD_KEY,
-        ),
+        # Patroni's credentials, each a basic-auth Secret: PATRONI_<ROLE>_USERNAME/_PASSWORD.
+        *_basic_auth_env("PATRONI_SUPERUSER", cluster.superuser_secret_name),
+        *_basic_auth_env("PATRONI_REPLICATION", cluster.replication_secret_name),
+        *_basic_auth_env("PATRONI_RESTAPI", cluster.restapi_secret_name),
         # The application role and database, made once by `stateward-instance post-bootstrap`.
         {"name": patroni.APP_DATABASE_ENV, "value": cluster.spec.bootstrap.database},
         {"name": patroni.APP_OWNER_ENV, "value": cluster.spec.bootstrap.owner},
@@ -166,6 +140,14 @@ def _env(cluster: v1alpha1.PostgresCluster) -> list[meta.Object]:
         {"name": "PATRONICTL_CONFIG_FILE", "value": patroni.CONFIG_FILE},
         # pgBackRest (archive_command, the backup Jobs' exec): the repository's options.
         *backup.instance_env(cluster),
+    ]
+
+
+def _basic_auth_env(prefix: str, secret: str) -> list[meta.Object]:
+    """``PREFIX_USERNAME`` and ``PREFIX_PASSWORD`` from a basic-auth Secret."""
+    return [
+        pods.secret_env(f"{prefix}_USERNAME", secret=secret, key=secrets.USERNAME_KEY),
+        pods.secret_env(f"{prefix}_PASSWORD", secret=secret, key=secrets.PASSWORD_KEY),
     ]
 
 
