@@ -8,9 +8,12 @@ makes its own PostgresCluster in its own namespace. Clusters here have no backup
 from __future__ import annotations
 
 import base64
+import http.client
 import os
+import ssl
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from lightkube import ApiError, Client
@@ -25,6 +28,7 @@ from stateward.cli.run import (
 from stateward.local.cluster import LocalCluster
 from tests.integration.conftest import get_pgc, metric
 from tests.support.dataplane import (
+    CONNECT_AS_AN_APPLICATION,
     PATCH_CONFIG_AS_AN_ATTACKER,
     Writer,
     annotate,
@@ -65,7 +69,7 @@ def ns(client: Client, real_operator: OperatorProcess) -> Iterator[str]:
 
 
 def test_a_single_instance_bootstraps_to_a_writable_primary(
-    real_cluster: LocalCluster, client: Client, ns: str
+    real_cluster: LocalCluster, client: Client, ns: str, tmp_path: Path
 ) -> None:
     create_cluster(client, ns, "solo", replicas=1)
     status = ready(client, ns, "solo")["status"]
@@ -87,6 +91,54 @@ def test_a_single_instance_bootstraps_to_a_writable_primary(
         capture_output=True, text=True, timeout=30, check=False,
     )  # fmt: skip
     assert result.stdout.strip().splitlines()[-1] == "app|app", result.stderr
+
+    # An application in the namespace connects with the Secret's uri as it is: TLS 1.3, the
+    # Service's name checked against the certificate by the CA beside it. Without TLS the
+    # same user and password are refused before authentication.
+    assert "sslmode=verify-full" in app["uri"]
+    answers = run_in_pod(
+        client, ns, "application", f"{v1alpha1.DEFAULT_IMAGE_REPOSITORY}:15",
+        ["sh", "-c", CONNECT_AS_AN_APPLICATION, "sh", app["ca.crt"], app["uri"],
+         app["password"], app["host"]],
+    )  # fmt: skip
+    assert "verify-full: TLSv1.3 t" in answers, answers
+    assert "no pg_hba.conf entry" in answers and "no encryption" in answers, answers
+
+    # A new CA (its Secret deleted): the operator reissues the serving certificate, and the
+    # instance serves it after a reload, without a restart. Clients that trust only the new
+    # CA get in, over PostgreSQL and over Patroni's REST API.
+    old_ca = app["ca.crt"]
+    client.delete(Secret, "solo-ca", namespace=ns)
+
+    def new_ca() -> str | None:
+        data = client.get(Secret, "solo-app", namespace=ns).data or {}
+        ca = base64.b64decode(data.get("ca.crt", "")).decode()
+        return ca if ca and ca != old_ca else None
+
+    ca = wait_for(new_ca, what="the app Secret to carry the new CA", timeout=60)
+    ca_file = tmp_path / "ca.crt"
+    ca_file.write_text(ca)
+    verified = (
+        f"host={address} port=5432 dbname=app user=app sslmode=verify-ca sslrootcert={ca_file}"
+    )
+
+    def served_by_new_ca() -> bool:
+        done = subprocess.run(
+            ["psql", verified, "-tAc", "select 1"],
+            env={**os.environ, "PGPASSWORD": app["password"]},
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        return done.returncode == 0
+
+    wait_for(served_by_new_ca, what="PostgreSQL to serve the reissued certificate", timeout=240)
+    trusting_new_ca = ssl.create_default_context(cafile=str(ca_file))
+    trusting_new_ca.check_hostname = False  # by IP, as the operator and the members call it
+    rest = http.client.HTTPSConnection(address, 8008, context=trusting_new_ca, timeout=30)
+    rest.request("GET", "/patroni")
+    assert rest.getresponse().status == 200
+    pod = client.get(Pod, "solo-0", namespace=ns)
+    statuses = pod.status.containerStatuses or []  # type: ignore[union-attr]
+    assert statuses and all(c.restartCount == 0 for c in statuses)
 
 
 def test_postgresql_17_runs_and_replicates_synchronously(
@@ -124,10 +176,10 @@ def test_parameters_are_applied_through_patroni_without_recreating_pods(
     answers = run_in_pod(
         client, ns, "attacker", f"{v1alpha1.DEFAULT_IMAGE_REPOSITORY}:15",
         ["python3", "-c", PATCH_CONFIG_AS_AN_ATTACKER,
-         f"http://{before.status.podIP}:8008/config",  # type: ignore[union-attr]
+         before.status.podIP,  # type: ignore[union-attr]
          base64.b64decode(superuser["password"]).decode()],
     )  # fmt: skip
-    assert answers.split() == ["401", "401", "401"], answers
+    assert answers.split() == ["http-refused", "401", "401", "401"], answers
     assert sql(real_cluster, ns, "tuned-0", "show archive_command") == "/bin/true"
 
     client.patch(
@@ -191,6 +243,12 @@ def test_three_instances_replicate_and_a_replica_takes_over_when_the_primary_pod
             ),
             what=f"the rows on replica {replica}",
         )
+    # Both replicas stream over TLS 1.3.
+    encrypted = (
+        "select count(*) from pg_stat_replication join pg_stat_ssl using (pid)"
+        " where ssl and version = 'TLSv1.3'"
+    )
+    assert sql(real_cluster, ns, primary, encrypted) == "2"
 
     # The primary pod goes: the synchronous standby is promoted and the status follows it.
     # (Until Patroni has named a synchronous standby, no replica is known to hold every

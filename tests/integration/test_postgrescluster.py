@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
 from lightkube import ApiError, Client, codecs
 from lightkube.models.core_v1 import ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
@@ -32,6 +33,7 @@ from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
 from lightkube.types import PatchType
 
+from stateward import pki
 from stateward.cli.run import OperatorProcess, PostgresClusterResource
 from stateward.local.cluster import LocalCluster
 from tests.integration.conftest import (
@@ -872,3 +874,49 @@ def test_deleting_the_namespace_of_a_cluster_completes(
         return False
 
     wait_for(namespace_gone, what=f"namespace {ns} to be gone", timeout=120)
+
+
+def test_each_cluster_gets_its_own_ca_and_a_serving_certificate_for_its_names(
+    kube: Client, namespace: str, make_cluster: MakeCluster, operator: OperatorProcess
+) -> None:
+    name = make_cluster()
+    wait_phase(kube, name, namespace, "Ready", timeout=90)
+
+    def data(secret: str) -> dict[str, bytes]:
+        found = kube.get(Secret, secret, namespace=namespace).data or {}
+        return {key: base64.b64decode(value) for key, value in found.items()}
+
+    ca, served, app = data(f"{name}-ca"), data(f"{name}-tls"), data(f"{name}-app")
+    authority = x509.load_pem_x509_certificate(ca["ca.crt"])
+    certificate = x509.load_pem_x509_certificate(served["tls.crt"])
+    certificate.verify_directly_issued_by(authority)
+    assert pki.key_matches(served["tls.crt"], served["tls.key"])
+    assert served["ca.crt"] == app["ca.crt"] == ca["ca.crt"]
+    assert f"{name}-primary.{namespace}.svc" in pki.subject_alt_names(served["tls.crt"])
+    # The instances mount the certificate; only the operator reads the CA's key.
+    sts = kube.get(StatefulSet, name, namespace=namespace)
+    volumes = sts.spec.template.spec.volumes or []  # type: ignore[union-attr]
+    assert [v.secret.secretName for v in volumes if v.secret] == [f"{name}-tls"]
+    # No private key reaches status, Events or the operator's log.
+    visible = str(get_pgc(kube, name, namespace)) + " ".join(events(kube, namespace, name))
+    visible += operator.log.read_text()
+    for key in (ca["ca.key"], served["tls.key"]):
+        body = b"".join(key.splitlines()[1:-1]).decode()
+        assert body[:40] not in visible
+
+    # A deleted serving certificate is issued again by the same CA, and said so.
+    kube.delete(Secret, f"{name}-tls", namespace=namespace)
+
+    def reissued() -> dict[str, bytes] | None:
+        try:
+            again = data(f"{name}-tls")
+        except ApiError:
+            return None
+        return again if again.get("tls.crt") not in (None, served["tls.crt"]) else None
+
+    again = wait_for(reissued, what="the serving certificate to be issued again", timeout=30)
+    x509.load_pem_x509_certificate(again["tls.crt"]).verify_directly_issued_by(authority)
+    wait_for(
+        lambda: any("CertificateIssued" in e for e in events(kube, namespace, name)),
+        what="the CertificateIssued Event",
+    )

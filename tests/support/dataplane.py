@@ -260,21 +260,43 @@ class Writer:
 
 
 PATCH_CONFIG_AS_AN_ATTACKER = """
-import base64, json, sys, urllib.error, urllib.request
+import base64, json, ssl, sys, urllib.error, urllib.request
 body = json.dumps({"postgresql": {"parameters": {"archive_command": "touch /tmp/pwned"}}})
+host = sys.argv[1]
+try:  # plain HTTP first: Patroni speaks only TLS
+    urllib.request.urlopen(f"http://{host}:8008/patroni", timeout=10)
+    print("http-answered", flush=True)
+except Exception:  # reset, or a TLS alert where a status line should be
+    print("http-refused", flush=True)
 for auth in (None, "stateward:guessed", "postgres:" + sys.argv[2]):
-    request = urllib.request.Request(sys.argv[1], data=body.encode(), method="PATCH")
+    request = urllib.request.Request(
+        f"https://{host}:8008/config", data=body.encode(), method="PATCH"
+    )
     request.add_header("Content-Type", "application/json")
     if auth:
         request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
-    try:
-        code = urllib.request.urlopen(request, timeout=10).status
+    try:  # an attacker does not verify the certificate
+        code = urllib.request.urlopen(
+            request, timeout=10, context=ssl._create_unverified_context()
+        ).status
     except urllib.error.HTTPError as error:
         code = error.code
     print(code, flush=True)
 """
 """PATCH Patroni's /config with an archive_command (a shell on the primary, had it worked):
-without credentials, with a guessed password, and with the superuser's name and password."""
+without credentials, with a guessed password, and with the superuser's name and password;
+before that, try plain HTTP."""
+
+CONNECT_AS_AN_APPLICATION = """
+printf '%s' "$1" > /tmp/ca.crt
+echo "verify-full: $(PGSSLROOTCERT=/tmp/ca.crt psql "$2" -tAc \
+  "select version || ' ' || ssl from pg_stat_ssl where pid = pg_backend_pid()" 2>&1)"
+echo "disable: $(PGPASSWORD="$3" psql "host=$4 user=app dbname=app sslmode=disable" \
+  -tAc 'select 1' 2>&1)"
+"""
+"""In a pod of the namespace, as an application would: the app Secret's ``uri`` as it is,
+with its ``ca.crt`` as the root certificate; then the same user and password without TLS.
+Arguments: the CA (PEM), the URI, the password, the primary Service's name."""
 
 
 def run_in_pod(client: Client, ns: str, name: str, image: str, argv: list[str]) -> str:

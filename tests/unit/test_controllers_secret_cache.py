@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from stateward.controllers import core
-from stateward.controllers.kube import BasicAuth
+from stateward.controllers.kube import PatroniAccess
 from stateward.controllers.store import ObjectStore
 
 pytestmark = pytest.mark.unit
@@ -71,6 +71,7 @@ def test_a_secret_is_read_once_per_change_and_forgotten_with_its_owner() -> None
 
 
 def test_credentials_never_show_in_a_repr() -> None:
-    auth = BasicAuth("stateward", "s3cret")
+    auth = PatroniAccess("stateward", "s3cret", "-----BEGIN CERTIFICATE-----")
     assert "s3cret" not in repr(auth) and "s3cret" not in str(auth)
+    assert "CERTIFICATE" not in repr(auth)
     assert auth.httpx()._auth_header.startswith("Basic ")

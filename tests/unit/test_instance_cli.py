@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from stateward.api import v1alpha1
-from stateward.instance import cli, patroni
+from stateward.instance import cli, patroni, supervisor
 from stateward.specs import statefulset
 
 pytestmark = pytest.mark.unit
@@ -69,8 +69,14 @@ def pod(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Exec:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "postgres").write_text("")
-    document = patroni.render(cluster(), labels={"app": "x"}).replace(
-        patroni.bin_dir(15), str(bin_dir)
+    tls = tmp_path / "tls"
+    tls.mkdir()
+    for name in ("tls.crt", "tls.key", "ca.crt"):
+        (tls / name).write_text("PEM\n")
+    document = (
+        patroni.render(cluster(), labels={"app": "x"})
+        .replace(patroni.bin_dir(15), str(bin_dir))
+        .replace(patroni.TLS_DIR, str(tls))
     )
     (tmp_path / "patroni.yaml").write_text(document)
     programs = tmp_path / "programs"
@@ -92,9 +98,33 @@ def test_run_supervises_patroni_with_the_config_and_no_shell(pod: Exec, tmp_path
     assert pod.calls == [
         (
             [str(tmp_path / "programs" / "patroni"), str(tmp_path / "patroni.yaml")],
-            {"namespace": "shop", "cluster": "orders", "pod": "orders-0", "port": 8008},
+            {
+                "namespace": "shop",
+                "cluster": "orders",
+                "pod": "orders-0",
+                "port": 8008,
+                "certificate": pod.calls[0][1]["certificate"],
+            },
         )
     ]
+    # The supervisor watches the certificate Patroni serves, to reload it when renewed.
+    watched = pod.calls[0][1]["certificate"]
+    assert isinstance(watched, supervisor.Certificate)
+    assert (watched.cert, watched.key) == (
+        str(tmp_path / "tls/tls.crt"),
+        str(tmp_path / "tls/tls.key"),
+    )
+
+
+@pytest.mark.parametrize("name", ["tls.crt", "tls.key"])
+def test_a_missing_certificate_file_is_named(
+    name: str, pod: Exec, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "tls" / name).unlink()
+    assert run(tmp_path) == 1
+    err = capsys.readouterr().err
+    assert f"serving certificate's {name} is missing at {tmp_path / 'tls' / name}" in err
+    assert "NAME-tls" in err and pod.calls == []
 
 
 def test_run_defaults_to_the_mounted_config_file() -> None:
@@ -168,7 +198,10 @@ def test_a_bad_config_file_is_one_line(
 def test_patroni_scope_may_come_from_the_environment(
     pod: Exec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (tmp_path / "patroni.yaml").write_text("postgresql: {}\n")
+    tls = tmp_path / "tls"
+    (tmp_path / "patroni.yaml").write_text(
+        f"postgresql: {{}}\nrestapi: {{certfile: {tls}/tls.crt, keyfile: {tls}/tls.key}}\n"
+    )
     monkeypatch.setenv("PATRONI_SCOPE", "orders")
     run(tmp_path)
     assert len(pod.calls) == 1

@@ -65,7 +65,7 @@ def test_scope_label_value_matches_the_labels() -> None:
 
 def test_restapi_and_postgresql_listen_on_all_addresses() -> None:
     document = rendered(make_cluster())
-    assert document["restapi"] == {"listen": "0.0.0.0:8008"}
+    assert document["restapi"]["listen"] == "0.0.0.0:8008"
     postgresql = document["postgresql"]
     assert postgresql["listen"] == "0.0.0.0:5432"
     assert postgresql["data_dir"] == "/var/lib/postgresql/data/pgdata"
@@ -82,7 +82,11 @@ def test_bin_dir_follows_the_major_version(version: str) -> None:
 
 def test_no_credentials_in_the_file() -> None:
     document = rendered(make_cluster())
-    assert "authentication" not in document["postgresql"]
+    # Only how to connect: usernames and passwords come from the environment.
+    assert document["postgresql"]["authentication"] == {
+        "superuser": {"sslmode": "verify-ca", "sslrootcert": "/etc/stateward/tls/ca.crt"},
+        "replication": {"sslmode": "verify-ca", "sslrootcert": "/etc/stateward/tls/ca.crt"},
+    }
     assert "connect_address" not in document["postgresql"]
     assert "connect_address" not in document["restapi"]
     assert not any(key in {"password", "username"} for key in keys(document))
@@ -96,14 +100,45 @@ def keys(node: Any) -> list[str]:
     return []
 
 
-def test_pg_hba_requires_scram_over_the_network() -> None:
+def test_pg_hba_requires_tls_and_scram_over_the_network() -> None:
     pg_hba = rendered(make_cluster())["postgresql"]["pg_hba"]
     assert pg_hba == [
         "local all all trust",
-        "host replication all all scram-sha-256",
-        "host all all all scram-sha-256",
+        "hostnossl all all all reject",
+        "hostssl replication all all scram-sha-256",
+        "hostssl all all all scram-sha-256",
     ]
-    assert all(rule.startswith("local") or rule.endswith("scram-sha-256") for rule in pg_hba)
+    # The first rule that matches decides: a connection without TLS meets the reject first.
+    network = [rule for rule in pg_hba if not rule.startswith("local")]
+    assert network[0].startswith("hostnossl") and network[0].endswith("reject")
+    assert all(rule.startswith("hostssl") for rule in network[1:])
+
+
+def test_postgresql_and_the_rest_api_serve_the_clusters_certificate() -> None:
+    document = rendered(make_cluster())
+    parameters = document["bootstrap"]["dcs"]["postgresql"]["parameters"]
+    assert parameters["ssl"] == "on"
+    assert parameters["ssl_min_protocol_version"] == "TLSv1.3"
+    mounted = {"/etc/stateward/tls/tls.crt", "/etc/stateward/tls/tls.key"}
+    assert {parameters["ssl_cert_file"], parameters["ssl_key_file"]} == mounted
+    assert {document["restapi"]["certfile"], document["restapi"]["keyfile"]} == mounted
+    # Members call each other by IP: the chain is verified against the CA (a client
+    # certificate plus insecure turns off only Patroni's hostname check), never skipped.
+    assert document["ctl"] == {
+        "insecure": True,
+        "certfile": "/etc/stateward/tls/tls.crt",
+        "keyfile": "/etc/stateward/tls/tls.key",
+        "cacert": "/etc/stateward/tls/ca.crt",
+    }
+
+
+def test_a_user_cannot_turn_tls_off() -> None:
+    cluster = make_cluster(
+        postgresql={"parameters": {"work_mem": "8MB"}},
+    )
+    cluster.spec.postgresql.parameters["SSL"] = "off"  # past admission: an old object
+    parameters = rendered(cluster)["bootstrap"]["dcs"]["postgresql"]["parameters"]
+    assert parameters["ssl"] == "on" and "SSL" not in parameters
 
 
 def test_rewind_and_slots() -> None:
@@ -123,6 +158,11 @@ def test_managed_parameters_without_user_parameters() -> None:
         "max_replication_slots": "20",
         "max_wal_senders": "20",
         "password_encryption": "scram-sha-256",
+        "ssl": "on",
+        "ssl_ca_file": "/etc/stateward/tls/ca.crt",
+        "ssl_cert_file": "/etc/stateward/tls/tls.crt",
+        "ssl_key_file": "/etc/stateward/tls/tls.key",
+        "ssl_min_protocol_version": "TLSv1.3",
         "unix_socket_directories": "/var/run/postgresql",
         "wal_keep_size": "128MB",
         "wal_level": "replica",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import ssl
 import subprocess
 import threading
 import time
@@ -12,9 +13,11 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from stateward import pki
 from stateward.instance import supervisor
 
 pytestmark = pytest.mark.unit
@@ -121,11 +124,17 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def supervise(source: Source, children: Children, drive: Callable[[], None]) -> int:
+def supervise(source: Source, children: Children, drive: Callable[[], None], **options: Any) -> int:
     """Run the supervisor in this (the main) thread, as PID 1 runs it; ``drive`` acts from
     another thread. Every child is killed afterwards, whatever happened."""
     port = free_port()
-    runner = supervisor.Supervisor(["patroni"], source, port=port, spawn=children)  # type: ignore[arg-type]
+    runner = supervisor.Supervisor(
+        ["patroni"],
+        source,  # type: ignore[arg-type]
+        port=port,
+        spawn=children,
+        **options,
+    )
     failures: list[BaseException] = []
 
     def driver() -> None:
@@ -268,3 +277,86 @@ def test_the_fencing_state_is_read_from_the_api_servers_list_then_watch(
     assert queries[0] == {"fieldSelector": "metadata.name=pg-fencing"}
     assert queries[1]["resourceVersion"] == "7" and queries[1]["watch"] == "1"
     assert not source.fenced  # the ConfigMap's deletion fences nothing
+
+
+# --- the serving certificate ------------------------------------------------------------
+
+
+def write_certificate(directory: Path, authority: pki.Authority) -> bytes:
+    """A serving certificate for 127.0.0.1 in ``directory``, swapped in as the kubelet swaps a
+    Secret volume's files (a rename, never a half-written file); its PEM."""
+    issued = authority.issue(common_name="demo", hosts=("127.0.0.1",), server=True)
+    for name, content in (("tls.crt", issued.cert), ("tls.key", issued.key)):
+        (directory / f".{name}").write_bytes(content)
+        (directory / f".{name}").rename(directory / name)
+    return issued.cert
+
+
+def served_certificate(port: int, authority: pki.Authority) -> bytes | None:
+    """The certificate the fenced probes present, verified against ``authority`` (DER)."""
+    context = ssl.create_default_context(cadata=authority.cert_pem.decode())
+    try:
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=1) as raw,
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+        ):
+            return tls.getpeercert(binary_form=True)
+    except OSError:
+        return None
+
+
+def der(pem: bytes) -> bytes:
+    return ssl.PEM_cert_to_DER_cert(pem.decode())
+
+
+def test_a_renewed_certificate_reloads_patroni_without_restarting_it(tmp_path: Path) -> None:
+    authority = pki.Authority.new("demo CA")
+    write_certificate(tmp_path, authority)
+    hups = tmp_path / "hups"
+    # Stands in for Patroni: counts the SIGHUPs it gets (its reload), keeps running.
+    children = Children(
+        ["sh", "-c", f"trap 'echo hup >> {hups}' HUP; while :; do sleep 0.05; done"]
+    )
+    ticks = iter(range(0, 10**9, 100))  # every loop of the supervisor is past the interval
+
+    def drive() -> None:
+        eventually(lambda: bool(children.running()), "Patroni to start")
+        write_certificate(tmp_path, authority)
+        # One change, one reload: an unchanged certificate (every loop before) reloads nothing.
+        eventually(lambda: hups.exists(), "the reload")
+        assert hups.read_text() == "hup\n"
+        assert len(children.spawned) == 1 and children.running() == children.spawned
+        signal.raise_signal(signal.SIGTERM)
+
+    certificate = supervisor.Certificate(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"))
+    supervise(Source(False), children, drive, certificate=certificate, clock=lambda: next(ticks))
+
+
+def test_the_fenced_probes_serve_the_current_certificate(tmp_path: Path) -> None:
+    authority = pki.Authority.new("demo CA")
+    first = write_certificate(tmp_path, authority)
+    ticks = iter(range(0, 10**9, 100))
+
+    def drive() -> None:
+        port = supervise.port  # type: ignore[attr-defined]
+        eventually(lambda: served_certificate(port, authority) == der(first), "HTTPS probes")
+        renewed = write_certificate(tmp_path, authority)
+        eventually(lambda: served_certificate(port, authority) == der(renewed), "the renewed one")
+        signal.raise_signal(signal.SIGTERM)
+
+    certificate = supervisor.Certificate(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"))
+    code = supervise(
+        Source(True), Children(), drive, certificate=certificate, clock=lambda: next(ticks)
+    )
+    assert code == 0
+
+
+def test_a_certificate_change_is_seen_once(tmp_path: Path) -> None:
+    authority = pki.Authority.new("demo CA")
+    write_certificate(tmp_path, authority)
+    certificate = supervisor.Certificate(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"))
+    assert not certificate.changed()
+    write_certificate(tmp_path, authority)
+    assert certificate.changed() and not certificate.changed()
+    (tmp_path / "tls.key").unlink()  # a file gone reads as a change too
+    assert certificate.changed()

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from stateward import specs
+from stateward import pki, specs
 from stateward.api.v1alpha1 import PostgresCluster
-from stateward.specs import backup, config, meta, secrets
+from stateward.specs import backup, config, meta, secrets, tls
 from tests.support import clusters
 
 pytestmark = pytest.mark.unit
@@ -222,11 +222,13 @@ def test_equal_clusters_in_other_namespaces_differ_only_there() -> None:
 
 def test_the_app_secret_tells_an_application_how_to_connect() -> None:
     cluster = make_cluster(bootstrap={"database": "shop", "owner": "shopper"})
-    body = secrets.app_secret(cluster, password="pw_1")
+    ca = pki.Authority.new("demo CA").cert_pem
+    body = secrets.app_secret(cluster, password="pw_1", ca_cert=ca)
     data = {k: base64.b64decode(v).decode() for k, v in body["data"].items()}
     host = f"{cluster.name}-primary.{cluster.namespace}.svc"
     assert body["metadata"]["name"] == f"{cluster.name}-app"
     assert body["type"] == "kubernetes.io/basic-auth"
+    # TLS with the server's name checked against its certificate, by the CA beside it.
     assert data == {
         "username": "shopper",
         "password": "pw_1",
@@ -234,9 +236,14 @@ def test_the_app_secret_tells_an_application_how_to_connect() -> None:
         "port": "5432",
         "dbname": "shop",
         "user": "shopper",
-        "uri": f"postgresql://shopper:pw_1@{host}:5432/shop",
-        "jdbc-uri": f"jdbc:postgresql://{host}:5432/shop?user=shopper&password=pw_1",
+        "uri": f"postgresql://shopper:pw_1@{host}:5432/shop?sslmode=verify-full",
+        "jdbc-uri": (
+            f"jdbc:postgresql://{host}:5432/shop?user=shopper&password=pw_1&sslmode=verify-full"
+        ),
+        "ca.crt": ca.decode(),
     }
+    assert host in tls.server_names(cluster)
+    assert body["metadata"]["annotations"] == {"stateward.io/ca-fingerprint": pki.fingerprint(ca)}
 
 
 def test_the_bootstrap_defaults_are_app_and_app() -> None:

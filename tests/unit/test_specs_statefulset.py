@@ -236,9 +236,11 @@ def test_resources_only_what_is_set() -> None:
 
 def test_probes_use_patronis_rest_api() -> None:
     result = container()
-    assert result["readinessProbe"]["httpGet"] == {"path": "/readiness", "port": 8008}
-    assert result["livenessProbe"]["httpGet"] == {"path": "/liveness", "port": 8008}
-    assert result["startupProbe"]["httpGet"] == {"path": "/liveness", "port": 8008}
+    # Patroni serves HTTPS only: a plain-HTTP probe would fail and restart the container.
+    https = {"port": 8008, "scheme": "HTTPS"}
+    assert result["readinessProbe"]["httpGet"] == {"path": "/readiness", **https}
+    assert result["livenessProbe"]["httpGet"] == {"path": "/liveness", **https}
+    assert result["startupProbe"]["httpGet"] == {"path": "/liveness", **https}
 
 
 def test_probe_thresholds() -> None:
@@ -268,6 +270,7 @@ def test_volume_mounts() -> None:
         "/var/run/postgresql": {"name": "run", "mountPath": "/var/run/postgresql"},
         "/tmp": {"name": "tmp", "mountPath": "/tmp"},
         "/dev/shm": {"name": "shm", "mountPath": "/dev/shm"},
+        "/etc/stateward/tls": {"name": "tls", "mountPath": "/etc/stateward/tls", "readOnly": True},
     }
 
 
@@ -278,6 +281,9 @@ def test_volumes() -> None:
         "run": {"name": "run", "emptyDir": {}},
         "tmp": {"name": "tmp", "emptyDir": {}},
         "shm": {"name": "shm", "emptyDir": {"medium": "Memory"}},
+        # The serving certificate: readable by root and the pod's fsGroup (postgres) only,
+        # which PostgreSQL requires of a key file it does not own.
+        "tls": {"name": "tls", "secret": {"secretName": "demo-tls", "defaultMode": 0o440}},
     }
 
 

@@ -616,6 +616,18 @@ class PostgresCluster(_Resource):
         return f"{self.name}-patroni-api"
 
     @property
+    def ca_secret_name(self) -> str:
+        """The cluster's certificate authority (``ca.crt``, ``ca.key``): only the operator
+        reads it, to sign the server certificate."""
+        return f"{self.name}-ca"
+
+    @property
+    def tls_secret_name(self) -> str:
+        """The instances' serving certificate (``tls.crt``, ``tls.key``, ``ca.crt``), signed
+        by the cluster's CA and renewed by the operator before it expires."""
+        return f"{self.name}-tls"
+
+    @property
     def instance_account_name(self) -> str:
         return f"{self.name}-instance"
 

@@ -65,6 +65,8 @@ __all__ = [
 
 SOCKET_DIR = "/var/run/postgresql"
 """Where PostgreSQL puts its Unix socket inside the instance container."""
+TLS_DIR = "/etc/stateward/tls"
+"""Where the instance container mounts the cluster's serving certificate (``NAME-tls``)."""
 
 OPERATOR_PARAMETERS: Mapping[str, str] = {
     "wal_level": "replica",
@@ -81,6 +83,13 @@ OPERATOR_PARAMETERS: Mapping[str, str] = {
     # archive_command (instance.pgbackrest) archives to the repository, or discards WAL as
     # a cluster without archiving would.
     "archive_mode": "on",
+    # TLS by default: the cluster's certificate, TLS 1.3 only (every client libpq of
+    # PostgreSQL 12 or later speaks it). PostgreSQL re-reads the files on a reload.
+    "ssl": "on",
+    "ssl_cert_file": f"{TLS_DIR}/tls.crt",
+    "ssl_key_file": f"{TLS_DIR}/tls.key",
+    "ssl_ca_file": f"{TLS_DIR}/ca.crt",
+    "ssl_min_protocol_version": "TLSv1.3",
 }
 """Parameters the operator sets to fixed values in every instance's configuration."""
 
@@ -116,6 +125,11 @@ _RESERVED_PARAMETERS: frozenset[str] = frozenset(
         "primary_slot_name",
         "promote_trigger_file",
         "synchronous_standby_names",
+        # shell commands PostgreSQL would run as the server's user: a spec must not be a
+        # way into the pod
+        "archive_cleanup_command",
+        "recovery_end_command",
+        "ssl_passphrase_command",
         # WAL archiving, backups and restore: the operator's job
         "archive_mode",
         "archive_command",

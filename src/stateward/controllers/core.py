@@ -54,9 +54,13 @@ class SecretCache:
     def __init__(self) -> None:
         self._data: dict[tuple[str, str, str], tuple[str, dict[str, str]]] = {}
 
-    async def read(self, scope: Scope, name: str) -> dict[str, str] | None:
+    async def read(
+        self, scope: Scope, name: str, *, keys: frozenset[str] | None = None
+    ) -> dict[str, str] | None:
         """The decoded data of the Secret ``name`` beside ``scope``'s object, or None while it
-        does not exist."""
+        does not exist. With ``keys``, only those are kept (a CA certificate read from a
+        Secret that also holds a private key keeps no copy of the key); read one Secret with
+        one ``keys`` only."""
         observed = scope.observed("Secret", name)
         if observed is None:
             return None
@@ -70,6 +74,8 @@ class SecretCache:
             return None
         data: dict[str, str] = {}
         for field, value in (found.get("data") or {}).items():
+            if keys is not None and field not in keys:
+                continue
             try:
                 data[field] = base64.b64decode(value).decode()
             except ValueError:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
+import ssl
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -70,14 +71,24 @@ class PatroniError(Exception):
 
 
 @dataclasses.dataclass(frozen=True)
-class BasicAuth:
-    """Credentials for Patroni's REST API. The password never appears in a repr."""
+class PatroniAccess:
+    """How the operator reaches one cluster's Patroni REST API: HTTPS, the server's chain
+    verified against the cluster's CA (members are addressed by pod IP, which no certificate
+    names, so the name is not checked), and the API's basic-auth credentials. Neither the
+    password nor the CA appears in a repr."""
 
     username: str
     password: str = dataclasses.field(repr=False)
+    ca: str = dataclasses.field(repr=False)
+    """The cluster CA's certificate, PEM."""
 
     def httpx(self) -> httpx.BasicAuth:
         return httpx.BasicAuth(self.username, self.password)
+
+    def tls(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cadata=self.ca)
+        context.check_hostname = False
+        return context
 
 
 class Kube:
@@ -104,13 +115,13 @@ class Kube:
     # --- Patroni's REST API ----------------------------------------------------------------
 
     async def patch_patroni_config(
-        self, address: str, port: int, patch: Body, *, auth: BasicAuth
+        self, address: str, port: int, patch: Body, *, auth: PatroniAccess
     ) -> None:
         """``PATCH /config`` on one member: Patroni merges it into the cluster-wide (DCS)
         configuration, and every member applies it within one HA loop (null removes a key)."""
         self._guard("patch", "PatroniConfig")
-        async with httpx.AsyncClient(timeout=10, auth=auth.httpx()) as http:
-            response = await http.patch(f"http://{address}:{port}/config", json=patch)
+        async with httpx.AsyncClient(timeout=10, auth=auth.httpx(), verify=auth.tls()) as http:
+            response = await http.patch(f"https://{address}:{port}/config", json=patch)
         if response.status_code >= 400:
             raise PatroniError(
                 f"Patroni at {address}:{port} refused PATCH /config: {response.status_code}"
@@ -118,7 +129,14 @@ class Kube:
             )
 
     async def post_patroni(
-        self, address: str, port: int, path: str, body: Body, *, auth: BasicAuth, wait: float = 30
+        self,
+        address: str,
+        port: int,
+        path: str,
+        body: Body,
+        *,
+        auth: PatroniAccess,
+        wait: float = 30,
     ) -> tuple[int, str]:
         """``POST`` an action (``/switchover``, ``/failover``, ``/restart``) to one member.
 
@@ -127,8 +145,10 @@ class Kube:
         :class:`PatroniError` and the caller observes the outcome instead."""
         self._guard("post", f"Patroni{path}")
         try:
-            async with httpx.AsyncClient(timeout=wait, auth=auth.httpx()) as http:
-                response = await http.post(f"http://{address}:{port}{path}", json=body)
+            async with httpx.AsyncClient(
+                timeout=wait, auth=auth.httpx(), verify=auth.tls()
+            ) as http:
+                response = await http.post(f"https://{address}:{port}{path}", json=body)
         except httpx.HTTPError as error:
             raise PatroniError(
                 f"Patroni at {address}:{port} did not answer POST {path}: {type(error).__name__}"

@@ -10,6 +10,7 @@ end, and only if it changed.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import datetime
 import json
@@ -20,18 +21,18 @@ from typing import Any
 import pydantic
 from lightkube import ApiError
 
-from stateward import specs
+from stateward import pki, specs
 from stateward.api import v1alpha1, validation
 from stateward.api.v1alpha1 import PostgresCluster
 from stateward.controllers import backups, core
 from stateward.controllers import conditions as cond
 from stateward.controllers.dataplane import DataPlane, start_switchover
-from stateward.controllers.kube import BasicAuth, Body, Kube, Ref
+from stateward.controllers.kube import Body, Kube, PatroniAccess, Ref
 from stateward.controllers.members import Member, instances, member
 from stateward.controllers.queue import Outcome
 from stateward.controllers.store import ObjectStore
 from stateward.instance import patroni, pgbackrest
-from stateward.specs import backup, meta, secrets
+from stateward.specs import backup, meta, secrets, tls
 from stateward.specs import config as config_spec
 
 logger = logging.getLogger(__name__)
@@ -97,13 +98,21 @@ class Scope(core.Scope):
             self._members = [member(pod) for pod in _pods(self)]
         return self._members
 
-    async def restapi_auth(self) -> BasicAuth | None:
-        """Patroni's REST API credentials (``NAME-patroni-api``), or None while the Secret is
-        missing or incomplete (``ensure_secrets`` makes it)."""
+    async def restapi_auth(self) -> PatroniAccess | None:
+        """How to reach Patroni's REST API: its credentials (``NAME-patroni-api``) and the CA
+        its certificate is signed by (``ca.crt`` of ``NAME-tls``, only that key), or None while
+        either is missing or incomplete (``ensure_secrets`` and ``ensure_tls`` make them)."""
         data = await self.secrets.read(self, self.cluster.restapi_secret_name)
         if not data or not data.get(secrets.USERNAME_KEY) or not data.get(secrets.PASSWORD_KEY):
             return None
-        return BasicAuth(data[secrets.USERNAME_KEY], data[secrets.PASSWORD_KEY])
+        served = await self.secrets.read(
+            self, self.cluster.tls_secret_name, keys=frozenset({tls.CA_CERT_KEY})
+        )
+        if not served or not served.get(tls.CA_CERT_KEY):
+            return None
+        return PatroniAccess(
+            data[secrets.USERNAME_KEY], data[secrets.PASSWORD_KEY], served[tls.CA_CERT_KEY]
+        )
 
     def forget(self, kind: str, name: str) -> None:
         """A child this reconcile deleted: gone from the store, and from ``members`` too, so
@@ -164,6 +173,7 @@ class Reconciler:
             if deleting
             else [
                 ensure_finalizer,
+                ensure_tls,
                 ensure_secrets,
                 check_storage_class,
                 check_fencing,
@@ -224,13 +234,106 @@ def _data_volumes(scope: Scope) -> list[Body]:
     ]
 
 
+async def ensure_tls(scope: Scope) -> str | None:
+    """The cluster's CA, made once, and the serving certificate it signs, (re)issued when
+    ``tls.renewal_reason`` says so: missing, near its end, other names, another CA. Both
+    decisions read only metadata the store keeps; the CA's key is read (and dropped) only to
+    issue."""
+    cluster = scope.cluster
+    notes: list[str] = []
+    authority: pki.Authority | None = None
+    ca = scope.observed("Secret", cluster.ca_secret_name)
+    if ca is None:
+        authority = pki.Authority.new(tls.ca_common_name(cluster))
+        try:
+            ca = await scope.kube.create(
+                tls.ca_secret(cluster, cert=authority.cert_pem, key=authority.key_pem)
+            )
+        except ApiError as error:
+            if error.status.code != 409:
+                raise
+            scope.requeue(ROLL_RECHECK)  # made a moment ago: the store sees it shortly
+            return None
+        scope.store.observe(ca)
+        notes.append(f"created {cluster.ca_secret_name}")
+    fingerprint = (ca["metadata"].get("annotations") or {}).get(tls.CA_FINGERPRINT_ANNOTATION)
+    if not fingerprint:  # a CA Secret someone made by hand
+        authority = authority or await _authority(scope)
+        if authority is None:
+            return None
+        fingerprint = pki.fingerprint(authority.cert_pem)
+    served = scope.observed("Secret", cluster.tls_secret_name)
+    reason = tls.renewal_reason(
+        cluster, served, ca_fingerprint=fingerprint, now=datetime.datetime.now(datetime.UTC)
+    )
+    if reason is not None:
+        authority = authority or await _authority(scope)
+        if authority is None:
+            return None
+        issued = authority.issue(
+            common_name=f"{cluster.primary_service_name}.{cluster.namespace}.svc",
+            hosts=tls.server_names(cluster),
+            server=True,
+        )
+        applied = await scope.kube.apply(
+            tls.server_secret(cluster, cert=issued.cert, key=issued.key, ca_cert=authority.cert_pem)
+        )
+        scope.store.observe(applied)
+        until = pki.not_after(issued.cert).strftime("%Y-%m-%dT%H:%M:%SZ")
+        await scope.event(
+            "CertificateIssued",
+            f"Issued the serving certificate in Secret {cluster.tls_secret_name} ({reason});"
+            f" valid until {until}"
+            + ("" if served is None else "; the instances reload it without a restart"),
+        )
+        notes.append(f"issued {cluster.tls_secret_name}")
+    return "; ".join(notes) or None
+
+
+async def _authority(scope: Scope) -> pki.Authority | None:
+    """The cluster's CA with its key, read for one issue and not kept; None (and Degraded)
+    when the Secret does not hold a usable CA."""
+    name = scope.cluster.ca_secret_name
+    found = await scope.kube.get("v1", "Secret", scope.namespace, name)
+    data = (found or {}).get("data") or {}
+    try:
+        return pki.Authority.load(
+            base64.b64decode(data[tls.CA_CERT_KEY]), base64.b64decode(data[tls.CA_KEY_KEY])
+        )
+    except (KeyError, ValueError, TypeError):
+        message = (
+            f"Secret {name} holds no usable CA ({tls.CA_CERT_KEY} and an EC {tls.CA_KEY_KEY},"
+            " PEM); delete it and Stateward makes a new one and reissues the certificate"
+        )
+        if not cond.is_true(scope.conditions, "Degraded"):
+            await scope.event("CertificateAuthorityInvalid", message, warning=True)
+        scope.degraded.append(("CertificateAuthorityInvalid", message))
+        return None
+
+
+async def _ca_cert(scope: Scope) -> str | None:
+    """The cluster CA's certificate (PEM), from ``NAME-ca`` without its key."""
+    data = await scope.secrets.read(
+        scope, scope.cluster.ca_secret_name, keys=frozenset({tls.CA_CERT_KEY})
+    )
+    return (data or {}).get(tls.CA_CERT_KEY) or None
+
+
 async def ensure_secrets(scope: Scope) -> str | None:
     cluster = scope.cluster
     made: list[str] = []
+    ca_cert = await _ca_cert(scope)
+    if ca_cert is None:
+        scope.requeue(ROLL_RECHECK)
+        return f"waiting for {cluster.ca_secret_name}"
+
+    def app_secret(cluster: PostgresCluster, *, password: str) -> Body:
+        return secrets.app_secret(cluster, password=password, ca_cert=ca_cert.encode())
+
     for name, build, held_by_data in (
         (cluster.superuser_secret_name, secrets.superuser_secret, True),
         (cluster.replication_secret_name, secrets.replication_secret, True),
-        (cluster.app_secret_name, secrets.app_secret, True),
+        (cluster.app_secret_name, app_secret, True),
         # No data depends on it: a cluster made before it existed gets one (its pods then
         # roll onto it), and so does a cluster whose copy was deleted.
         (cluster.restapi_secret_name, secrets.restapi_secret, False),
@@ -256,10 +359,32 @@ async def ensure_secrets(scope: Scope) -> str | None:
             continue
         scope.store.observe(created)
         made.append(name)
+    await _refresh_app_ca(scope, ca_cert)
     if made:
         await scope.event("SecretCreated", f"Generated credentials in {', '.join(made)}")
         return f"created {', '.join(made)}"
     return None
+
+
+async def _refresh_app_ca(scope: Scope, ca_cert: str) -> None:
+    """The app Secret's ``ca.crt`` follows the cluster's CA (a new CA, or a Secret made before
+    TLS): only that key and its annotation change, never the password or the URLs."""
+    name = scope.cluster.app_secret_name
+    observed = scope.observed("Secret", name)
+    if observed is None:
+        return
+    fingerprint = pki.fingerprint(ca_cert.encode())
+    annotations = observed["metadata"].get("annotations") or {}
+    if annotations.get(tls.CA_FINGERPRINT_ANNOTATION) == fingerprint:
+        return
+    patched = await scope.kube.patch(
+        Ref("v1", "Secret", scope.namespace, name),
+        {
+            "metadata": {"annotations": {tls.CA_FINGERPRINT_ANNOTATION: fingerprint}},
+            "data": {tls.CA_CERT_KEY: base64.b64encode(ca_cert.encode()).decode("ascii")},
+        },
+    )
+    scope.store.observe(patched)
 
 
 async def check_storage_class(scope: Scope) -> str | None:

@@ -154,11 +154,29 @@ def passwd_environment(
     }
 
 
+def certificate_files(document: Mapping[str, object]) -> tuple[str, str]:
+    """The serving certificate and key Patroni's REST API (and PostgreSQL) use, which exist:
+    without them both would refuse to start, each with a message of its own."""
+    restapi = document.get("restapi")
+    files = (restapi.get("certfile"), restapi.get("keyfile")) if isinstance(restapi, dict) else ()
+    if len(files) != 2 or not all(isinstance(path, str) and path for path in files):
+        raise InstanceError("the Patroni configuration names no restapi.certfile and keyfile")
+    cert, key = str(files[0]), str(files[1])
+    for path in (cert, key):
+        if not os.path.isfile(path):
+            raise InstanceError(
+                f"the serving certificate's {os.path.basename(path)} is missing at {path}"
+                " (the pod mounts the cluster's NAME-tls Secret, which the operator makes)"
+            )
+    return cert, key
+
+
 def run(config: str, *, supervise: Callable[..., int] | None = None) -> int:
     """Check, then run Patroni under the supervisor until it ends; Patroni's exit status."""
     check_environment(os.environ)
     document = load_configuration(config)
     check_configuration(document, config, os.environ)
+    cert, key = certificate_files(document)
     os.environ.update(passwd_environment(os.getuid(), os.getgid(), directory=patroni.TMP_DIR))
     program = shutil.which("patroni")
     if program is None:
@@ -172,6 +190,7 @@ def run(config: str, *, supervise: Callable[..., int] | None = None) -> int:
         cluster=str(document.get("scope") or os.environ.get("PATRONI_SCOPE")),
         pod=os.environ["PATRONI_NAME"],
         port=patroni.RESTAPI_PORT,
+        certificate=supervisor.Certificate(cert, key),
     )
 
 

@@ -52,6 +52,17 @@ TMP_DIR: Final = "/tmp"  # noqa: S108 - an emptyDir private to the container
 PGPASS_FILE: Final = f"{TMP_DIR}/pgpass"
 """Patroni writes a pgpass file; the root filesystem is read-only, /tmp is an emptyDir."""
 
+TLS_DIR: Final = validation.TLS_DIR
+"""The cluster's ``NAME-tls`` Secret (``specs.tls``): read-only, root-owned, group-readable
+by the postgres group (fsGroup), as PostgreSQL accepts a key file."""
+TLS_CERT: Final = f"{TLS_DIR}/tls.crt"
+TLS_KEY: Final = f"{TLS_DIR}/tls.key"
+TLS_CA: Final = f"{TLS_DIR}/ca.crt"
+PEER_SSLMODE: Final = "verify-ca"
+"""How members connect to each other (replication, base backups, pg_rewind): encrypted, and
+the server's certificate signed by the cluster's CA. Not ``verify-full``: members address
+each other by pod IP, which no certificate issued before the pod existed can name."""
+
 APP_DATABASE_ENV: Final = "STATEWARD_APP_DATABASE"
 APP_OWNER_ENV: Final = "STATEWARD_APP_OWNER"
 APP_PASSWORD_ENV: Final = "STATEWARD_APP_PASSWORD"  # noqa: S105 - a variable name
@@ -84,10 +95,12 @@ PG_HBA: Final = (
     # The socket lives in a pod-private emptyDir: only processes of the instance container,
     # which already hold the superuser password, can reach it.
     "local all all trust",
+    # Over the network only TLS: a connection without it is refused before authentication.
+    "hostnossl all all all reject",
     # Streaming replicas (replicator) and base backups (the superuser); only roles with the
     # REPLICATION attribute can use it.
-    "host replication all all scram-sha-256",
-    "host all all all scram-sha-256",
+    "hostssl replication all all scram-sha-256",
+    "hostssl all all all scram-sha-256",
 )
 
 
@@ -206,6 +219,19 @@ def configuration(
             # connect_address comes from PATRONI_RESTAPI_CONNECT_ADDRESS (the pod IP);
             # authentication from PATRONI_RESTAPI_USERNAME/PASSWORD (RESTAPI_USERNAME).
             "listen": f"0.0.0.0:{RESTAPI_PORT}",
+            # HTTPS with the cluster's certificate; SIGHUP reloads a renewed one.
+            "certfile": TLS_CERT,
+            "keyfile": TLS_KEY,
+        },
+        # How members call each other's REST API (failsafe, the leader race, switchover
+        # checks): by pod IP, so the chain is verified against the cluster's CA and the name
+        # is not (Patroni: a client certificate plus ``insecure`` keeps verification on and
+        # turns only the hostname check off).
+        "ctl": {
+            "insecure": True,
+            "certfile": TLS_CERT,
+            "keyfile": TLS_KEY,
+            "cacert": TLS_CA,
         },
         "bootstrap": bootstrap_configuration(cluster),
         "postgresql": {
@@ -217,6 +243,12 @@ def configuration(
             "pgpass": PGPASS_FILE,
             "use_unix_socket": True,
             "pg_hba": list(PG_HBA),
+            # Merged with PATRONI_<USER>_USERNAME/_PASSWORD from the environment: every
+            # connection a member makes to another is TLS, the server checked against the CA.
+            "authentication": {
+                user: {"sslmode": PEER_SSLMODE, "sslrootcert": TLS_CA}
+                for user in ("superuser", "replication")
+            },
             # A new replica copies the primary with pg_basebackup, which by default waits
             # for a *spread* checkpoint: 95 s measured for an empty database. Fast makes it
             # seconds; the checkpoint's I/O burst is small next to the copy itself.

@@ -11,12 +11,20 @@ from its first second.
 Everything else is as when Patroni was PID 1 itself: the runtime's signals go to Patroni,
 the container exits with Patroni's status when Patroni dies (so a killed Patroni still takes
 PostgreSQL with it and the kubelet restarts the container), and orphans are reaped. While
-fenced, the supervisor answers the kubelet's probes on Patroni's port itself: alive, never
-ready, so the Services leave the instance out.
+fenced, the supervisor answers the kubelet's probes on Patroni's port itself (HTTPS with
+Patroni's certificate, as the probes expect): alive, never ready, so the Services leave the
+instance out.
+
+The serving certificate is a mounted Secret the operator renews; the kubelet replaces its
+files in place. The supervisor notices (it compares their digest every
+:data:`CERTIFICATE_CHECK_INTERVAL`) and sends Patroni SIGHUP: Patroni reloads its REST API's
+certificate and has PostgreSQL reload, which re-reads its own. No restart, no failover.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import http.server
 import json
 import os
@@ -25,6 +33,7 @@ import ssl
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -38,6 +47,37 @@ ALL: Final = "*"
 SERVICE_ACCOUNT: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 STATE_FILE_NAME: Final = "stateward-fenced"
 """In the pod's /tmp emptyDir: the last fencing state seen survives a container restart."""
+CERTIFICATE_CHECK_INTERVAL: Final = 10.0
+"""The kubelet refreshes a Secret volume about once a minute; this adds little to that."""
+
+
+class Certificate:
+    """A serving certificate and key on disk; :meth:`changed` is true once per change of
+    their content (a missing file reads as empty)."""
+
+    def __init__(self, cert: str, key: str) -> None:
+        self.cert, self.key = cert, key
+        self._digest = self._read()
+
+    def _read(self) -> str:
+        digest = hashlib.sha256()
+        for path in (self.cert, self.key):
+            with contextlib.suppress(OSError):
+                digest.update(Path(path).read_bytes())
+            digest.update(b"\0")
+        return digest.hexdigest()
+
+    def changed(self) -> bool:
+        current = self._read()
+        if current == self._digest:
+            return False
+        self._digest = current
+        return True
+
+    def server_context(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(self.cert, self.key)
+        return context
 
 
 def fenced_in(data: dict[str, str] | None, pod: str) -> bool:
@@ -165,10 +205,15 @@ class Supervisor:
         port: int,
         spawn: Callable[[Sequence[str]], subprocess.Popen[bytes]] = subprocess.Popen,
         first_read_timeout: float = 10.0,
+        certificate: Certificate | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.argv = list(argv)
         self.source = source
         self.port = port
+        self.certificate = certificate
+        self.clock = clock
+        self._certificate_checked = clock()
         self.spawn = spawn
         self.first_read_timeout = first_read_timeout
         self.child: subprocess.Popen[bytes] | None = None
@@ -185,8 +230,16 @@ class Supervisor:
 
     def _serve_probes(self, on: bool) -> None:
         if on and self._probes is None:
-            self._probes = http.server.HTTPServer(("0.0.0.0", self.port), _FencedProbes)  # noqa: S104
-            threading.Thread(target=self._probes.serve_forever, daemon=True).start()
+            server = http.server.ThreadingHTTPServer(("0.0.0.0", self.port), _FencedProbes)  # noqa: S104
+            server.daemon_threads = True
+            if self.certificate is not None:
+                # The handshake happens in the handler's thread, so a client that never
+                # completes one holds no other probe.
+                server.socket = self.certificate.server_context().wrap_socket(
+                    server.socket, server_side=True, do_handshake_on_connect=False
+                )
+            self._probes = server
+            threading.Thread(target=server.serve_forever, daemon=True).start()
         elif not on and self._probes is not None:
             self._probes.shutdown()
             self._probes.server_close()
@@ -204,6 +257,24 @@ class Supervisor:
             if self.child is not None and pid == self.child.pid:
                 self.child.returncode = os.waitstatus_to_exitcode(_status)
                 return
+
+    def _check_certificate(self) -> None:
+        """A renewed certificate: Patroni reloads it (and has PostgreSQL reload), the fenced
+        probes serve it."""
+        if self.certificate is None:
+            return
+        now = self.clock()
+        if now - self._certificate_checked < CERTIFICATE_CHECK_INTERVAL:
+            return
+        self._certificate_checked = now
+        if not self.certificate.changed():
+            return
+        print("stateward-instance: the serving certificate changed; reloading", file=sys.stderr)
+        if self.child is not None and self.child.poll() is None and not self._terminating:
+            self.child.send_signal(signal.SIGHUP)
+        if self._probes is not None:
+            self._serve_probes(False)
+            self._serve_probes(True)
 
     def run(self) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
@@ -236,14 +307,23 @@ class Supervisor:
             elif self.child is None:
                 self._serve_probes(False)
                 self.child = self.spawn(self.argv)
+            self._check_certificate()
             self.source.changed.wait(1.0)
 
 
-def supervise(argv: Sequence[str], *, namespace: str, cluster: str, pod: str, port: int) -> int:
+def supervise(
+    argv: Sequence[str],
+    *,
+    namespace: str,
+    cluster: str,
+    pod: str,
+    port: int,
+    certificate: Certificate | None = None,
+) -> int:
     source = FencingSource(namespace, cluster, pod, Path("/tmp") / STATE_FILE_NAME)  # noqa: S108
     stop = threading.Event()
     threading.Thread(target=source.run, args=(stop,), daemon=True).start()
     try:
-        return Supervisor(argv, source, port=port).run()
+        return Supervisor(argv, source, port=port, certificate=certificate).run()
     finally:
         stop.set()

@@ -10,13 +10,17 @@ from __future__ import annotations
 import base64
 import secrets
 
+from stateward import pki
 from stateward.api import v1alpha1
 from stateward.instance import patroni
-from stateward.specs import meta
+from stateward.specs import meta, tls
 
 USERNAME_KEY = "username"
 PASSWORD_KEY = "password"  # noqa: S105 - the key name, not a password
 BASIC_AUTH_TYPE = "kubernetes.io/basic-auth"
+SSLMODE = "verify-full"
+"""What the app Secret's URLs ask of the client: TLS, and the server's name checked against
+its certificate (the primary Service's name is in it, ``specs.tls.server_names``)."""
 
 
 def generate_password() -> str:
@@ -52,9 +56,12 @@ def restapi_secret(cluster: v1alpha1.PostgresCluster, *, password: str) -> meta.
     )
 
 
-def app_secret(cluster: v1alpha1.PostgresCluster, *, password: str) -> meta.Object:
+def app_secret(cluster: v1alpha1.PostgresCluster, *, password: str, ca_cert: bytes) -> meta.Object:
     """Everything an application needs to connect to the primary: the Service's DNS name,
-    port, database, user, password, and the same as a URI (libpq) and a JDBC URL."""
+    port, database, user, password, the same as a URI (libpq) and a JDBC URL, and the
+    cluster's CA (``ca.crt``). Both URLs ask for ``sslmode=verify-full``: encrypted, and the
+    server proven to be the cluster's by its certificate. Mount the Secret and point
+    ``sslrootcert`` (``PGSSLROOTCERT``) at its ``ca.crt``."""
     body = _basic_auth(
         cluster, cluster.app_secret_name, username=cluster.spec.bootstrap.owner, password=password
     )
@@ -68,12 +75,17 @@ def app_secret(cluster: v1alpha1.PostgresCluster, *, password: str) -> meta.Obje
             "port": _b64(str(port)),
             "dbname": _b64(database),
             "user": _b64(user),
-            "uri": _b64(f"postgresql://{user}:{password}@{host}:{port}/{database}"),
+            "uri": _b64(
+                f"postgresql://{user}:{password}@{host}:{port}/{database}?sslmode={SSLMODE}"
+            ),
             "jdbc-uri": _b64(
                 f"jdbc:postgresql://{host}:{port}/{database}?user={user}&password={password}"
+                f"&sslmode={SSLMODE}"
             ),
+            tls.CA_CERT_KEY: base64.b64encode(ca_cert).decode("ascii"),
         }
     )
+    body["metadata"]["annotations"] = {tls.CA_FINGERPRINT_ANNOTATION: pki.fingerprint(ca_cert)}
     return body
 
 

@@ -12,6 +12,10 @@ CONFIG_VOLUME = "config"
 SOCKET_VOLUME = "run"
 TMP_VOLUME = "tmp"
 SHM_VOLUME = "shm"
+TLS_VOLUME = "tls"
+TLS_FILE_MODE = 0o440
+"""Read-only for the owner (root) and the pod's fsGroup (postgres): PostgreSQL accepts a key
+file owned by root and readable by its group, and refuses one anyone else can read."""
 SHM_MOUNT = "/dev/shm"  # noqa: S108 - a memory-backed emptyDir
 
 TERMINATION_GRACE_PERIOD_SECONDS = 120
@@ -67,6 +71,13 @@ def _pod_template(cluster: v1alpha1.PostgresCluster, *, config_hash: str) -> met
                 pods.empty_dir(TMP_VOLUME),
                 # The runtime's default /dev/shm (64 MiB) is too small for parallel queries.
                 pods.empty_dir(SHM_VOLUME, memory=True),
+                {
+                    "name": TLS_VOLUME,
+                    "secret": {
+                        "secretName": cluster.tls_secret_name,
+                        "defaultMode": TLS_FILE_MODE,
+                    },
+                },
                 *backup.instance_volumes(cluster),
             ],
         },
@@ -95,6 +106,7 @@ def _postgres_container(cluster: v1alpha1.PostgresCluster) -> meta.Object:
                 {"name": SOCKET_VOLUME, "mountPath": patroni.SOCKET_DIR},
                 {"name": TMP_VOLUME, "mountPath": patroni.TMP_DIR},
                 {"name": SHM_VOLUME, "mountPath": SHM_MOUNT},
+                {"name": TLS_VOLUME, "mountPath": patroni.TLS_DIR, "readOnly": True},
                 *backup.instance_mounts(cluster),
             ],
             # Until the REST API answers (Patroni start-up); Patroni's loop keeps running
@@ -162,7 +174,8 @@ def _resources(cluster: v1alpha1.PostgresCluster) -> meta.Object:
 
 def _probe(path: str, *, period: int, timeout: int, failures: int) -> meta.Object:
     return {
-        "httpGet": {"path": path, "port": patroni.RESTAPI_PORT},
+        # Patroni serves HTTPS; the kubelet does not verify the certificate of a probe.
+        "httpGet": {"path": path, "port": patroni.RESTAPI_PORT, "scheme": "HTTPS"},
         "periodSeconds": period,
         "timeoutSeconds": timeout,
         "failureThreshold": failures,

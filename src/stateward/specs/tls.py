@@ -1,0 +1,142 @@
+"""The certificates of a cluster: its CA and the instances' serving certificate.
+
+Every cluster gets its own certificate authority (``NAME-ca``, made once by the operator;
+only the operator reads it) and a serving certificate signed by it (``NAME-tls``, a
+``kubernetes.io/tls`` Secret the instance pods mount). PostgreSQL serves it on :5432 and
+Patroni on :8008; members verify each other's chain against ``ca.crt``, applications verify
+the Services' names too (``sslmode=verify-full``).
+
+The serving certificate is reissued when it comes within :data:`RENEW_BEFORE` of its end,
+when the names it must cover change, or when the CA changes; the instances reload it without
+a restart (``instance.supervisor``). Whether to reissue is read from the Secret's
+annotations, which the operator's store keeps (it keeps no Secret data), so the check costs
+no API call.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import hashlib
+from collections.abc import Mapping
+from typing import Final
+
+from stateward import pki
+from stateward.api import v1alpha1
+from stateward.specs import meta
+
+CA_CERT_KEY: Final = "ca.crt"
+CA_KEY_KEY: Final = "ca.key"
+CERT_KEY: Final = "tls.crt"
+KEY_KEY: Final = "tls.key"
+TLS_TYPE: Final = "kubernetes.io/tls"
+
+CA_FINGERPRINT_ANNOTATION: Final = "stateward.io/ca-fingerprint"
+"""On the CA Secret: its certificate's SHA-256; on the serving Secret and the app Secret:
+the CA they were made with (a different one means: reissue, or update ``ca.crt``)."""
+NOT_AFTER_ANNOTATION: Final = "stateward.io/not-after"
+NAMES_ANNOTATION: Final = "stateward.io/names-digest"
+"""SHA-256 over the names the certificate covers: the list itself would not fit a glance."""
+
+RENEW_BEFORE: Final = datetime.timedelta(days=30)
+"""A serving certificate is valid a year (``pki.VALIDITY``); the last month is for renewal,
+so a month of operator downtime is survivable."""
+
+CLUSTER_DOMAIN: Final = "cluster.local"
+
+
+def server_names(cluster: v1alpha1.PostgresCluster) -> tuple[str, ...]:
+    """Every name a client may use for the cluster: each Service short, with its namespace,
+    ``.svc`` and the cluster domain, and every instance pod under the headless Service (one
+    wildcard, so scaling never reissues). Pods are also addressed by IP (Patroni's members,
+    the operator); those clients verify the chain, not the name."""
+    namespace = cluster.namespace
+    names: list[str] = []
+    for service in (
+        cluster.primary_service_name,
+        cluster.replicas_service_name,
+        cluster.headless_service_name,
+    ):
+        names += [
+            service,
+            f"{service}.{namespace}",
+            f"{service}.{namespace}.svc",
+            f"{service}.{namespace}.svc.{CLUSTER_DOMAIN}",
+        ]
+    headless = f"{cluster.headless_service_name}.{namespace}.svc"
+    names += [f"*.{headless}", f"*.{headless}.{CLUSTER_DOMAIN}", "localhost"]
+    return tuple(names)
+
+
+def names_digest(names: tuple[str, ...]) -> str:
+    return hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()
+
+
+def ca_common_name(cluster: v1alpha1.PostgresCluster) -> str:
+    return f"{cluster.name}.{cluster.namespace} CA (Stateward)"
+
+
+def ca_secret(cluster: v1alpha1.PostgresCluster, *, cert: bytes, key: bytes) -> meta.Object:
+    """``NAME-ca``: the CA's certificate and key. No data depends on it: if it is deleted,
+    the operator makes a new CA and reissues the serving certificate."""
+    body: meta.Object = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": meta.object_meta(cluster, cluster.ca_secret_name),
+        "type": "Opaque",
+        "data": {CA_CERT_KEY: _b64(cert), CA_KEY_KEY: _b64(key)},
+    }
+    body["metadata"]["annotations"] = {CA_FINGERPRINT_ANNOTATION: pki.fingerprint(cert)}
+    return body
+
+
+def server_secret(
+    cluster: v1alpha1.PostgresCluster, *, cert: bytes, key: bytes, ca_cert: bytes
+) -> meta.Object:
+    """``NAME-tls``: the serving certificate for :func:`server_names`, its key, and the CA."""
+    body: meta.Object = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": meta.object_meta(cluster, cluster.tls_secret_name),
+        "type": TLS_TYPE,
+        "data": {CERT_KEY: _b64(cert), KEY_KEY: _b64(key), CA_CERT_KEY: _b64(ca_cert)},
+    }
+    body["metadata"]["annotations"] = {
+        CA_FINGERPRINT_ANNOTATION: pki.fingerprint(ca_cert),
+        NOT_AFTER_ANNOTATION: pki.not_after(cert).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        NAMES_ANNOTATION: names_digest(server_names(cluster)),
+    }
+    return body
+
+
+def renewal_reason(
+    cluster: v1alpha1.PostgresCluster,
+    observed: Mapping[str, object] | None,
+    *,
+    ca_fingerprint: str,
+    now: datetime.datetime,
+) -> str | None:
+    """Why the serving certificate must be (re)issued, or None while it is good: missing,
+    made with another CA, covering other names, or within :data:`RENEW_BEFORE` of its end
+    (or of unknown end: a Secret someone replaced by hand)."""
+    if observed is None:
+        return "it does not exist"
+    metadata = observed.get("metadata")
+    annotations = (metadata.get("annotations") if isinstance(metadata, dict) else None) or {}
+    if annotations.get(CA_FINGERPRINT_ANNOTATION) != ca_fingerprint:
+        return "it was not signed by the cluster's current CA"
+    if annotations.get(NAMES_ANNOTATION) != names_digest(server_names(cluster)):
+        return "the names it must cover changed"
+    try:
+        not_after = datetime.datetime.strptime(
+            str(annotations.get(NOT_AFTER_ANNOTATION)), "%Y-%m-%dT%H:%M:%SZ"
+        ).replace(tzinfo=datetime.UTC)
+    except ValueError:
+        return "its expiry is unknown"
+    if not_after - now <= RENEW_BEFORE:
+        return f"it expires at {not_after:%Y-%m-%dT%H:%M:%SZ}"
+    return None
+
+
+def _b64(value: bytes) -> str:
+    return base64.b64encode(value).decode("ascii")

@@ -1,0 +1,128 @@
+"""A cluster's certificates: the CA and serving Secrets, and when the serving one is reissued."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+from typing import Any
+
+import pytest
+from cryptography import x509
+
+from stateward import pki
+from stateward.specs import tls
+from tests.support.clusters import make_cluster
+
+pytestmark = pytest.mark.unit
+
+NOW = datetime.datetime(2026, 12, 4, 12, 0, tzinfo=datetime.UTC)
+
+
+def decoded(body: dict[str, Any]) -> dict[str, bytes]:
+    return {key: base64.b64decode(value) for key, value in body["data"].items()}
+
+
+def serving(now: datetime.datetime = NOW, **cluster_spec: Any) -> tuple[dict[str, Any], bytes]:
+    cluster = make_cluster(**cluster_spec)
+    authority = pki.Authority.new(tls.ca_common_name(cluster), now=now)
+    issued = authority.issue(
+        common_name="demo", hosts=tls.server_names(cluster), server=True, now=now
+    )
+    body = tls.server_secret(cluster, cert=issued.cert, key=issued.key, ca_cert=authority.cert_pem)
+    return body, authority.cert_pem
+
+
+def test_the_names_cover_every_service_and_every_pod_under_the_headless_one() -> None:
+    names = set(tls.server_names(make_cluster()))
+    for service in ("demo-primary", "demo-replicas", "demo-headless"):
+        assert {
+            service,
+            f"{service}.db",
+            f"{service}.db.svc",
+            f"{service}.db.svc.cluster.local",
+        } <= names
+    # One wildcard for every pod, so scaling never reissues the certificate.
+    assert {"*.demo-headless.db.svc", "*.demo-headless.db.svc.cluster.local"} <= names
+    assert not any(name.startswith("demo-0") for name in names)
+
+
+def test_the_serving_secret_holds_a_certificate_for_those_names_signed_by_the_ca() -> None:
+    body, ca = serving()
+    data = decoded(body)
+    assert body["type"] == "kubernetes.io/tls"
+    assert body["metadata"]["name"] == "demo-tls"
+    assert set(data) == {"tls.crt", "tls.key", "ca.crt"} and data["ca.crt"] == ca
+    assert pki.key_matches(data["tls.crt"], data["tls.key"])
+    assert pki.subject_alt_names(data["tls.crt"]) == set(tls.server_names(make_cluster()))
+    cert = x509.load_pem_x509_certificate(data["tls.crt"])
+    cert.verify_directly_issued_by(x509.load_pem_x509_certificate(ca))
+    annotations = body["metadata"]["annotations"]
+    assert annotations["stateward.io/ca-fingerprint"] == pki.fingerprint(ca)
+    assert annotations["stateward.io/not-after"] == "2027-12-04T12:00:00Z"
+
+
+def test_the_ca_secret_holds_the_ca_and_its_fingerprint() -> None:
+    cluster = make_cluster()
+    authority = pki.Authority.new(tls.ca_common_name(cluster))
+    body = tls.ca_secret(cluster, cert=authority.cert_pem, key=authority.key_pem)
+    data = decoded(body)
+    assert body["metadata"]["name"] == "demo-ca"
+    assert body["metadata"]["ownerReferences"][0]["name"] == "demo"
+    assert pki.Authority.load(data["ca.crt"], data["ca.key"]).cert_pem == authority.cert_pem
+    assert body["metadata"]["annotations"] == {
+        "stateward.io/ca-fingerprint": pki.fingerprint(authority.cert_pem)
+    }
+
+
+def test_a_good_certificate_is_kept() -> None:
+    body, ca = serving()
+    reason = tls.renewal_reason(
+        make_cluster(), body, ca_fingerprint=pki.fingerprint(ca), now=NOW + datetime.timedelta(1)
+    )
+    assert reason is None
+
+
+@pytest.mark.parametrize(
+    ("days_later", "renewed"),
+    [(300, False), (334, False), (335, True), (365, True), (400, True)],
+)
+def test_a_certificate_is_renewed_in_its_last_month(days_later: int, renewed: bool) -> None:
+    body, ca = serving()
+    reason = tls.renewal_reason(
+        make_cluster(),
+        body,
+        ca_fingerprint=pki.fingerprint(ca),
+        now=NOW + datetime.timedelta(days=days_later),
+    )
+    assert (reason is not None) is renewed
+    if renewed:
+        assert reason == "it expires at 2027-12-04T12:00:00Z"
+
+
+def test_a_missing_certificate_is_issued() -> None:
+    assert tls.renewal_reason(make_cluster(), None, ca_fingerprint="x", now=NOW) == (
+        "it does not exist"
+    )
+
+
+def test_a_new_ca_reissues_the_certificate() -> None:
+    body, _ca = serving()
+    other = pki.Authority.new("another CA").cert_pem
+    reason = tls.renewal_reason(
+        make_cluster(), body, ca_fingerprint=pki.fingerprint(other), now=NOW
+    )
+    assert reason == "it was not signed by the cluster's current CA"
+
+
+def test_other_names_reissue_the_certificate() -> None:
+    body, ca = serving()
+    renamed = make_cluster(metadata={"namespace": "elsewhere"})
+    reason = tls.renewal_reason(renamed, body, ca_fingerprint=pki.fingerprint(ca), now=NOW)
+    assert reason == "the names it must cover changed"
+
+
+def test_a_secret_replaced_by_hand_is_reissued() -> None:
+    body, ca = serving()
+    del body["metadata"]["annotations"]["stateward.io/not-after"]
+    reason = tls.renewal_reason(make_cluster(), body, ca_fingerprint=pki.fingerprint(ca), now=NOW)
+    assert reason == "its expiry is unknown"
