@@ -101,8 +101,8 @@ def test_a_single_instance_bootstraps_to_a_writable_primary(
         ["sh", "-c", CONNECT_AS_AN_APPLICATION, "sh", app["ca.crt"], app["uri"],
          app["password"], app["host"]],
     )  # fmt: skip
-    assert "verify-full: TLSv1.3 t" in answers, answers
-    assert "no pg_hba.conf entry" in answers and "no encryption" in answers, answers
+    assert "verify-full: TLSv1.3 true" in answers, answers
+    assert "pg_hba.conf rejects connection" in answers and "no encryption" in answers, answers
 
     # A new CA (its Secret deleted): the operator reissues the serving certificate, and the
     # instance serves it after a reload, without a restart. Clients that trust only the new
