@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 from lightkube import ApiError, Client, codecs
+from lightkube.resources.admissionregistration_v1 import ValidatingWebhookConfiguration
 from lightkube.resources.core_v1 import Secret
 
 from stateward.cli.run import (
@@ -24,6 +25,7 @@ from stateward.cli.run import (
     start_operator,
 )
 from stateward.local.cluster import OPERATOR_USER, LocalCluster
+from stateward.runtime import webhook
 from tests.support import clusters
 from tests.support.waiting import wait_for
 
@@ -58,11 +60,24 @@ def crds(control_plane: LocalCluster, kube: Client) -> None:
     ensure_namespace(kube, OPERATOR_NAMESPACE)
 
 
+def wait_webhook_registered(kube: Client, handle: OperatorProcess, timeout: float = 60) -> None:
+    """The API server sends this operator the reviews: its webhook configuration points at
+    this operator's port (the leader writes it shortly after it starts leading)."""
+    port = handle.webhook_port
+
+    def registered() -> bool:
+        found = kube.get(ValidatingWebhookConfiguration, webhook.CONFIGURATION_NAME)
+        return any(f":{port}/" in str(hook.clientConfig.url or "") for hook in found.webhooks or [])
+
+    wait_for(registered, what="the operator's webhook to be registered", timeout=timeout)
+
+
 @pytest.fixture(scope="session")
-def operator(control_plane: LocalCluster, crds: None) -> Iterator[OperatorProcess]:
+def operator(control_plane: LocalCluster, crds: None, kube: Client) -> Iterator[OperatorProcess]:
     handle = start_operator(control_plane, extra=[f"--resync-interval={RESYNC_SECONDS}"])
     try:
         wait_leading(handle)
+        wait_webhook_registered(kube, handle)
         yield handle
     finally:
         handle.stop()

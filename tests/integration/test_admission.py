@@ -120,3 +120,22 @@ def test_what_only_the_webhook_checks_is_refused_while_it_cannot_answer(
     )
     stored = client.get(PostgresClusterResource, name, namespace=ns)
     assert stored.spec["replicas"] == 2 and stored.metadata.labels["team"] == "a"
+
+
+def test_a_repository_path_is_checked_by_the_webhook_or_not_admitted(
+    no_operator: tuple[Client, str],
+) -> None:
+    client, ns = no_operator
+
+    def with_path(name: str, path: str) -> dict[str, Any]:
+        backup = {"repository": {"s3": {**clusters.BACKUP["repository"]["s3"], "path": path}}}
+        return pgc_body(name, ns, backup=backup)
+
+    # A path may name another namespace's backups, and only the webhook knows the namespace:
+    # while it cannot answer, a write that sets one is refused, never admitted unchecked.
+    message = _create(client, with_path("thief", "/kube-system/secrets"))
+    assert "failed calling webhook" in message, message
+    # The default path (/NAMESPACE/NAME) never waits for the operator.
+    assert (
+        _create(client, pgc_body(f"plain-{uuid.uuid4().hex[:6]}", ns, backup=clusters.BACKUP)) == ""
+    )

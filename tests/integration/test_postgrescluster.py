@@ -728,6 +728,19 @@ def test_never_firing_schedule_is_refused_by_the_webhook(
     assert "backupSchedule" in message and "admission webhook" in message
 
 
+def test_another_namespaces_repository_path_is_refused_naming_the_field(
+    kube: Client, namespace: str, operator: OperatorProcess
+) -> None:
+    backup = {"repository": {"s3": {**clusters.BACKUP["repository"]["s3"], "path": "/prod/db"}}}
+    with pytest.raises(ApiError) as refused:
+        kube.create(codecs.from_dict(pgc_body("thief", namespace, backup=backup)))
+    message = str(refused.value.status.message)
+    assert "spec.backup.repository.s3.path: /prod/db is outside" in message, message
+    assert f"/{namespace}/" in message
+    backup["repository"]["s3"]["path"] = f"/{namespace}/db"
+    kube.create(codecs.from_dict(pgc_body("owner", namespace, backup=backup)))
+
+
 def test_immutable_storage_class_and_unknown_fields(
     kube: Client, namespace: str, make_cluster: MakeCluster
 ) -> None:

@@ -48,6 +48,7 @@ __all__ = [
     "CRON_REGEX",
     "DEFAULT_PARAMETERS",
     "FENCE_ALL",
+    "FOREIGN_REPOSITORY_PATHS_FLAG",
     "MANAGED_PARAMETERS",
     "OPERATOR_PARAMETERS",
     "PATRONI_OWNED_PARAMETERS",
@@ -56,6 +57,7 @@ __all__ = [
     "CronField",
     "fenced_instances",
     "parse_quantity",
+    "repository_path_problems",
     "validate_annotations",
     "validate_cron",
     "validate_spec",
@@ -585,6 +587,42 @@ def _check_backup(spec: Mapping[str, Any]) -> list[str]:
             " spec.backup.repository, or set finalBackup to false"
         )
     return errors
+
+
+FOREIGN_REPOSITORY_PATHS_FLAG = "--allow-foreign-repository-paths"
+"""The operator's flag (the chart's ``allowForeignRepositoryPaths``) that lets repository paths
+leave their namespace's prefix: for a platform whose namespaces share one bucket on purpose."""
+
+
+def repository_path_problems(namespace: str, spec: Mapping[str, Any]) -> list[str]:
+    """Repository paths outside the namespace's own prefix ``/NAMESPACE/``.
+
+    One bucket often serves every namespace, with the same credentials. A cluster whose
+    ``spec.backup.repository.s3.path`` or ``spec.bootstrap.restore.path`` named another
+    namespace's repository could restore that namespace's data (read it), or write WAL and
+    expire backups in it. Only the operator's administrator may allow that
+    (:data:`FOREIGN_REPOSITORY_PATHS_FLAG`); the defaults (``/NAMESPACE/NAME``) always pass."""
+    prefix = f"/{namespace}"
+    backup = spec.get("backup")
+    repository = backup.get("repository") if isinstance(backup, Mapping) else None
+    s3 = repository.get("s3") if isinstance(repository, Mapping) else None
+    bootstrap = spec.get("bootstrap")
+    restore = bootstrap.get("restore") if isinstance(bootstrap, Mapping) else None
+    problems = []
+    for where, holder in (
+        ("spec.backup.repository.s3.path", s3),
+        ("spec.bootstrap.restore.path", restore),
+    ):
+        path = holder.get("path") if isinstance(holder, Mapping) else None
+        if not isinstance(path, str) or path == prefix or path.startswith(f"{prefix}/"):
+            continue
+        problems.append(
+            f"{where}: {path} is outside this namespace's prefix {prefix}/, where another"
+            " namespace's backups could be read or overwritten; use a path under"
+            f" {prefix}/ (or leave it unset), or ask the operator's administrator to start"
+            f" it with {FOREIGN_REPOSITORY_PATHS_FLAG}"
+        )
+    return problems
 
 
 def _check_parameters(spec: Mapping[str, Any]) -> list[str]:

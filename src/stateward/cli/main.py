@@ -140,6 +140,7 @@ def _operator(args: argparse.Namespace) -> int:
         webhook_certificate_interval=args.webhook_certificate_interval,
         watch_namespaces=tuple(dict.fromkeys(args.watch_namespace)),
         log_level=args.log_level,
+        foreign_repository_paths=args.allow_foreign_repository_paths,
     )
     try:
         return operator.run(options)
@@ -215,6 +216,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=LOG_LEVELS,
         default=os.environ.get("STATEWARD_LOG_LEVEL", "INFO").upper(),
         help="DEBUG, INFO, WARNING or ERROR (default $STATEWARD_LOG_LEVEL or INFO)",
+    )
+    op.add_argument(
+        "--allow-foreign-repository-paths",
+        action="store_true",
+        help="let a cluster's repository paths leave /NAMESPACE/ (namespaces that share a"
+        " bucket on purpose); off, no cluster can name another namespace's backups",
     )
     op.set_defaults(handler=_operator)
 

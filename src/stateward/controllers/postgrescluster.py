@@ -77,6 +77,8 @@ class Scope(core.Scope):
     """``status.backups``: read at the start, updated from the backup pods' reports."""
     on_demand_backup: dict[str, Any] | None = None
     """``status.onDemandBackup``: the last ``stateward.io/backup`` request and its outcome."""
+    halted: bool = False
+    """Set by a phase after which none may run (the spec must change first)."""
     _members: list[Member] | None = dataclasses.field(default=None, init=False, repr=False)
 
     @property
@@ -132,9 +134,13 @@ Phase = Callable[[Scope], Awaitable[str | None]]
 
 
 class Reconciler:
-    def __init__(self, kube: Kube, store: ObjectStore) -> None:
+    def __init__(
+        self, kube: Kube, store: ObjectStore, *, foreign_repository_paths: bool = False
+    ) -> None:
         self.kube = kube
         self.store = store
+        self.foreign_repository_paths = foreign_repository_paths
+        """The operator's administrator lets repository paths leave their namespace."""
         self.data_plane = DataPlane()
         self.secret_cache = core.SecretCache()
 
@@ -168,10 +174,12 @@ class Reconciler:
             on_demand_backup=(body.get("status") or {}).get("onDemandBackup"),
         )
         deleting = bool(body["metadata"].get("deletionTimestamp"))
+        paths: list[Phase] = [] if self.foreign_repository_paths else [check_repository_paths]
         phases: list[Phase] = (
-            [finalize]
+            [*paths, finalize]
             if deleting
             else [
+                *paths,
                 ensure_finalizer,
                 ensure_tls,
                 ensure_secrets,
@@ -198,6 +206,8 @@ class Reconciler:
                 note = await phase(scope)
                 if note:
                     scope.notes.append(note)
+                if scope.halted:
+                    break
         except Exception as error:
             await _report_failure(scope, error, deleting=deleting)
             raise
@@ -220,6 +230,23 @@ async def _report_failure(scope: Scope, error: BaseException, *, deleting: bool)
 
 
 # --- phases ----------------------------------------------------------------------------------
+
+
+async def check_repository_paths(scope: Scope) -> str | None:
+    """A repository path outside the namespace's prefix (admission refuses one; this covers
+    objects stored before that rule, or while the operator allowed it): nothing more is done
+    — no pod gets the path, no backup or restore runs, no final backup is written — until the
+    spec changes. Said in ``Degraded`` and once in a Warning Event."""
+    problems = validation.repository_path_problems(scope.namespace, scope.body.get("spec") or {})
+    if not problems:
+        return None
+    message = "; ".join(problems)
+    previous = cond.get_condition(scope.conditions, "Degraded") or {}
+    if previous.get("reason") != "RepositoryPathOutsideNamespace":
+        await scope.event("RepositoryPathOutsideNamespace", message, warning=True)
+    scope.degraded.append(("RepositoryPathOutsideNamespace", message))
+    scope.halted = True
+    return "waiting for a repository path inside the namespace"
 
 
 async def ensure_finalizer(scope: Scope) -> str | None:

@@ -96,6 +96,9 @@ class Options:
     watch_namespaces: tuple[str, ...] = ()
     """Namespaces whose PostgresClusters this operator runs; empty: every namespace."""
     log_level: str = "INFO"
+    foreign_repository_paths: bool = False
+    """Let repository paths leave their namespace's prefix (``--allow-foreign-repository-paths``):
+    off, a cluster cannot name another namespace's backups."""
 
 
 class Operator:
@@ -118,7 +121,9 @@ class Operator:
             on_event=lambda reason, type: metrics.EVENTS.labels(reason, type).inc(),
         )
         self.store = ObjectStore()
-        self.reconciler = Reconciler(self.kube, self.store)
+        self.reconciler = Reconciler(
+            self.kube, self.store, foreign_repository_paths=options.foreign_repository_paths
+        )
         self.databases = DatabaseReconciler(self.kube, self.store)
         self.queue: WorkQueue[Key] = WorkQueue(self._reconcile, workers=options.workers)
         self.kopf_ready = asyncio.Event()
@@ -270,6 +275,7 @@ class Operator:
             address=self.options.webhook_address,
             port=self.options.webhook_port,
             certificate=self.certificate,
+            foreign_repository_paths=self.options.foreign_repository_paths,
         )
         await self.admission.start()
         logger.info("admission webhook serving on port %d", self.options.webhook_port)
@@ -420,7 +426,11 @@ class Operator:
         """One term as leader: Kopf watches and the work queue run until it ends."""
         metrics.LEADER.set(1)
         self.store = ObjectStore()
-        self.reconciler = Reconciler(self.kube, self.store)
+        self.reconciler = Reconciler(
+            self.kube,
+            self.store,
+            foreign_repository_paths=self.options.foreign_repository_paths,
+        )
         self.databases = DatabaseReconciler(self.kube, self.store)
         self.kopf_ready.clear()
         kopf_stop = asyncio.Event()

@@ -67,13 +67,21 @@ SECRET_KEYS = ("ca.crt", "tls.crt", "tls.key")
 HANDSHAKE_TIMEOUT = 5.0
 
 
-def review_response(review: dict[str, Any]) -> dict[str, Any]:
-    """The AdmissionReview answer for one request (pure)."""
+def review_response(
+    review: dict[str, Any], *, foreign_repository_paths: bool = False
+) -> dict[str, Any]:
+    """The AdmissionReview answer for one request (pure). ``foreign_repository_paths``: the
+    operator's administrator lets repository paths leave their namespace's prefix."""
     request = review.get("request") or {}
     new_object = request.get("object") or {}
     new = new_object.get("spec") or {}
     old_object = request.get("oldObject")
     problems = validation.validate_spec(new, (old_object or {}).get("spec") if old_object else None)
+    if not foreign_repository_paths:
+        namespace = request.get("namespace") or (new_object.get("metadata") or {}).get(
+            "namespace", ""
+        )
+        problems += validation.repository_path_problems(str(namespace), new)
     problems += validation.validate_annotations(
         (new_object.get("metadata") or {}).get("annotations")
     )
@@ -147,13 +155,16 @@ MATCH_CONDITIONS = [
             f"({condition})"
             for condition in (
                 _sets_or_changes("spec.backupSchedule"),
+                _sets_or_changes("spec.backup.repository.s3.path"),
+                _sets_or_changes("spec.bootstrap.restore.path"),
                 _sets_or_changes("metadata.annotations", v1alpha1.FENCED_INSTANCES_ANNOTATION),
             )
         ),
     }
 ]
 """The webhook sees only writes that set or change what CEL cannot check: the backup schedule
-(a schedule that never fires) and the fenced-instances annotation (JSON). With ``Fail``, an
+(a schedule that never fires), a repository path (it must stay in the namespace's prefix, and
+CEL cannot read the namespace) and the fenced-instances annotation (JSON). With ``Fail``, an
 operator outage blocks just those, and every other write is checked by CEL alone."""
 
 
@@ -388,8 +399,16 @@ def _load_chain(context: ssl.SSLContext, certificate: Certificate) -> None:
 class AdmissionServer:
     """HTTPS server answering AdmissionReviews; runs for the whole life of the process."""
 
-    def __init__(self, *, address: str, port: int, certificate: Certificate) -> None:
+    def __init__(
+        self,
+        *,
+        address: str,
+        port: int,
+        certificate: Certificate,
+        foreign_repository_paths: bool = False,
+    ) -> None:
         self.address, self.port, self.certificate = address, port, certificate
+        self.foreign_repository_paths = foreign_repository_paths
         self._runner: web.AppRunner | None = None
         self._context: ssl.SSLContext | None = None
 
@@ -442,7 +461,9 @@ class AdmissionServer:
                 review = await request.json()
             except ValueError:
                 return web.json_response({"error": "not an AdmissionReview"}, status=400)
-            return web.json_response(review_response(review))
+            return web.json_response(
+                review_response(review, foreign_repository_paths=self.foreign_repository_paths)
+            )
 
         app = web.Application()
         app.router.add_post(PATH, validate)
