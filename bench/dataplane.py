@@ -270,7 +270,8 @@ def psql(dsn: str, password: str, statement: str, timeout: float = 30) -> str | 
 
 
 def dsn(hosts: Iterable[str], *, read_write: bool = True) -> str:
-    text = f"host={','.join(hosts)} port=5432 dbname=postgres user=postgres connect_timeout=2"
+    # The application's role and database: the superuser may not log in over the network.
+    text = f"host={','.join(hosts)} port=5432 dbname=app user=app sslmode=require connect_timeout=2"
     return text + (" target_session_attrs=read-write" if read_write else "")
 
 
@@ -323,7 +324,7 @@ class Writer:
 def writer_for(kube: Kube, ns: str, name: str, table: str) -> Writer:
     pods = [kube.pod(ns, pod) for pod in instance_names(name, NODES)]
     hosts = [ip for p in pods if p and (ip := (p.get("status") or {}).get("podIP"))]
-    return Writer(hosts, kube.secret(ns, f"{name}-superuser", "password"), table)
+    return Writer(hosts, kube.secret(ns, f"{name}-app", "password"), table)
 
 
 def rows_on(kube: Kube, ns: str, pod: str, password: str, table: str) -> set[int]:

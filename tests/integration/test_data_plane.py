@@ -96,13 +96,25 @@ def test_a_single_instance_bootstraps_to_a_writable_primary(
     # Service's name checked against the certificate by the CA beside it. Without TLS the
     # same user and password are refused before authentication.
     assert "sslmode=verify-full" in app["uri"]
+
+    def password(secret: str) -> str:
+        data = client.get(Secret, secret, namespace=ns).data or {}
+        return base64.b64decode(data["password"]).decode()
+
     answers = run_in_pod(
         client, ns, "application", f"{v1alpha1.DEFAULT_IMAGE_REPOSITORY}:15",
         ["sh", "-c", CONNECT_AS_AN_APPLICATION, "sh", app["ca.crt"], app["uri"],
-         app["password"], app["host"]],
+         app["password"], app["host"], password("solo-superuser"),
+         password("solo-replication")],
     )  # fmt: skip
-    assert "verify-full: TLSv1.3 true" in answers, answers
-    assert "pg_hba.conf rejects connection" in answers and "no encryption" in answers, answers
+    lines = dict(line.split(": ", 1) for line in answers.splitlines() if ": " in line)
+    assert lines["verify-full"] == "TLSv1.3 true", answers
+    assert "pg_hba.conf rejects connection" in lines["disable"], answers
+    assert "no encryption" in lines["disable"], answers
+    # The superuser and the replication role need the instances' client certificates: their
+    # passwords alone get nobody in from another pod.
+    for role in ("superuser", "replication"):
+        assert "requires a valid client certificate" in lines[role], answers
 
     # A new CA (its Secret deleted): the operator reissues the serving certificate, and the
     # instance serves it after a reload, without a restart. Clients that trust only the new

@@ -35,6 +35,10 @@ from stateward.local.cluster import LocalCluster
 from tests.integration.conftest import RESYNC_SECONDS, get_pgc, wait_leading
 from tests.support.waiting import wait_for
 
+APP_DATABASE = "app"
+APP_USER = "app"
+"""The application database and role every test cluster gets (``spec.bootstrap``'s default)."""
+
 
 def client_of(real: LocalCluster) -> Client:
     return Client(KubeConfig.from_file(real.kubeconfig), field_manager="stateward-tests")
@@ -103,13 +107,14 @@ def ready(client: Client, ns: str, name: str, timeout: float = 240) -> dict[str,
     )
 
 
-def sql(real: LocalCluster, ns: str, pod: str, statement: str) -> str:
-    """Run SQL as the superuser over the pod's own socket; '' if the pod cannot answer."""
+def sql(real: LocalCluster, ns: str, pod: str, statement: str, database: str = "postgres") -> str:
+    """Run SQL as the superuser over the pod's own socket (the only way the superuser logs in
+    without the instances' client certificate); '' if the pod cannot answer."""
     result = subprocess.run(
         [
             str(binaries.locate().kubectl), "exec", "-n", ns, pod, "--",
-            "psql", "-h", "/var/run/postgresql", "-U", "postgres", "-v", "ON_ERROR_STOP=1",
-            "-tAc", statement,
+            "psql", "-h", "/var/run/postgresql", "-U", "postgres", "-d", database,
+            "-v", "ON_ERROR_STOP=1", "-tAc", statement,
         ],
         env={**os.environ, "KUBECONFIG": str(real.kubeconfig)},
         capture_output=True,
@@ -175,11 +180,13 @@ class Ack(NamedTuple):
 class Writer:
     """A client inserting numbered rows through whichever instance accepts writes (libpq's
     ``target_session_attrs=read-write`` over every pod address), recording which commits were
-    acknowledged, when, and by which server."""
+    acknowledged, when, and by which server. It is the application: the app role in its
+    database, with the app Secret's password, over TLS (the superuser may not log in over
+    the network)."""
 
     def __init__(self, client: Client, ns: str, name: str, table: str = "w") -> None:
         self.client, self.ns, self.name, self.table = client, ns, name, table
-        secret = client.get(Secret, f"{name}-superuser", namespace=ns)
+        secret = client.get(Secret, f"{name}-app", namespace=ns)
         password = base64.b64decode((secret.data or {})["password"]).decode()
         self.env = {**os.environ, "PGPASSWORD": password}
         self.dsn = self._dsn()
@@ -192,8 +199,8 @@ class Writer:
         pods = self.client.list(Pod, namespace=self.ns, labels={"stateward.io/cluster": self.name})
         hosts = ",".join(p.status.podIP for p in pods if p.status and p.status.podIP)
         return (
-            f"host={hosts} port=5432 dbname=postgres user=postgres connect_timeout=2"
-            " target_session_attrs=read-write"
+            f"host={hosts} port=5432 dbname={APP_DATABASE} user={APP_USER} connect_timeout=2"
+            " sslmode=require target_session_attrs=read-write"
         )
 
     def run(self, statement: str) -> subprocess.CompletedProcess[str]:
@@ -254,7 +261,13 @@ class Writer:
         return [server for server, _ in itertools.groupby(a.server for a in self.acknowledged)]
 
     def missing_on(self, real: LocalCluster, ns: str, pod: str) -> set[int]:
-        present = sql(real, ns, pod, f"select string_agg(n::text, ',') from {self.table}")  # noqa: S608
+        present = sql(
+            real,
+            ns,
+            pod,
+            f"select string_agg(n::text, ',') from {self.table}",  # noqa: S608 - our own table
+            APP_DATABASE,
+        )
         rows = {int(x) for x in present.split(",") if x}
         return {a.n for a in self.acknowledged} - rows
 
@@ -289,14 +302,20 @@ before that, try plain HTTP."""
 
 CONNECT_AS_AN_APPLICATION = """
 printf '%s' "$1" > /tmp/ca.crt
-echo "verify-full: $(PGSSLROOTCERT=/tmp/ca.crt psql "$2" -tAc \
-  "select version || ' ' || ssl from pg_stat_ssl where pid = pg_backend_pid()" 2>&1)"
-echo "disable: $(PGPASSWORD="$3" psql "host=$4 user=app dbname=app sslmode=disable" \
-  -tAc 'select 1' 2>&1)"
+mine="select version || ' ' || ssl from pg_stat_ssl where pid = pg_backend_pid()"
+echo "verify-full: $(PGSSLROOTCERT=/tmp/ca.crt psql "$2" -tAc "$mine" 2>&1)"
+plain="host=$4 user=app dbname=app sslmode=disable"
+echo "disable: $(PGPASSWORD="$3" psql "$plain" -tAc 'select 1' 2>&1)"
+superuser="host=$4 user=postgres dbname=postgres sslmode=require"
+echo "superuser: $(PGPASSWORD="$5" psql "$superuser" -tAc 'select 1' 2>&1)"
+replication="host=$4 user=replicator dbname=postgres replication=database sslmode=require"
+echo "replication: $(PGPASSWORD="$6" psql "$replication" -tAc 'IDENTIFY_SYSTEM' 2>&1)"
 """
 """In a pod of the namespace, as an application would: the app Secret's ``uri`` as it is,
-with its ``ca.crt`` as the root certificate; then the same user and password without TLS.
-Arguments: the CA (PEM), the URI, the password, the primary Service's name."""
+with its ``ca.crt`` as the root certificate; then the same user and password without TLS;
+then, as an attacker who stole them, the superuser's and the replication role's passwords.
+Arguments: the CA (PEM), the URI, the app password, the primary Service's name, the
+superuser's password, the replication password."""
 
 
 def run_in_pod(client: Client, ns: str, name: str, image: str, argv: list[str]) -> str:

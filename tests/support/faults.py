@@ -161,8 +161,9 @@ class Lab:
     def node_of(self, name: str) -> str:
         return str(self.pod(name).spec.nodeName)  # type: ignore[union-attr]
 
-    def password(self) -> str:
-        secret = self.client.get(Secret, f"{NAME}-superuser", namespace=self.ns)
+    def password(self, user: str = "superuser") -> str:
+        """The password in ``NAME-superuser`` (or ``NAME-app`` for ``user="app"``)."""
+        secret = self.client.get(Secret, f"{NAME}-{user}", namespace=self.ns)
         return base64.b64decode((secret.data or {})["password"]).decode()
 
     def sql(self, pod: str, statement: str) -> str:
@@ -387,8 +388,8 @@ def _node_partition(lab: Lab, primary: str, _standby: str) -> Heal | None:
         # Patroni demotes it (failsafe mode keeps a primary only while it reaches them all).
         # Seen from inside its node, where it is still reachable, it refuses writes.
         node = lab.real.node(node_name)
-        dsn = f"host={address} port=5432 dbname=postgres user=postgres connect_timeout=2"
-        password = lab.password()
+        dsn = f"host={address} port=5432 dbname=app user=app sslmode=require connect_timeout=2"
+        password = lab.password("app")
         wait_for(
             lambda: sql_in_node(node, dsn, password, "select pg_is_in_recovery()") == "t",
             what="the partitioned primary to demote itself",

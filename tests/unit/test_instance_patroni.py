@@ -83,9 +83,15 @@ def test_bin_dir_follows_the_major_version(version: str) -> None:
 def test_no_credentials_in_the_file() -> None:
     document = rendered(make_cluster())
     # Only how to connect: usernames and passwords come from the environment.
+    tls = "/etc/stateward/tls"
     assert document["postgresql"]["authentication"] == {
-        "superuser": {"sslmode": "verify-ca", "sslrootcert": "/etc/stateward/tls/ca.crt"},
-        "replication": {"sslmode": "verify-ca", "sslrootcert": "/etc/stateward/tls/ca.crt"},
+        user: {
+            "sslmode": "verify-ca",
+            "sslrootcert": f"{tls}/ca.crt",
+            "sslcert": f"{tls}/{user}.crt",
+            "sslkey": f"{tls}/{user}.key",
+        }
+        for user in ("superuser", "replication")
     }
     assert "connect_address" not in document["postgresql"]
     assert "connect_address" not in document["restapi"]
@@ -105,13 +111,22 @@ def test_pg_hba_requires_tls_and_scram_over_the_network() -> None:
     assert pg_hba == [
         "local all all trust",
         "hostnossl all all all reject",
-        "hostssl replication all all scram-sha-256",
+        "hostssl all postgres all cert",
+        "hostssl replication replicator all cert",
+        "hostssl all replicator all cert",
+        "hostssl replication all all reject",
         "hostssl all all all scram-sha-256",
     ]
     # The first rule that matches decides: a connection without TLS meets the reject first.
     network = [rule for rule in pg_hba if not rule.startswith("local")]
     assert network[0].startswith("hostnossl") and network[0].endswith("reject")
     assert all(rule.startswith("hostssl") for rule in network[1:])
+    # The superuser and the replication role never get to use a password over the network.
+    password_rule = network.index("hostssl all all all scram-sha-256")
+    for user in ("postgres", "replicator"):
+        assert any(
+            f" {user} " in rule and rule.endswith(" cert") for rule in network[:password_rule]
+        )
 
 
 def test_postgresql_and_the_rest_api_serve_the_clusters_certificate() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import hashlib
 from typing import Any
 
 import pytest
@@ -28,7 +29,14 @@ def serving(now: datetime.datetime = NOW, **cluster_spec: Any) -> tuple[dict[str
     issued = authority.issue(
         common_name="demo", hosts=tls.server_names(cluster), server=True, now=now
     )
-    body = tls.server_secret(cluster, cert=issued.cert, key=issued.key, ca_cert=authority.cert_pem)
+    clients = {
+        stem: (client.cert, client.key)
+        for stem, user in tls.CLIENTS.items()
+        for client in (authority.issue(common_name=user, now=now),)
+    }
+    body = tls.server_secret(
+        cluster, cert=issued.cert, key=issued.key, ca_cert=authority.cert_pem, clients=clients
+    )
     return body, authority.cert_pem
 
 
@@ -51,7 +59,11 @@ def test_the_serving_secret_holds_a_certificate_for_those_names_signed_by_the_ca
     data = decoded(body)
     assert body["type"] == "kubernetes.io/tls"
     assert body["metadata"]["name"] == "demo-tls"
-    assert set(data) == {"tls.crt", "tls.key", "ca.crt"} and data["ca.crt"] == ca
+    assert set(data) == {
+        "tls.crt", "tls.key", "ca.crt",
+        "superuser.crt", "superuser.key", "replication.crt", "replication.key",
+    }  # fmt: skip
+    assert data["ca.crt"] == ca
     assert pki.key_matches(data["tls.crt"], data["tls.key"])
     assert pki.subject_alt_names(data["tls.crt"]) == set(tls.server_names(make_cluster()))
     cert = x509.load_pem_x509_certificate(data["tls.crt"])
@@ -126,3 +138,36 @@ def test_a_secret_replaced_by_hand_is_reissued() -> None:
     del body["metadata"]["annotations"]["stateward.io/not-after"]
     reason = tls.renewal_reason(make_cluster(), body, ca_fingerprint=pki.fingerprint(ca), now=NOW)
     assert reason == "its expiry is unknown"
+
+
+@pytest.mark.parametrize(
+    ("stem", "user"), [("superuser", "postgres"), ("replication", "replicator")]
+)
+def test_the_client_certificates_name_their_role_and_are_signed_by_the_ca(
+    stem: str, user: str
+) -> None:
+    body, ca = serving()
+    data = decoded(body)
+    cert = x509.load_pem_x509_certificate(data[f"{stem}.crt"])
+    cert.verify_directly_issued_by(x509.load_pem_x509_certificate(ca))
+    assert pki.key_matches(data[f"{stem}.crt"], data[f"{stem}.key"])
+    # PostgreSQL's cert method matches the common name against the role logging in.
+    (common_name,) = cert.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)
+    assert common_name.value == user
+    usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usage) == [x509.ExtendedKeyUsageOID.CLIENT_AUTH]
+
+
+def test_a_secret_without_the_client_certificates_is_reissued() -> None:
+    body, ca = serving()
+    cluster = make_cluster()
+    servers_only = hashlib.sha256("\n".join(sorted(tls.server_names(cluster))).encode())
+    body["metadata"]["annotations"]["stateward.io/names-digest"] = servers_only.hexdigest()
+    reason = tls.renewal_reason(cluster, body, ca_fingerprint=pki.fingerprint(ca), now=NOW)
+    assert reason == "the names it must cover changed"
+
+
+def test_every_client_certificate_is_required() -> None:
+    cluster = make_cluster()
+    with pytest.raises(ValueError, match="client certificates"):
+        tls.server_secret(cluster, cert=b"c", key=b"k", ca_cert=b"ca", clients={})

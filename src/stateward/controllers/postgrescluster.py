@@ -302,8 +302,19 @@ async def ensure_tls(scope: Scope) -> str | None:
             hosts=tls.server_names(cluster),
             server=True,
         )
+        clients = {
+            stem: (client.cert, client.key)
+            for stem, user in tls.CLIENTS.items()
+            for client in (authority.issue(common_name=user),)
+        }
         applied = await scope.kube.apply(
-            tls.server_secret(cluster, cert=issued.cert, key=issued.key, ca_cert=authority.cert_pem)
+            tls.server_secret(
+                cluster,
+                cert=issued.cert,
+                key=issued.key,
+                ca_cert=authority.cert_pem,
+                clients=clients,
+            )
         )
         scope.store.observe(applied)
         until = pki.not_after(issued.cert).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -58,6 +58,14 @@ by the postgres group (fsGroup), as PostgreSQL accepts a key file."""
 TLS_CERT: Final = f"{TLS_DIR}/tls.crt"
 TLS_KEY: Final = f"{TLS_DIR}/tls.key"
 TLS_CA: Final = f"{TLS_DIR}/ca.crt"
+
+
+def client_certificate(stem: str) -> tuple[str, str]:
+    """The mounted client certificate and key of ``stem`` (``superuser``, ``replication``),
+    which the operator issues beside the serving certificate (``specs.tls.CLIENTS``)."""
+    return f"{TLS_DIR}/{stem}.crt", f"{TLS_DIR}/{stem}.key"
+
+
 PEER_SSLMODE: Final = "verify-ca"
 """How members connect to each other (replication, base backups, pg_rewind): encrypted, and
 the server's certificate signed by the cluster's CA. Not ``verify-full``: members address
@@ -97,9 +105,15 @@ PG_HBA: Final = (
     "local all all trust",
     # Over the network only TLS: a connection without it is refused before authentication.
     "hostnossl all all all reject",
-    # Streaming replicas (replicator) and base backups (the superuser); only roles with the
-    # REPLICATION attribute can use it.
-    "hostssl replication all all scram-sha-256",
+    # The superuser (pg_rewind, Patroni's checks of the leader) and the replication role
+    # (streaming, base backups) log in over the network only with the client certificate
+    # the cluster's CA issued for them (CN = the role), which only the instances hold: their
+    # passwords alone open nothing from another pod.
+    f"hostssl all {SUPERUSER_USERNAME} all cert",
+    f"hostssl replication {REPLICATION_USERNAME} all cert",
+    f"hostssl all {REPLICATION_USERNAME} all cert",
+    # Nobody else streams WAL or takes base backups over the network.
+    "hostssl replication all all reject",
     "hostssl all all all scram-sha-256",
 )
 
@@ -246,7 +260,12 @@ def configuration(
             # Merged with PATRONI_<USER>_USERNAME/_PASSWORD from the environment: every
             # connection a member makes to another is TLS, the server checked against the CA.
             "authentication": {
-                user: {"sslmode": PEER_SSLMODE, "sslrootcert": TLS_CA}
+                user: {
+                    "sslmode": PEER_SSLMODE,
+                    "sslrootcert": TLS_CA,
+                    "sslcert": client_certificate(user)[0],
+                    "sslkey": client_certificate(user)[1],
+                }
                 for user in ("superuser", "replication")
             },
             # A new replica copies the primary with pg_basebackup, which by default waits

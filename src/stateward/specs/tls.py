@@ -23,6 +23,7 @@ from typing import Final
 
 from stateward import pki
 from stateward.api import v1alpha1
+from stateward.instance import patroni
 from stateward.specs import meta
 
 CA_CERT_KEY: Final = "ca.crt"
@@ -36,7 +37,16 @@ CA_FINGERPRINT_ANNOTATION: Final = "stateward.io/ca-fingerprint"
 the CA they were made with (a different one means: reissue, or update ``ca.crt``)."""
 NOT_AFTER_ANNOTATION: Final = "stateward.io/not-after"
 NAMES_ANNOTATION: Final = "stateward.io/names-digest"
-"""SHA-256 over the names the certificate covers: the list itself would not fit a glance."""
+"""SHA-256 over the names the certificate covers and the client identities beside it: a change
+of either (a Secret made before the clients existed) reissues."""
+
+CLIENTS: Final = {
+    "superuser": patroni.SUPERUSER_USERNAME,
+    "replication": patroni.REPLICATION_USERNAME,
+}
+"""The client certificates beside the serving one (``superuser.crt``/``.key``, ...), by file
+stem, each for the role its common name says: the only way these roles may log in over the
+network (``pg_hba`` ``cert``), so their passwords alone open nothing from another pod."""
 
 RENEW_BEFORE: Final = datetime.timedelta(days=30)
 """A serving certificate is valid a year (``pki.VALIDITY``); the last month is for renewal,
@@ -69,7 +79,13 @@ def server_names(cluster: v1alpha1.PostgresCluster) -> tuple[str, ...]:
 
 
 def names_digest(names: tuple[str, ...]) -> str:
-    return hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()
+    clients = [f"client:{stem}={user}" for stem, user in sorted(CLIENTS.items())]
+    return hashlib.sha256("\n".join([*sorted(names), *clients]).encode()).hexdigest()
+
+
+def client_files(stem: str) -> tuple[str, str]:
+    """The Secret's keys of one client certificate and its key."""
+    return f"{stem}.crt", f"{stem}.key"
 
 
 def ca_common_name(cluster: v1alpha1.PostgresCluster) -> str:
@@ -91,15 +107,27 @@ def ca_secret(cluster: v1alpha1.PostgresCluster, *, cert: bytes, key: bytes) -> 
 
 
 def server_secret(
-    cluster: v1alpha1.PostgresCluster, *, cert: bytes, key: bytes, ca_cert: bytes
+    cluster: v1alpha1.PostgresCluster,
+    *,
+    cert: bytes,
+    key: bytes,
+    ca_cert: bytes,
+    clients: Mapping[str, tuple[bytes, bytes]],
 ) -> meta.Object:
-    """``NAME-tls``: the serving certificate for :func:`server_names`, its key, and the CA."""
+    """``NAME-tls``: the serving certificate for :func:`server_names`, its key, the CA, and
+    a client certificate and key for each of :data:`CLIENTS` (``clients``: stem to PEMs)."""
+    if set(clients) != set(CLIENTS):
+        raise ValueError(f"client certificates for {sorted(CLIENTS)} are needed")
+    data = {CERT_KEY: _b64(cert), KEY_KEY: _b64(key), CA_CERT_KEY: _b64(ca_cert)}
+    for stem, (client_cert, client_key) in sorted(clients.items()):
+        cert_file, key_file = client_files(stem)
+        data |= {cert_file: _b64(client_cert), key_file: _b64(client_key)}
     body: meta.Object = {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": meta.object_meta(cluster, cluster.tls_secret_name),
         "type": TLS_TYPE,
-        "data": {CERT_KEY: _b64(cert), KEY_KEY: _b64(key), CA_CERT_KEY: _b64(ca_cert)},
+        "data": data,
     }
     body["metadata"]["annotations"] = {
         CA_FINGERPRINT_ANNOTATION: pki.fingerprint(ca_cert),
