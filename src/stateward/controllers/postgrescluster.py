@@ -728,6 +728,9 @@ async def roll_pods(scope: Scope) -> str | None:
         ("RollingUpdate", f"{len(outdated)} of {len(pods)} instances run an older revision")
     )
     scope.requeue(ROLL_RECHECK)
+    before_tls = [p for p in outdated if _labels(p).get(meta.TLS_LABEL) != meta.TLS_GENERATION]
+    if before_tls:
+        return await _restart_onto_tls(scope, before_tls, revision)
     everyone_ready = len(pods) == scope.cluster.spec.replicas and all(_ready(p) for p in pods)
     if not everyone_ready:
         return "rolling update waits for every instance to be ready"
@@ -745,6 +748,31 @@ async def roll_pods(scope: Scope) -> str | None:
     role = _role(victim) or "unknown role"
     await scope.event("RollingUpdate", f"Restarting {name} ({role}) on revision {revision}")
     return f"restarted {name} ({role}) for the rolling update"
+
+
+def _labels(pod: Body) -> dict[str, str]:
+    return dict(pod["metadata"].get("labels") or {})
+
+
+async def _restart_onto_tls(scope: Scope, pods: list[Body], revision: str) -> str:
+    """Members made before TLS (a cluster of an earlier version) restart together, not one
+    by one: a replica with TLS refuses a primary without it, and the old primary's Patroni
+    cannot verify the new members, so it refuses the switchover a roll needs — a roll would
+    stall with every new replica cut off. Each member stops cleanly (a primary first waits
+    for its replicas to receive its last WAL), and the one with the most WAL takes the lock
+    when they are back: a short pause in writes, no data at risk. Done without waiting for
+    readiness, so a roll an earlier operator started and stalled finishes too."""
+    names = sorted(p["metadata"]["name"] for p in pods)
+    for pod in pods:
+        await scope.kube.delete(Ref.of(pod))
+        scope.forget("Pod", pod["metadata"]["name"])
+    await scope.event(
+        "RestartingOntoTLS",
+        f"Restarting {', '.join(names)} together on revision {revision}: members with and"
+        " without TLS cannot work together, so this cluster of an earlier version is not"
+        " rolled one by one; writes pause until a primary is back",
+    )
+    return f"restarted {', '.join(names)} together onto TLS"
 
 
 # --- deletion --------------------------------------------------------------------------------

@@ -26,6 +26,11 @@ CLUSTER_UID_LABEL: Final = "stateward.io/cluster-uid"
 """On the backup repository, which outlives its cluster: the UID of the cluster that created
 it, so a later cluster of the same name does not silently write into an older lineage."""
 
+TLS_LABEL: Final = "stateward.io/tls"
+"""On the instance pods: the TLS generation they run (``TLS_GENERATION``). A pod without it
+was made before TLS, and cannot work together with one that has it."""
+TLS_GENERATION: Final = "1"
+
 CONFIG_HASH_ANNOTATION: Final = "stateward.io/config-hash"
 APPLIED_HASH_ANNOTATION: Final = "stateward.io/applied-hash"
 """On every applied child: the hash of the object we last applied, so a field we stopped

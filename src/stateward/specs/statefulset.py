@@ -53,6 +53,7 @@ def _pod_template(cluster: v1alpha1.PostgresCluster, *, config_hash: str) -> met
             "labels": {
                 **meta.labels(cluster, component=meta.INSTANCE_COMPONENT),
                 **meta.selector_labels(cluster),
+                meta.TLS_LABEL: meta.TLS_GENERATION,
             },
             "annotations": {meta.CONFIG_HASH_ANNOTATION: config_hash},
         },

@@ -1,0 +1,115 @@
+"""roll_pods: a cluster made before TLS restarts its members together, any other change
+rolls one pod at a time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from stateward.controllers import postgrescluster
+from stateward.controllers.kube import Ref
+from stateward.controllers.store import ObjectStore
+from tests.support.clusters import make_cluster
+
+pytestmark = pytest.mark.unit
+
+
+class Kube:
+    def __init__(self) -> None:
+        self.deleted: list[str] = []
+        self.events: list[tuple[str, str]] = []
+
+    async def delete(self, ref: Ref, **_: Any) -> None:
+        self.deleted.append(ref.name)
+
+    async def event(self, body: Any, *, reason: str, message: str, warning: bool = False) -> None:
+        self.events.append((reason, message))
+
+
+def pod(
+    name: str, *, revision: str, tls: bool, ready: bool = True, role: str = "replica"
+) -> dict[str, Any]:
+    labels = {
+        "stateward.io/cluster": "demo",
+        "app.kubernetes.io/component": "instance",
+        "controller-revision-hash": revision,
+        "stateward.io/role": role,
+    }
+    if tls:
+        labels["stateward.io/tls"] = "1"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "db", "labels": labels, "resourceVersion": "1"},
+        "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
+
+
+def scope_with(pods: list[dict[str, Any]], kube: Kube) -> postgrescluster.Scope:
+    cluster = make_cluster()
+    store = ObjectStore()
+    store.observe(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {
+                "name": "demo", "namespace": "db", "generation": 2, "resourceVersion": "1",
+                "labels": {"stateward.io/cluster": "demo"},
+            },
+            "status": {"updateRevision": "new", "observedGeneration": 2},
+        }
+    )  # fmt: skip
+    for body in pods:
+        store.observe(body)
+    return postgrescluster.Scope(
+        cluster=cluster,
+        body={"metadata": {"name": "demo", "namespace": "db"}},
+        kube=kube,  # type: ignore[arg-type]
+        store=store,
+        now="2026-12-04T00:00:00Z",
+        conditions=[],
+    )
+
+
+async def test_members_made_before_tls_restart_together_even_when_not_ready() -> None:
+    kube = Kube()
+    pods = [
+        pod("demo-0", revision="old", tls=False, role="primary"),
+        pod("demo-1", revision="old", tls=False, ready=False),
+        pod("demo-2", revision="old", tls=False),
+    ]
+    note = await postgrescluster.roll_pods(scope_with(pods, kube))
+    assert sorted(kube.deleted) == ["demo-0", "demo-1", "demo-2"]
+    assert note == "restarted demo-0, demo-1, demo-2 together onto TLS"
+    ((reason, message),) = kube.events
+    assert reason == "RestartingOntoTLS" and "demo-0, demo-1, demo-2" in message
+
+
+async def test_a_stalled_roll_of_an_earlier_operator_finishes_together() -> None:
+    # One replica already runs TLS (an earlier operator restarted it) and cannot stream from
+    # the primary without it: the rest go at once, the one on TLS stays.
+    kube = Kube()
+    pods = [
+        pod("demo-0", revision="old", tls=False, role="primary"),
+        pod("demo-1", revision="new", tls=True, ready=False),
+        pod("demo-2", revision="old", tls=False),
+    ]
+    await postgrescluster.roll_pods(scope_with(pods, kube))
+    assert sorted(kube.deleted) == ["demo-0", "demo-2"]
+
+
+async def test_any_other_change_rolls_one_replica_at_a_time_and_waits_for_readiness() -> None:
+    kube = Kube()
+    pods = [
+        pod("demo-0", revision="old", tls=True, role="primary"),
+        pod("demo-1", revision="old", tls=True),
+        pod("demo-2", revision="old", tls=True),
+    ]
+    assert await postgrescluster.roll_pods(scope_with(pods, kube)) is not None
+    assert kube.deleted == ["demo-1"]
+    assert [reason for reason, _ in kube.events] == ["RollingUpdate"]
+    waiting = Kube()
+    pods[2] = pod("demo-2", revision="old", tls=True, ready=False)
+    note = await postgrescluster.roll_pods(scope_with(pods, waiting))
+    assert waiting.deleted == [] and note == "rolling update waits for every instance to be ready"
