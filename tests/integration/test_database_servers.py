@@ -75,6 +75,14 @@ def test_a_mariadb_database_replicates_scales_grows_and_goes(
     running(client, ns, "shop", 3)
     query(primary, app, "INSERT INTO orders VALUES (4)")
     assert roles(client, ns) == {"shop-0": "primary", "shop-1": "replica", "shop-2": "replica"}
+    # With replicas, every commit waits for one to have it, and never stops waiting (no
+    # fallback to asynchronous replication after a timeout).
+    semi_sync = "SELECT @@rpl_semi_sync_master_enabled, @@rpl_semi_sync_master_timeout"
+    wait_for(
+        lambda: query(primary, app, semi_sync) == ((1, 4294967295),),
+        what="the primary to wait for acknowledgements",
+        timeout=60,
+    )
     # Converged: reconciles read every server over SQL and write nothing.
     assert_no_writes_at_rest(AuditLog(real_cluster.audit_log), db_operator, ns)
     for replica in ("shop-1", "shop-2"):
@@ -92,6 +100,13 @@ def test_a_mariadb_database_replicates_scales_grows_and_goes(
     resize(client, ns, "shop", {"replicas": 1})
     running(client, ns, "shop", 1)
     assert query(primary, app, "SELECT count(*) FROM orders") == ((4,),)
+    # Alone, it has nobody to wait for (a commit would never return).
+    wait_for(
+        lambda: query(primary, app, semi_sync)[0][0] == 0,
+        what="the lone primary to stop waiting for acknowledgements",
+        timeout=60,
+    )
+    query(primary, app, "INSERT INTO orders VALUES (5)")
 
     # Storage grows in place.
     resize(client, ns, "shop", {"storage": {"size": "2Gi"}})

@@ -7,6 +7,7 @@ import pytest
 
 from stateward.controllers import mysql
 from stateward.controllers.mysql import Server
+from stateward.specs import mysql as mysql_spec
 from tests.unit.test_specs_database import make_database
 
 pytestmark = pytest.mark.unit
@@ -185,8 +186,23 @@ def test_each_engine_speaks_its_own_replication_sql() -> None:
     )  # fmt: skip
     assert mysql.MYSQL.follow_statements("h")[-1] == "START REPLICA"
     assert "SET GLOBAL super_read_only = OFF" in mysql.MYSQL.open_writes
-    assert mysql.MARIADB.open_writes[0] == "SET GLOBAL rpl_semi_sync_master_enabled = ON"
+    assert mysql.MARIADB.open_writes == ("SET GLOBAL read_only = OFF",)
     assert "SET GLOBAL rpl_semi_sync_master_enabled = OFF" in mysql.MARIADB.fence
+
+
+def test_mariadb_semi_sync_never_falls_back_to_asynchronous() -> None:
+    # A timeout would let a primary whose replicas are gone acknowledge writes no replica
+    # has; a failover then loses them. The wait is effectively forever, after the commit is
+    # in the binary log (AFTER_SYNC), set at every promotion and in the configuration.
+    on = mysql.MARIADB.semi_sync[True]
+    assert "SET GLOBAL rpl_semi_sync_master_timeout = 4294967295" in on
+    assert "SET GLOBAL rpl_semi_sync_master_wait_point = AFTER_SYNC" in on
+    assert on[-1] == "SET GLOBAL rpl_semi_sync_master_enabled = ON"
+    assert mysql.MARIADB.semi_sync[False] == ("SET GLOBAL rpl_semi_sync_master_enabled = OFF",)
+    config = mysql_spec.MARIADB_CONFIG
+    assert "rpl-semi-sync-master-timeout = 4294967295" in config
+    assert "rpl-semi-sync-master-wait-point = AFTER_SYNC" in config
+    assert mysql_spec.SEMI_SYNC_TIMEOUT_MS / 1000 / 86400 > 49  # days
 
 
 def test_credentials_never_show_in_a_repr() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -46,6 +47,10 @@ DELETE_RECHECK = 2.0
 UNSATISFIABLE_RECHECK = 30.0
 STUCK_AFTER = 60.0
 """Seconds a pending server pod may wait for a claim that does not exist."""
+FAILOVER_GRACE = 10.0
+"""How long a primary must stay unanswering over SQL, while Kubernetes still sees its pod
+ready, before another server is promoted: one failed probe (the operator's own network, a
+stall) is no reason to fail over. A pod gone, going, or not ready is proof enough at once."""
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -60,16 +65,23 @@ class Scope(core.Scope):
 
 
 class DatabaseReconciler:
-    def __init__(self, kube: Kube, store: ObjectStore) -> None:
+    def __init__(
+        self, kube: Kube, store: ObjectStore, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.kube = kube
         self.store = store
         self.secret_cache = core.SecretCache()
+        self.clock = clock
+        self._silent_since: dict[tuple[str, str], tuple[str, float]] = {}
+        """Per Database: the primary that stopped answering while its pod looked ready, and
+        since when (in memory: an operator restart waits the grace again, never less)."""
 
     async def reconcile(self, key: tuple[str, str]) -> Outcome:
         namespace, name = key
         body = self.store.get(v1alpha1.DATABASE_KIND, namespace, name)
         if body is None:
             self.secret_cache.forget(namespace, name)
+            self._silent_since.pop((namespace, name), None)
             return Outcome()
         try:
             database = Database.model_validate(body)
@@ -150,8 +162,47 @@ class DatabaseReconciler:
         decided = servers.plan(database, observed, scope.primary)
         notes: list[str] = []
         by_pod = {pod["metadata"]["name"]: pod for pod in pods}
-        by_server = {server.pod: server for server in observed}
         engine = database.spec.engine
+        if decided.failover_from is not None:
+            waiting = self._failover_wait(scope, by_pod.get(decided.failover_from))
+            if waiting is not None:
+                scope.progressing.append(("PrimaryUnreachable", waiting))
+                scope.requeue(1.0)
+                return waiting
+            # The lost primary may still run. Every replica stops receiving from it first, so
+            # none acknowledges another of its commits (and with semi-synchronous replication
+            # it can have none acknowledged at all); then the choice sees what each finally
+            # received.
+            receiving = [
+                s for s in observed if s.pod != decided.failover_from and s.reachable and s.source
+            ]
+            for server in receiving:
+                await servers.stop_receiving(_ip(by_pod[server.pod]) or "", credentials, engine)
+            if receiving:
+                answers = await asyncio.gather(
+                    *(servers.observe(_ip(pod), credentials, engine) for pod in pods)
+                )
+                observed = [
+                    dataclasses.replace(server, **answer) if answer else server
+                    for server, answer in zip(observed, answers, strict=True)
+                ]
+                decided = servers.plan(database, observed, scope.primary)
+            unproven = _may_still_acknowledge(decided, observed, by_pod)
+            if unproven:
+                message = (
+                    f"not failing over from {decided.failover_from}: {', '.join(unproven)}"
+                    " does not answer but its pod is ready, so it may still acknowledge the"
+                    " old primary's commits; waiting until it answers or Kubernetes marks it"
+                    " not ready"
+                )
+                scope.progressing.append(("FailoverWaits", message))
+                scope.requeue(RECHECK)
+                return message
+        else:
+            self._silent_since.pop((scope.namespace, scope.name), None)
+        by_server = {server.pod: server for server in observed}
+        # Commits wait for a replica's acknowledgement while the Database has replicas.
+        wants_replicas = database.spec.replicas > 1
         if decided.promote is not None:
             promoted = by_server[decided.promote]
             await servers.detach(
@@ -190,7 +241,12 @@ class DatabaseReconciler:
             address = _ip(by_pod[decided.promote]) or ""
             if decided.follow:
                 await servers.wait_for_replicas(address, credentials, engine)
-            await servers.open_writes(address, credentials, engine)
+            await servers.open_writes(
+                address, credentials, engine, semi_sync=wants_replicas and bool(decided.follow)
+            )
+        elif decided.primary is not None:
+            await _keep_semi_sync(scope, by_server[decided.primary], observed, credentials,
+                                  _ip(by_pod[decided.primary]) or "")  # fmt: skip
         gtids = {server.pod: server.gtid for server in observed}
         for pod in decided.reclone:
             await _reclone(scope, by_pod[pod], gtids)
@@ -212,6 +268,7 @@ class DatabaseReconciler:
                     _ip(by_pod[target]) or "",
                     credentials,
                     engine,
+                    semi_sync=wants_replicas,
                 )
                 await scope.event(
                     "SwitchedOver",
@@ -231,6 +288,26 @@ class DatabaseReconciler:
         ):
             scope.requeue(RECHECK)
         return "; ".join(notes) or None
+
+    def _failover_wait(self, scope: Scope, pod: Body | None) -> str | None:
+        """Why the failover from a silent primary must wait, or None once it may go: its pod
+        is gone, going or not ready (Kubernetes' own proof), or it stayed silent for
+        :data:`FAILOVER_GRACE`."""
+        key = (scope.namespace, scope.name)
+        if pod is None or pod["metadata"].get("deletionTimestamp") or not _ready(pod):
+            self._silent_since.pop(key, None)
+            return None
+        name, now = pod["metadata"]["name"], self.clock()
+        silent = self._silent_since.get(key)
+        if silent is None or silent[0] != name:
+            self._silent_since[key] = silent = (name, now)
+        if now - silent[1] >= FAILOVER_GRACE:
+            self._silent_since.pop(key, None)
+            return None
+        return (
+            f"the primary {name} does not answer over SQL but its pod is ready: failing over"
+            f" if it stays silent for {FAILOVER_GRACE:.0f}s"
+        )
 
     async def _credentials_of(self, scope: Scope) -> servers.Credentials | None:
         """The root and replication passwords, read from the Secret (the store keeps no
@@ -253,6 +330,55 @@ class DatabaseReconciler:
 
 
 FINALIZER_REMOVED = "removed the finalizer"
+
+
+def _may_still_acknowledge(
+    decided: servers.Plan, observed: list[servers.Server], by_pod: dict[str, Body]
+) -> list[str]:
+    """Replicas of a failover that were not stopped from receiving and are not proven gone:
+    silent over SQL while their pod is ready, they may still be connected to the old
+    primary, acknowledging commits the promoted server will never have."""
+    if decided.promote is None:
+        return []
+    return sorted(
+        s.pod
+        for s in observed
+        if s.pod not in (decided.failover_from, decided.promote)
+        and not s.reachable
+        and s.pod in by_pod
+        and not by_pod[s.pod]["metadata"].get("deletionTimestamp")
+        and _ready(by_pod[s.pod])
+    )
+
+
+async def _keep_semi_sync(
+    scope: Scope,
+    primary: servers.Server,
+    observed: list[servers.Server],
+    credentials: servers.Credentials,
+    address: str,
+) -> None:
+    """The primary waits for acknowledgements once a replica replicates from it, and stops
+    only when the Database is scaled to one server — never because its replicas are gone:
+    that is the fallback to asynchronous replication that could lose acknowledged writes."""
+    if primary.semi_sync is None or not address:
+        return
+    source = servers.host_of(scope.database, primary.pod)
+    if scope.database.spec.replicas == 1:
+        wanted = False
+    elif primary.semi_sync:
+        return
+    else:
+        wanted = any(s.source == source and s.replicating for s in observed if s is not primary)
+    if wanted == primary.semi_sync:
+        return
+    await servers.set_semi_sync(address, credentials, scope.database.spec.engine, on=wanted)
+    await scope.event(
+        "SemiSyncEnabled" if wanted else "SemiSyncDisabled",
+        f"{primary.pod} now waits for a replica to acknowledge every commit"
+        if wanted
+        else f"{primary.pod} is the only server: it no longer waits for acknowledgements",
+    )
 
 
 async def _fence_departing(scope: Scope, credentials: servers.Credentials) -> None:

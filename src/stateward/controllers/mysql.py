@@ -43,6 +43,8 @@ class Server:
     """What it has received from its source (applied or still in the relay log)."""
     replica_error: int = 0
     """The replication threads' last error number (0: none)."""
+    semi_sync: bool | None = None
+    """Whether it waits for a replica to acknowledge its commits (None: unknown, or MySQL)."""
 
     @property
     def reachable(self) -> bool:
@@ -225,9 +227,14 @@ class Dialect:
     """Stop replicating and forget the source (the relay log goes too)."""
     semi_sync_clients: str | None
     """How many replicas acknowledge the primary's commits (None: no semi-sync)."""
+    semi_sync_enabled: str | None
+    """Whether the primary waits for acknowledgements (None: no semi-sync)."""
+    semi_sync: dict[bool, tuple[str, ...]]
+    """Make the server wait for a replica's acknowledgement of every commit (True), with no
+    timeout to fall back to asynchronous replication, or not (False: no replicas)."""
     open_writes: tuple[str, ...]
     """Take writes: last, once the replicas are pointed at it (semi-synchronous commits
-    then find a replica to acknowledge them instead of waiting for the timeout)."""
+    then find a replica to acknowledge them)."""
     fence: tuple[str, ...]
     follow: str
 
@@ -250,9 +257,19 @@ MARIADB = Dialect(
     detach=("STOP SLAVE", "RESET SLAVE ALL", "SET GLOBAL rpl_semi_sync_master_enabled = OFF"),
     semi_sync_clients="SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS"
     " WHERE VARIABLE_NAME = 'RPL_SEMI_SYNC_MASTER_CLIENTS'",
+    semi_sync_enabled="@@rpl_semi_sync_master_enabled",
     # Only the primary waits for acknowledgements: a replica's applier that waited too (its
-    # own binary log has no replica) stalled every replicated commit for the timeout.
-    open_writes=("SET GLOBAL rpl_semi_sync_master_enabled = ON", "SET GLOBAL read_only = OFF"),
+    # own binary log has no replica) stalled every replicated commit. The timeout is set
+    # here too, for a server started with an older configuration.
+    semi_sync={
+        True: (
+            f"SET GLOBAL rpl_semi_sync_master_timeout = {spec.SEMI_SYNC_TIMEOUT_MS}",
+            "SET GLOBAL rpl_semi_sync_master_wait_point = AFTER_SYNC",
+            "SET GLOBAL rpl_semi_sync_master_enabled = ON",
+        ),
+        False: ("SET GLOBAL rpl_semi_sync_master_enabled = OFF",),
+    },
+    open_writes=("SET GLOBAL read_only = OFF",),
     # Read-only, then the application's sessions closed: a commit already waiting for an
     # acknowledgement gets an error instead of, after the timeout, an acknowledgement from
     # a server no replica follows any more.
@@ -279,6 +296,8 @@ MYSQL = Dialect(
     wait_applied="SELECT WAIT_FOR_EXECUTED_GTID_SET(%(received)s, 8)",
     detach=("STOP REPLICA", "RESET REPLICA ALL"),
     semi_sync_clients=None,
+    semi_sync_enabled=None,
+    semi_sync={True: (), False: ()},
     open_writes=("SET GLOBAL super_read_only = OFF", "SET GLOBAL read_only = OFF"),
     fence=("SET GLOBAL super_read_only = ON",),
     follow=(
@@ -321,7 +340,8 @@ def _observe(address: str, credentials: Credentials, sql: Dialect) -> dict[str, 
     connection = _connect(address, credentials)
     try:
         with connection.cursor(pymysql.cursors.DictCursor) as cursor:
-            cursor.execute(f"SELECT @@read_only AS read_only, {sql.gtid} AS gtid")
+            semi_sync = f", {sql.semi_sync_enabled} AS semi_sync" if sql.semi_sync_enabled else ""
+            cursor.execute(f"SELECT @@read_only AS read_only, {sql.gtid} AS gtid{semi_sync}")
             row = cursor.fetchone() or {}
             cursor.execute(sql.replica_status)
             replica = cursor.fetchone() or {}
@@ -329,6 +349,7 @@ def _observe(address: str, credentials: Credentials, sql: Dialect) -> dict[str, 
         connection.close()
     return {
         "writable": not int(row.get("read_only") or 0),
+        "semi_sync": bool(int(row["semi_sync"])) if row.get("semi_sync") is not None else None,
         "gtid": str(row.get("gtid") or ""),
         "source": replica.get(sql.source_host) or None,
         "replicating": replica.get(sql.io_running) == "Yes"
@@ -443,20 +464,48 @@ async def wait_for_replicas(
         await asyncio.sleep(0.2)
 
 
-async def open_writes(address: str, credentials: Credentials, engine: v1alpha1.Engine) -> None:
-    await _run(address, credentials, dialect(engine).open_writes)
+async def open_writes(
+    address: str, credentials: Credentials, engine: v1alpha1.Engine, *, semi_sync: bool
+) -> None:
+    """Take writes; with ``semi_sync`` (the Database has replicas) each commit waits for a
+    replica's acknowledgement, however long."""
+    sql = dialect(engine)
+    await _run(address, credentials, (*sql.semi_sync[semi_sync], *sql.open_writes))
+
+
+async def set_semi_sync(
+    address: str, credentials: Credentials, engine: v1alpha1.Engine, *, on: bool
+) -> None:
+    """The primary's wait for acknowledgements, on while the Database has replicas."""
+    await _run(address, credentials, dialect(engine).semi_sync[on])
+
+
+async def stop_receiving(address: str, credentials: Credentials, engine: v1alpha1.Engine) -> None:
+    """A replica takes no more from its source (and so acknowledges nothing more of it); it
+    still applies what it received."""
+    await _run(address, credentials, (dialect(engine).stop_receiving,))
 
 
 async def promote(
-    address: str, credentials: Credentials, engine: v1alpha1.Engine, received: str = ""
+    address: str,
+    credentials: Credentials,
+    engine: v1alpha1.Engine,
+    received: str = "",
+    *,
+    semi_sync: bool,
 ) -> None:
     """Make the server the primary at once (both halves)."""
     await detach(address, credentials, engine, received)
-    await open_writes(address, credentials, engine)
+    await open_writes(address, credentials, engine, semi_sync=semi_sync)
 
 
 async def switchover(
-    primary: str, target: str, credentials: Credentials, engine: v1alpha1.Engine
+    primary: str,
+    target: str,
+    credentials: Credentials,
+    engine: v1alpha1.Engine,
+    *,
+    semi_sync: bool,
 ) -> None:
     """A planned change of primary: the primary stops taking writes, the target applies
     everything the primary wrote, then takes over (the others are pointed at it next). If
@@ -465,9 +514,9 @@ async def switchover(
     await _run(primary, credentials, sql.fence)
     written = await observe(primary, credentials, engine)
     if not written or not await _applied(target, credentials, sql, written["gtid"], within=8.0):
-        await promote(primary, credentials, engine)
+        await promote(primary, credentials, engine, semi_sync=semi_sync)
         raise SQLError(f"the server at {target} did not catch up with the primary in time")
-    await promote(target, credentials, engine)
+    await promote(target, credentials, engine, semi_sync=semi_sync)
 
 
 async def _applied(

@@ -70,20 +70,26 @@ max-connections = 200
 innodb-buffer-pool-size = 128M
 """
 
+SEMI_SYNC_TIMEOUT_MS: Final = 2**32 - 1
+"""How long a MariaDB primary waits for a replica to acknowledge a commit: effectively
+forever, so semi-synchronous replication never silently turns asynchronous."""
+
 MARIADB_CONFIG = (
     "[mariadbd]\n"
     + _COMMON
-    + """\
+    + f"""\
 log-slave-updates = ON
 gtid-strict-mode = ON
 # Semi-synchronous replication: a commit is acknowledged after a replica has it (received
 # before the commit returns: AFTER_SYNC), so losing the primary loses no acknowledged write.
-# The operator turns the waiting side on on the primary only (a replica's applier would wait
-# for acknowledgements nobody sends).
+# The operator turns the waiting side on on the primary only, and only while the Database
+# has replicas (a replica's applier would wait for acknowledgements nobody sends). The wait
+# never gives up (about 49 days): a timeout would fall back to asynchronous replication, and
+# a primary that acknowledged writes no replica had could lose them in a failover.
 rpl-semi-sync-master-enabled = OFF
 rpl-semi-sync-slave-enabled = ON
 rpl-semi-sync-master-wait-point = AFTER_SYNC
-rpl-semi-sync-master-timeout = 10000
+rpl-semi-sync-master-timeout = {SEMI_SYNC_TIMEOUT_MS}
 """
 )
 MYSQL_CONFIG = (
