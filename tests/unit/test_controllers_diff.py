@@ -332,3 +332,52 @@ def test_the_hash_is_the_same_in_every_process() -> None:
         for seed in ("1", "2", "3")
     }
     assert len(outputs) == 1, outputs
+
+
+def test_items_another_manager_added_to_a_keyed_list_are_not_drift() -> None:
+    # A sidecar injector, a mutating webhook, a policy engine: server-side apply keeps their
+    # containers, variables and volumes beside ours, and so does containment. Before, any
+    # such item changed the list's length: an apply and an Event on every reconcile.
+    for key, child in stamp_all(clusters.make_cluster()).items():
+        if child["kind"] != "StatefulSet":
+            continue
+        observed = stored(child)
+        pod = observed["spec"]["template"]["spec"]
+        pod["containers"].insert(0, {"name": "istio-proxy", "image": "proxy:1"})
+        pod["containers"][1]["env"].append({"name": "INJECTED", "value": "1"})
+        pod["containers"][1]["volumeMounts"].append({"name": "x", "mountPath": "/x"})
+        pod["volumes"].append({"name": "x", "emptyDir": {}})
+        assert drift(observed, child) == [], key
+        # Ours still counts: a changed image of our container is named by its key.
+        pod["containers"][1]["image"] = "elsewhere:1"
+        assert drift(observed, child) == [".spec.template.spec.containers[name=postgres].image"], (
+            key
+        )
+
+
+def test_a_missing_item_of_ours_in_a_keyed_list_is_drift() -> None:
+    desired = {"env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}]}
+    assert (
+        differences({"env": [{"name": "B", "value": "2"}, {"name": "A", "value": "1"}]}, desired)
+        == []
+    )
+    assert differences({"env": [{"name": "A", "value": "1"}]}, desired) == [".env[name=B]"]
+    assert differences({"env": [{"name": "A", "value": "9"}, {"name": "B", "value": "2"}]},
+                       desired) == [".env[name=A].value"]  # fmt: skip
+
+
+def test_volume_mounts_are_keyed_by_their_path_and_ports_by_their_number() -> None:
+    desired = {
+        "volumeMounts": [{"name": "tls", "mountPath": "/a"}, {"name": "tls", "mountPath": "/b"}]
+    }
+    assert differences({"volumeMounts": list(reversed(desired["volumeMounts"]))}, desired) == []
+    ports = {"ports": [{"name": "pg", "containerPort": 5432}]}
+    assert differences({"ports": [{"name": "pg", "containerPort": 5433}]}, ports) == [
+        ".ports[containerPort=5432]"
+    ]
+
+
+def test_lists_without_merge_keys_stay_atomic() -> None:
+    rules = {"rules": [{"verbs": ["get"]}, {"verbs": ["list"]}]}
+    assert differences({"rules": [{"verbs": ["get"]}]}, rules) == [".rules"]
+    assert differences({"rules": [*rules["rules"], {"verbs": ["watch"]}]}, rules) == [".rules"]

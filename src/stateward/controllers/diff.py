@@ -57,13 +57,48 @@ def differences(observed: Any, desired: Any, path: str = "") -> list[str]:
             found += differences(observed.get(key), value, f"{path}.{key}")
         return found
     if isinstance(desired, list):
-        if not isinstance(observed, list) or len(observed) != len(desired):
+        if not isinstance(observed, list):
+            return [path or "."]
+        key = _merge_key(desired)
+        if key is not None:
+            return _keyed_differences(observed, desired, key, path)
+        if len(observed) != len(desired):
             return [path or "."]
         found = []
         for index, (have, want) in enumerate(zip(observed, desired, strict=True)):
             found += differences(have, want, f"{path}[{index}]")
         return found
     return [] if _same_scalar(observed, desired, path) else [path or "."]
+
+
+MERGE_KEYS: Final = ("mountPath", "containerPort", "port", "name")
+"""The keys by which server-side apply merges the lists we write (volumeMounts by mountPath,
+container ports by containerPort, Service ports by port; containers, env, volumes and the
+like by name), most specific first: an item carries its list's key and maybe ``name`` too."""
+
+
+def _merge_key(items: list[Any]) -> str | None:
+    """The key a list of ours is merged by, or None for an atomic list (args, RBAC rules)."""
+    if not items or not all(isinstance(item, dict) for item in items):
+        return None
+    for key in MERGE_KEYS:
+        values = [item.get(key) for item in items]
+        if all(value is not None for value in values) and len(set(map(str, values))) == len(values):
+            return key
+    return None
+
+
+def _keyed_differences(observed: list[Any], desired: list[Any], key: str, path: str) -> list[str]:
+    """Each desired item is contained in the observed item with its key; items another field
+    manager added (a sidecar, an injected variable) are not ours to judge, as server-side
+    apply leaves them too."""
+    have = {str(item.get(key)): item for item in observed if isinstance(item, dict)}
+    found: list[str] = []
+    for want in desired:
+        name = str(want[key])
+        where = f"{path}[{key}={name}]"
+        found += differences(have[name], want, where) if name in have else [where]
+    return found
 
 
 def applied_hash(desired: dict[str, Any], *, exclude: Iterable[str] = ()) -> str:
