@@ -113,3 +113,63 @@ async def test_any_other_change_rolls_one_replica_at_a_time_and_waits_for_readin
     pods[2] = pod("demo-2", revision="old", tls=True, ready=False)
     note = await postgrescluster.roll_pods(scope_with(pods, waiting))
     assert waiting.deleted == [] and note == "rolling update waits for every instance to be ready"
+
+
+def scaling(
+    pods: list[dict[str, Any]], want: int
+) -> tuple[postgrescluster.Scope, list[dict[str, Any]]]:
+    scope = scope_with(pods, Kube())
+    scope.cluster.spec.replicas = want
+    observed = scope.store.get("StatefulSet", "db", "demo")
+    assert observed is not None
+    observed["spec"] = {"replicas": 3}
+    desired = [{"kind": "StatefulSet", "spec": {"replicas": want}}]
+    postgrescluster._hold_scale_down(scope, desired)
+    return scope, desired
+
+
+def running(name: str, role: str | None) -> dict[str, Any]:
+    body = pod(name, revision="new", tls=True, role=role or "")
+    if role is None:
+        del body["metadata"]["labels"]["stateward.io/role"]
+    body["status"]["phase"] = "Running"
+    return body
+
+
+def test_a_scale_down_waits_for_the_primary_to_move_below_the_cut() -> None:
+    pods = [
+        running("demo-0", "replica"),
+        running("demo-1", "replica"),
+        running("demo-2", "primary"),
+    ]
+    scope, desired = scaling(pods, 2)
+    assert desired[0]["spec"]["replicas"] == 3 and scope.scale_down_to == 2
+
+
+def test_a_scale_down_goes_ahead_when_the_primary_stays() -> None:
+    pods = [
+        running("demo-0", "primary"),
+        running("demo-1", "replica"),
+        running("demo-2", "replica"),
+    ]
+    scope, desired = scaling(pods, 1)
+    assert desired[0]["spec"]["replicas"] == 1 and scope.scale_down_to is None
+
+
+def test_no_instance_is_removed_while_the_primary_is_unknown() -> None:
+    # A failover under way: no pod carries the primary label, and demo-2 may be it.
+    pods = [running("demo-0", "replica"), running("demo-1", None), running("demo-2", None)]
+    scope, desired = scaling(pods, 1)
+    assert desired[0]["spec"]["replicas"] == 3
+    ((reason, message),) = scope.progressing
+    assert reason == "Scaling" and "a known primary (demo-1, demo-2 may be it)" in message
+    assert scope.scale_down_to is None  # nothing to switch over to yet
+
+
+def test_pods_that_never_ran_do_not_hold_a_scale_down() -> None:
+    pending = [running("demo-0", None), pod("demo-1", revision="new", tls=True, role=""),
+               pod("demo-2", revision="new", tls=True, role="")]  # fmt: skip
+    for body in pending[1:]:
+        body["status"]["phase"] = "Pending"
+    _scope, desired = scaling(pending, 1)
+    assert desired[0]["spec"]["replicas"] == 1

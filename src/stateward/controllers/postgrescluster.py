@@ -505,16 +505,31 @@ def _hold_scale_down(scope: Scope, desired: list[Body]) -> None:
         return
     have = int((observed.get("spec") or {}).get("replicas") or 0)
     want = scope.cluster.spec.replicas
-    leader = next((x for x in scope.members if x.is_primary), None)
-    if want >= have or leader is None or leader.ordinal < want:
+    if want >= have:
         return
+    leader = next((x for x in scope.members if x.is_primary), None)
+    if leader is not None:
+        if leader.ordinal < want:
+            return
+        scope.scale_down_to = want
+        waiting = f"the primary {leader.name} to switch over"
+    else:
+        # No pod is labelled primary (a failover under way, Patroni not reporting yet): any
+        # running instance above the cut may be the primary. Pods that never ran cannot be,
+        # so a cluster whose pods do not fit still scales down.
+        running = [
+            p["metadata"]["name"]
+            for p in _pods(scope)
+            if (p.get("status") or {}).get("phase") == "Running"
+            and int(p["metadata"]["name"].rsplit("-", 1)[1]) >= want
+        ]
+        if not running:
+            return
+        waiting = f"a known primary ({', '.join(sorted(running))} may be it)"
     for child in desired:
         if child["kind"] == "StatefulSet":
             child["spec"]["replicas"] = have
-    scope.scale_down_to = want
-    scope.progressing.append(
-        ("Scaling", f"scaling to {want} waits for the primary {leader.name} to switch over")
-    )
+    scope.progressing.append(("Scaling", f"scaling to {want} waits for {waiting}"))
 
 
 async def remove_backup_cronjob(scope: Scope) -> str | None:
