@@ -9,6 +9,7 @@ import pytest
 from lightkube import ApiError
 from lightkube.models.meta_v1 import Status
 
+from stateward.controllers import core
 from stateward.controllers.kube import Kube, NotLeader
 
 pytestmark = pytest.mark.unit
@@ -53,3 +54,18 @@ def test_a_replica_that_lost_leadership_still_writes_no_event() -> None:
     with pytest.raises(NotLeader):
         asyncio.run(kube.event(CLUSTER, reason="R", message="m"))
     assert client.creates == 0
+
+
+def test_a_write_refused_by_a_terminating_namespace_is_no_failure() -> None:
+    refused = ApiError(
+        status=Status(
+            code=403,
+            reason="Forbidden",
+            message='statefulsets.apps "pg" is forbidden: unable to create new content in'
+            " namespace leaving because it is being terminated",
+        )
+    )
+    assert core.namespace_terminating(refused)
+    other = ApiError(status=Status(code=403, reason="Forbidden", message="RBAC: access denied"))
+    assert not core.namespace_terminating(other)
+    assert not core.namespace_terminating(RuntimeError("because it is being terminated"))

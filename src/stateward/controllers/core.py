@@ -368,6 +368,19 @@ def failure_message(error: BaseException) -> str:
     return f"{type(error).__name__} while reconciling; the operator log has the details"
 
 
+NAMESPACE_TERMINATING_RETRY = 5.0
+"""A reconcile refused by a terminating namespace tries again this much later: its object's
+finalizer may still have work (the namespace waits for it), without the backoff's ERROR."""
+
+
+def namespace_terminating(error: BaseException) -> bool:
+    """A write the API server refused because the namespace is being deleted: the normal end
+    of everything in it, not a failure worth an ERROR line or a Warning Event."""
+    if not isinstance(error, ApiError) or error.status.code != 403:
+        return False
+    return "because it is being terminated" in str(getattr(error.status, "message", "") or "")
+
+
 def is_conflict(error: BaseException) -> bool:
     """An optimistic write lost a race: the retry, from fresh observations, fixes it."""
     return isinstance(error, ApiError) and error.status.code == 409

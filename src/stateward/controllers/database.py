@@ -113,6 +113,9 @@ class DatabaseReconciler:
             scope.notes.append(str(stop))
             scope.requeue(UNSATISFIABLE_RECHECK)
         except Exception as error:
+            if core.namespace_terminating(error):
+                logger.info("%s/%s: its namespace is being deleted", namespace, name)
+                return Outcome(requeue_after=core.NAMESPACE_TERMINATING_RETRY)
             await core.report_failure(scope, error, lambda: write_status(scope, deleting=deleting))
             raise
         await write_status(scope, deleting=deleting)

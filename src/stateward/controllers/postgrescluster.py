@@ -209,6 +209,9 @@ class Reconciler:
                 if scope.halted:
                     break
         except Exception as error:
+            if core.namespace_terminating(error):
+                logger.info("%s/%s: its namespace is being deleted", namespace, name)
+                return Outcome(requeue_after=core.NAMESPACE_TERMINATING_RETRY)
             await _report_failure(scope, error, deleting=deleting)
             raise
         if deleting and FINALIZER_REMOVED in scope.notes:
