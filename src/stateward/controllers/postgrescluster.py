@@ -15,6 +15,7 @@ import dataclasses
 import datetime
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -77,6 +78,10 @@ class Scope(core.Scope):
     """``status.backups``: read at the start, updated from the backup pods' reports."""
     on_demand_backup: dict[str, Any] | None = None
     """``status.onDemandBackup``: the last ``stateward.io/backup`` request and its outcome."""
+    credentials_checked: dict[tuple[str, str], tuple[int, float]] = dataclasses.field(
+        default_factory=dict
+    )
+    """Shared by one reconciler's scopes: see ``Reconciler.credentials_checked``."""
     halted: bool = False
     """Set by a phase after which none may run (the spec must change first)."""
     _members: list[Member] | None = dataclasses.field(default=None, init=False, repr=False)
@@ -143,6 +148,9 @@ class Reconciler:
         """The operator's administrator lets repository paths leave their namespace."""
         self.data_plane = DataPlane()
         self.secret_cache = core.SecretCache()
+        self.credentials_checked: dict[tuple[str, str], tuple[int, float]] = {}
+        """Per cluster: the generation whose backup credentials were last found complete,
+        and when (monotonic). Freed with the cluster."""
 
     async def reconcile(self, key: tuple[str, str]) -> Outcome:
         namespace, name = key
@@ -150,6 +158,7 @@ class Reconciler:
         if body is None:
             self.data_plane.forget(key)
             self.secret_cache.forget(namespace, name)
+            self.credentials_checked.pop((namespace, name), None)
             return Outcome()
         try:
             cluster = PostgresCluster.model_validate(body)
@@ -164,6 +173,7 @@ class Reconciler:
             kube=self.kube,
             store=self.store,
             secrets=self.secret_cache,
+            credentials_checked=self.credentials_checked,
             now=core.now(),
             conditions=[dict(c) for c in (body.get("status") or {}).get("conditions") or []],
             final_backup_attempts=(body.get("status") or {}).get("finalBackupAttempts"),
@@ -564,8 +574,22 @@ async def check_backup_credentials(scope: Scope) -> str | None:
     """The repository's credentials Secret: PostgreSQL starts without it (the pods mark it
     optional), but WAL archiving and every backup fail, so say so in ``Degraded``."""
     backup_spec = scope.cluster.spec.backup
+    key = (scope.namespace, scope.name)
     if backup_spec is None:
+        scope.credentials_checked.pop(key, None)
         return None
+    # The Secret is the user's, not in the store: read it when the spec changed, while it is
+    # missing or incomplete (every UNSATISFIABLE_RECHECK), and otherwise every
+    # CREDENTIALS_RECHECK, instead of a GET in every reconcile of every cluster.
+    checked = scope.credentials_checked.get(key)
+    now = time.monotonic()
+    if (
+        checked is not None
+        and checked[0] == scope.generation
+        and now - checked[1] < CREDENTIALS_RECHECK
+    ):
+        return None
+    scope.credentials_checked.pop(key, None)
     s3 = backup_spec.repository.s3
     found = await scope.kube.get("v1", "Secret", scope.namespace, s3.credentials_secret)
     wanted = [pgbackrest.ACCESS_KEY_KEY, pgbackrest.SECRET_KEY_KEY]
@@ -575,8 +599,9 @@ async def check_backup_credentials(scope: Scope) -> str | None:
         problem = f"Secret {s3.credentials_secret} does not exist in namespace {scope.namespace}"
     else:
         present = set(found.get("data") or {}) | set(found.get("stringData") or {})
-        missing = [key for key in wanted if key not in present]
+        missing = [name for name in wanted if name not in present]
         if not missing:
+            scope.credentials_checked[key] = (scope.generation, now)
             return None
         problem = f"Secret {s3.credentials_secret} lacks the keys {', '.join(missing)}"
     message = (
@@ -592,6 +617,8 @@ async def check_backup_credentials(scope: Scope) -> str | None:
 
 
 BACKUP_CREDENTIALS_MISSING = "BackupCredentialsMissing"
+CREDENTIALS_RECHECK = 300.0
+"""Seconds a backup credentials Secret found complete is trusted before it is read again."""
 LAST_BACKUP = "LastBackupSucceeded"
 
 
