@@ -283,12 +283,17 @@ def test_the_fencing_state_is_read_from_the_api_servers_list_then_watch(
 
 
 def write_certificate(directory: Path, authority: pki.Authority) -> bytes:
-    """A serving certificate for 127.0.0.1 in ``directory``, swapped in as the kubelet swaps a
-    Secret volume's files (a rename, never a half-written file); its PEM."""
+    """A serving certificate for 127.0.0.1 under ``directory/current``, swapped in as the
+    kubelet swaps a Secret volume: both files in a new directory, then one atomic rename of
+    the link to it (never one file new and the other old); its PEM."""
     issued = authority.issue(common_name="demo", hosts=("127.0.0.1",), server=True)
-    for name, content in (("tls.crt", issued.cert), ("tls.key", issued.key)):
-        (directory / f".{name}").write_bytes(content)
-        (directory / f".{name}").rename(directory / name)
+    version = directory / f"v{len(list(directory.glob('v*')))}"
+    version.mkdir()
+    (version / "tls.crt").write_bytes(issued.cert)
+    (version / "tls.key").write_bytes(issued.key)
+    link = directory / "next"
+    link.symlink_to(version.name)
+    link.replace(directory / "current")
     return issued.cert
 
 
@@ -328,7 +333,9 @@ def test_a_renewed_certificate_reloads_patroni_without_restarting_it(tmp_path: P
         assert len(children.spawned) == 1 and children.running() == children.spawned
         signal.raise_signal(signal.SIGTERM)
 
-    certificate = supervisor.Certificate(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"))
+    certificate = supervisor.Certificate(
+        str(tmp_path / "current" / "tls.crt"), str(tmp_path / "current" / "tls.key")
+    )
     supervise(Source(False), children, drive, certificate=certificate, clock=lambda: next(ticks))
 
 
@@ -344,7 +351,9 @@ def test_the_fenced_probes_serve_the_current_certificate(tmp_path: Path) -> None
         eventually(lambda: served_certificate(port, authority) == der(renewed), "the renewed one")
         signal.raise_signal(signal.SIGTERM)
 
-    certificate = supervisor.Certificate(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"))
+    certificate = supervisor.Certificate(
+        str(tmp_path / "current" / "tls.crt"), str(tmp_path / "current" / "tls.key")
+    )
     code = supervise(
         Source(True), Children(), drive, certificate=certificate, clock=lambda: next(ticks)
     )
@@ -354,9 +363,11 @@ def test_the_fenced_probes_serve_the_current_certificate(tmp_path: Path) -> None
 def test_a_certificate_change_is_seen_once(tmp_path: Path) -> None:
     authority = pki.Authority.new("demo CA")
     write_certificate(tmp_path, authority)
-    certificate = supervisor.Certificate(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"))
+    certificate = supervisor.Certificate(
+        str(tmp_path / "current" / "tls.crt"), str(tmp_path / "current" / "tls.key")
+    )
     assert not certificate.changed()
     write_certificate(tmp_path, authority)
     assert certificate.changed() and not certificate.changed()
-    (tmp_path / "tls.key").unlink()  # a file gone reads as a change too
+    (tmp_path / "current").unlink()  # files gone read as a change too
     assert certificate.changed()
