@@ -166,3 +166,49 @@ def test_secret_values_are_never_kept() -> None:
     assert kept is not None
     assert "data" not in kept
     assert "c2VjcmV0" not in str(kept)
+
+
+def test_a_late_event_never_brings_back_a_deleted_object() -> None:
+    clock = [0.0]
+    store = ObjectStore(clock=lambda: clock[0])
+    pod = {"kind": "Pod", "metadata": {"name": "pg-0", "namespace": "db", "uid": "u1",
+                                       "resourceVersion": "10"}}  # fmt: skip
+    store.observe(pod)
+    store.deleted({**pod, "metadata": {**pod["metadata"], "resourceVersion": "12"}})
+    assert store.get("Pod", "db", "pg-0") is None
+    # A MODIFIED event from before the deletion, replayed by a restarted watch.
+    store.observe({**pod, "metadata": {**pod["metadata"], "resourceVersion": "11"}})
+    assert store.get("Pod", "db", "pg-0") is None
+    # The StatefulSet makes the pod again: a new object, another uid.
+    store.observe({**pod, "metadata": {**pod["metadata"], "uid": "u2", "resourceVersion": "13"}})
+    assert store.get("Pod", "db", "pg-0")["metadata"]["uid"] == "u2"  # type: ignore[index]
+
+
+def test_a_late_deletion_of_an_older_object_keeps_its_successor() -> None:
+    store = ObjectStore()
+    old = {"kind": "Pod", "metadata": {"name": "pg-0", "namespace": "db", "uid": "u1"}}
+    new = {"kind": "Pod", "metadata": {"name": "pg-0", "namespace": "db", "uid": "u2"}}
+    store.observe(new)
+    store.deleted(old)
+    assert store.get("Pod", "db", "pg-0")["metadata"]["uid"] == "u2"  # type: ignore[index]
+
+
+def test_an_object_this_operator_deleted_is_seen_again_while_it_terminates() -> None:
+    # forget() is what a reconcile calls after its own delete: the pod still terminates,
+    # and its updates (deletionTimestamp, container states) must reach later reconciles.
+    store = ObjectStore()
+    pod = {"kind": "Pod", "metadata": {"name": "pg-0", "namespace": "db", "uid": "u1"}}
+    store.observe(pod)
+    store.forget("Pod", "db", "pg-0")
+    store.observe({**pod, "metadata": {**pod["metadata"], "deletionTimestamp": "t"}})
+    assert store.get("Pod", "db", "pg-0") is not None
+
+
+def test_tombstones_are_dropped_after_a_while() -> None:
+    clock = [0.0]
+    store = ObjectStore(clock=lambda: clock[0])
+    for n in range(3):
+        store.deleted({"kind": "Pod", "metadata": {"name": f"p{n}", "namespace": "db",
+                                                   "uid": f"u{n}"}})  # fmt: skip
+        clock[0] += 400
+    assert list(store._tombstones) == ["u1", "u2"]

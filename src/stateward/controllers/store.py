@@ -10,7 +10,9 @@ kept.
 from __future__ import annotations
 
 import copy
-from collections import defaultdict
+import time
+from collections import OrderedDict, defaultdict
+from collections.abc import Callable
 from typing import Any
 
 CLUSTER_LABEL = "stateward.io/cluster"
@@ -23,13 +25,25 @@ def _key(body: Body) -> Key:
     return body["kind"], metadata.get("namespace", ""), metadata["name"]
 
 
+TOMBSTONE_SECONDS = 600.0
+"""How long a deleted object's uid is remembered: far longer than any watch event can be late
+(a watch restarted from an older resourceVersion replays within seconds)."""
+
+
 class ObjectStore:
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._objects: dict[Key, Body] = {}
         self._by_cluster: defaultdict[tuple[str, str], set[Key]] = defaultdict(set)
+        self._clock = clock
+        self._tombstones: OrderedDict[str, float] = OrderedDict()
+        """uid -> when its DELETED event came, oldest first."""
 
     def observe(self, body: Body) -> None:
-        """Record a body seen in a watch event or returned by a write."""
+        """Record a body seen in a watch event or returned by a write. A body of an object
+        whose deletion was seen is a late event: it would bring the object back."""
+        uid = body["metadata"].get("uid")
+        if uid and uid in self._tombstones:
+            return
         key = _key(body)
         previous = self._objects.get(key)
         if previous is not None and _older(body, previous):
@@ -40,7 +54,26 @@ class ObjectStore:
         if owner:
             self._by_cluster[(key[1], owner)].add(key)
 
+    def deleted(self, body: Body) -> None:
+        """A DELETED watch event: the object is gone, and stays gone whatever arrives late
+        about it (a new object of the same name has another uid)."""
+        metadata = body["metadata"]
+        previous = self.get(body["kind"], metadata.get("namespace", ""), metadata["name"])
+        if previous is None or previous["metadata"].get("uid") == metadata.get("uid"):
+            self.forget(body["kind"], metadata.get("namespace", ""), metadata["name"])
+        uid = metadata.get("uid")
+        if uid:
+            now = self._clock()
+            self._tombstones[uid] = now
+            self._tombstones.move_to_end(uid)
+            while self._tombstones and next(iter(self._tombstones.values())) < now - (
+                TOMBSTONE_SECONDS
+            ):
+                self._tombstones.popitem(last=False)
+
     def forget(self, kind: str, namespace: str, name: str) -> None:
+        """Drop an object from the store (one this operator just deleted: events about it,
+        such as its termination, still count until its DELETED event)."""
         key = (kind, namespace, name)
         self._unindex(key)
         self._objects.pop(key, None)

@@ -165,7 +165,7 @@ class Operator:
         kind = body.get("kind") or v1alpha1.KIND
         key = (kind, metadata["namespace"], metadata["name"])
         if event_type == "DELETED":
-            self.store.forget(*key)
+            self.store.deleted(body)
             self.queue.forget(key)
         else:
             previous = self.store.get(*key)
@@ -180,9 +180,8 @@ class Operator:
 
     def on_child_event(self, event_type: str | None, body: dict[str, Any]) -> None:
         metadata = body["metadata"]
-        namespace = metadata.get("namespace", "")
         if event_type == "DELETED":
-            self.store.forget(body["kind"], namespace, metadata["name"])
+            self.store.deleted(body)
         else:
             self.store.observe(body)
         metrics.WATCHED_OBJECTS.set(len(self.store))
