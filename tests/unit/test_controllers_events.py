@@ -69,3 +69,16 @@ def test_a_write_refused_by_a_terminating_namespace_is_no_failure() -> None:
     other = ApiError(status=Status(code=403, reason="Forbidden", message="RBAC: access denied"))
     assert not core.namespace_terminating(other)
     assert not core.namespace_terminating(RuntimeError("because it is being terminated"))
+
+
+def test_a_reconciled_object_found_gone_is_no_failure() -> None:
+    gone = ApiError(
+        status=Status(code=404, reason="NotFound",
+                      message='postgresclusters.stateward.io "doomed" not found')
+    )  # fmt: skip
+    assert core.object_gone(gone, "postgresclusters", "doomed")
+    assert not core.object_gone(gone, "postgresclusters", "other")
+    child = ApiError(
+        status=Status(code=404, reason="NotFound", message='pods "doomed-0" not found')
+    )
+    assert not core.object_gone(child, "postgresclusters", "doomed")

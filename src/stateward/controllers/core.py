@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from lightkube import ApiError
 
-from stateward.api import validation
+from stateward.api import v1alpha1, validation
 from stateward.controllers import conditions as cond
 from stateward.controllers import diff
 from stateward.controllers.kube import Body, Kube, Ref
@@ -379,6 +379,15 @@ def namespace_terminating(error: BaseException) -> bool:
     if not isinstance(error, ApiError) or error.status.code != 403:
         return False
     return "because it is being terminated" in str(getattr(error.status, "message", "") or "")
+
+
+def object_gone(error: BaseException, plural: str, name: str) -> bool:
+    """A write about the reconciled object itself found it gone (its finalizer removed, the
+    garbage collector quicker than the reconcile): nothing is left to do or to report."""
+    if not isinstance(error, ApiError) or error.status.code != 404:
+        return False
+    message = str(getattr(error.status, "message", "") or "")
+    return f'{plural}.{v1alpha1.GROUP} "{name}" not found' in message
 
 
 def is_conflict(error: BaseException) -> bool:

@@ -116,6 +116,9 @@ class DatabaseReconciler:
             if core.namespace_terminating(error):
                 logger.info("%s/%s: its namespace is being deleted", namespace, name)
                 return Outcome(requeue_after=core.NAMESPACE_TERMINATING_RETRY)
+            if core.object_gone(error, v1alpha1.DATABASE_PLURAL, name):
+                logger.info("%s/%s: gone", namespace, name)
+                return Outcome()
             await core.report_failure(scope, error, lambda: write_status(scope, deleting=deleting))
             raise
         await write_status(scope, deleting=deleting)

@@ -222,6 +222,9 @@ class Reconciler:
             if core.namespace_terminating(error):
                 logger.info("%s/%s: its namespace is being deleted", namespace, name)
                 return Outcome(requeue_after=core.NAMESPACE_TERMINATING_RETRY)
+            if core.object_gone(error, v1alpha1.PLURAL, name):
+                logger.info("%s/%s: gone", namespace, name)
+                return Outcome()
             await _report_failure(scope, error, deleting=deleting)
             raise
         if deleting and FINALIZER_REMOVED in scope.notes:
