@@ -76,12 +76,16 @@ class DatabaseReconciler:
         """Per Database: the primary that stopped answering while its pod looked ready, and
         since when (in memory: an operator restart waits the grace again, never less)."""
 
+    def forget(self, namespace: str, name: str) -> None:
+        """Free what is kept in memory for a Database that is gone (its credentials)."""
+        self.secret_cache.forget(namespace, name)
+        self._silent_since.pop((namespace, name), None)
+
     async def reconcile(self, key: tuple[str, str]) -> Outcome:
         namespace, name = key
         body = self.store.get(v1alpha1.DATABASE_KIND, namespace, name)
         if body is None:
-            self.secret_cache.forget(namespace, name)
-            self._silent_since.pop((namespace, name), None)
+            self.forget(namespace, name)
             return Outcome()
         try:
             database = Database.model_validate(body)

@@ -152,13 +152,18 @@ class Reconciler:
         """Per cluster: the generation whose backup credentials were last found complete,
         and when (monotonic). Freed with the cluster."""
 
+    def forget(self, namespace: str, name: str) -> None:
+        """Free what is kept in memory for a cluster that is gone (its credentials among it):
+        at its DELETED event, not at a reconcile that may never come."""
+        self.data_plane.forget((namespace, name))
+        self.secret_cache.forget(namespace, name)
+        self.credentials_checked.pop((namespace, name), None)
+
     async def reconcile(self, key: tuple[str, str]) -> Outcome:
         namespace, name = key
         body = self.store.get(KIND, namespace, name)
         if body is None:
-            self.data_plane.forget(key)
-            self.secret_cache.forget(namespace, name)
-            self.credentials_checked.pop((namespace, name), None)
+            self.forget(namespace, name)
             return Outcome()
         try:
             cluster = PostgresCluster.model_validate(body)

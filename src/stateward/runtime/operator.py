@@ -167,6 +167,8 @@ class Operator:
         if event_type == "DELETED":
             self.store.deleted(body)
             self.queue.forget(key)
+            reconciler = self.reconciler if kind == v1alpha1.KIND else self.databases
+            reconciler.forget(metadata["namespace"], metadata["name"])
         else:
             previous = self.store.get(*key)
             self.store.observe(body)
