@@ -10,6 +10,7 @@ import pytest
 from stateward.api import v1alpha1
 from stateward.controllers import members as m
 from stateward.controllers.dataplane import configuration_patch
+from stateward.controllers.members import progress_only
 from stateward.instance import patroni
 
 pytestmark = pytest.mark.unit
@@ -220,3 +221,33 @@ def test_failsafe_mode_is_on_and_a_cluster_made_without_it_gets_it() -> None:
     assert patroni.dynamic_configuration(pgc)["failsafe_mode"] is True
     before = {k: v for k, v in applied(pgc).items() if k != "failsafe_mode"}
     assert configuration_patch(pgc, before) == {"failsafe_mode": True}
+
+
+def _pod(status: dict[str, object], *, rv: str = "1", ready: str = "True") -> dict[str, object]:
+    return {
+        "kind": "Pod",
+        "metadata": {"name": "pg-0", "namespace": "db", "resourceVersion": rv,
+                     "labels": {"stateward.io/role": "primary"},
+                     "annotations": {"status": json.dumps(status)}},
+        "status": {"conditions": [{"type": "Ready", "status": ready}]},
+    }  # fmt: skip
+
+
+def test_wal_positions_moving_are_no_reason_to_reconcile() -> None:
+    record = {"state": "running", "role": "primary", "timeline": 3, "xlog_location": 100}
+    before = _pod(record)
+    assert progress_only(before, _pod({**record, "xlog_location": 200}, rv="2"))
+    assert not progress_only(before, _pod({**record, "timeline": 4}, rv="2"))
+    assert not progress_only(before, _pod({**record, "state": "stopping"}, rv="2"))
+    assert not progress_only(before, _pod(record, rv="2", ready="False"))
+
+
+def test_the_lock_renewed_is_no_reason_to_reconcile_but_a_new_holder_is() -> None:
+    def leader(holder: str, renewed: str, rv: str) -> dict[str, object]:
+        return {"kind": "ConfigMap", "metadata": {
+            "name": "pg-leader", "namespace": "db", "resourceVersion": rv,
+            "annotations": {"leader": holder, "renewTime": renewed, "optime": rv}}}  # fmt: skip
+
+    before = leader("pg-0", "t1", "1")
+    assert progress_only(before, leader("pg-0", "t2", "2"))
+    assert not progress_only(before, leader("pg-1", "t2", "2"))

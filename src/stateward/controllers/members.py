@@ -13,7 +13,7 @@ import dataclasses
 import json
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from stateward.specs import meta
 
@@ -168,3 +168,40 @@ def switchover_candidate(
             return None
         return freshest(eligible).name, False
     return freshest(eligible).name, True
+
+
+PROGRESS_FIELDS: Final = frozenset({"xlog_location", "receive_lsn", "replay_lsn", "lag"})
+"""Fields of a member's ``status`` annotation that move with every write: WAL positions."""
+PROGRESS_ANNOTATIONS: Final = frozenset({"renewTime", "optime", "slots", "retain_slots"})
+"""Annotations of the leader ConfigMap that move every HA loop or with every write: the
+lock's renewal and WAL positions. (Who holds the lock, ``leader``, is not among them.)"""
+
+
+def _meaningful(body: Mapping[str, Any]) -> dict[str, Any]:
+    metadata = {
+        k: v for k, v in body["metadata"].items() if k not in ("resourceVersion", "managedFields")
+    }
+    annotations = {
+        k: v
+        for k, v in (metadata.get("annotations") or {}).items()
+        if k not in PROGRESS_ANNOTATIONS
+    }
+    raw = annotations.get("status")
+    if isinstance(raw, str):
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            record = None
+        if isinstance(record, dict):
+            annotations["status"] = {k: v for k, v in record.items() if k not in PROGRESS_FIELDS}
+    metadata["annotations"] = annotations
+    return {**body, "metadata": metadata}
+
+
+def progress_only(previous: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
+    """Whether two versions of a child differ only in what moves with every write or every
+    Patroni loop (WAL positions, the lock's renewal): no reason to reconcile. A cluster
+    under writes otherwise reconciled every two seconds; what does matter — a role, a
+    state, the timeline, the lock's holder, readiness — still triggers one, and the store
+    keeps the newest body for whatever reconcile runs next."""
+    return _meaningful(previous) == _meaningful(current)

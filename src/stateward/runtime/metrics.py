@@ -31,6 +31,12 @@ API_WRITES = Counter(
     ["verb", "kind"],
     registry=REGISTRY,
 )
+EVENTS_FILTERED = Counter(
+    "stateward_watch_events_filtered_total",
+    "Child watch events that caused no reconcile: only WAL positions or the leader lock's"
+    " renewal moved",
+    registry=REGISTRY,
+)
 EVENTS = Counter(
     "stateward_events_total",
     "Events recorded on PostgresClusters, by reason (Failover, SwitchedOver,"

@@ -35,6 +35,7 @@ from pythonjsonlogger.json import JsonFormatter
 from stateward.api import v1alpha1
 from stateward.controllers.database import DatabaseReconciler
 from stateward.controllers.kube import FIELD_MANAGER, Kube
+from stateward.controllers.members import progress_only
 from stateward.controllers.postgrescluster import Reconciler
 from stateward.controllers.queue import Outcome, WorkQueue
 from stateward.controllers.store import CLUSTER_LABEL, ObjectStore
@@ -185,7 +186,13 @@ class Operator:
         if event_type == "DELETED":
             self.store.deleted(body)
         else:
+            key = (body["kind"], metadata.get("namespace", ""), metadata["name"])
+            previous = self.store.get(*key)
             self.store.observe(body)
+            current = self.store.get(*key)
+            if previous is not None and current is not None and progress_only(previous, current):
+                metrics.EVENTS_FILTERED.inc()
+                return
         metrics.WATCHED_OBJECTS.set(len(self.store))
         self._enqueue_owners(metadata)
 
