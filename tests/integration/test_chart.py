@@ -142,9 +142,13 @@ def test_values_change_what_they_say(helm_env: dict[str, str]) -> None:
         "image.repository=registry.example/stateward",
         "image.tag=0.1.0-rc1",
         "crds.create=false",
+        "allowForeignRepositoryPaths=true",
     )
     args = operator_args(tuned)
     assert "--log-level=DEBUG" in args
+    # Off by default: no cluster may name another namespace's backups.
+    assert "--allow-foreign-repository-paths" in args
+    assert "--allow-foreign-repository-paths" not in operator_args(render(helm_env))
     assert [a for a in args if a.startswith("--watch-namespace=")] == [
         "--watch-namespace=team-a",
         "--watch-namespace=team-b",
