@@ -25,6 +25,7 @@ from stateward.api import v1alpha1, validation
 from stateward.controllers import conditions as cond
 from stateward.controllers import diff
 from stateward.controllers.kube import Body, Kube, Ref
+from stateward.controllers.queue import Outcome
 from stateward.controllers.store import ObjectStore
 
 logger = logging.getLogger(__name__)
@@ -388,6 +389,18 @@ def object_gone(error: BaseException, plural: str, name: str) -> bool:
         return False
     message = str(getattr(error.status, "message", "") or "")
     return f'{plural}.{v1alpha1.GROUP} "{name}" not found' in message
+
+
+def expected_end(error: BaseException, plural: str, namespace: str, name: str) -> Outcome | None:
+    """The outcome of a reconcile that failed only because its namespace or its object is
+    going away — one INFO line, no Warning, no backoff — or None for a real failure."""
+    if namespace_terminating(error):
+        logger.info("%s/%s: its namespace is being deleted", namespace, name)
+        return Outcome(requeue_after=NAMESPACE_TERMINATING_RETRY)
+    if object_gone(error, plural, name):
+        logger.info("%s/%s: gone", namespace, name)
+        return Outcome()
+    return None
 
 
 def is_conflict(error: BaseException) -> bool:

@@ -117,12 +117,9 @@ class DatabaseReconciler:
             scope.notes.append(str(stop))
             scope.requeue(UNSATISFIABLE_RECHECK)
         except Exception as error:
-            if core.namespace_terminating(error):
-                logger.info("%s/%s: its namespace is being deleted", namespace, name)
-                return Outcome(requeue_after=core.NAMESPACE_TERMINATING_RETRY)
-            if core.object_gone(error, v1alpha1.DATABASE_PLURAL, name):
-                logger.info("%s/%s: gone", namespace, name)
-                return Outcome()
+            ended = core.expected_end(error, v1alpha1.DATABASE_PLURAL, namespace, name)
+            if ended is not None:
+                return ended
             await core.report_failure(scope, error, lambda: write_status(scope, deleting=deleting))
             raise
         await write_status(scope, deleting=deleting)

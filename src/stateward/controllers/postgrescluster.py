@@ -224,12 +224,9 @@ class Reconciler:
                 if scope.halted:
                     break
         except Exception as error:
-            if core.namespace_terminating(error):
-                logger.info("%s/%s: its namespace is being deleted", namespace, name)
-                return Outcome(requeue_after=core.NAMESPACE_TERMINATING_RETRY)
-            if core.object_gone(error, v1alpha1.PLURAL, name):
-                logger.info("%s/%s: gone", namespace, name)
-                return Outcome()
+            ended = core.expected_end(error, v1alpha1.PLURAL, namespace, name)
+            if ended is not None:
+                return ended
             await _report_failure(scope, error, deleting=deleting)
             raise
         if deleting and FINALIZER_REMOVED in scope.notes:
