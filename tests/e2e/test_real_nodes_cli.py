@@ -88,6 +88,17 @@ class Cli:
         assert result.returncode == 0, result.stderr[-3000:]
 
 
+def crash(cli: Cli) -> None:
+    """Every process of the cluster, containers included, killed at once; no `down`."""
+    state = json.loads((cli.state_dir / "state.json").read_text())
+    for process in state["processes"]:
+        os.kill(process["pid"], signal.SIGKILL)
+    for node in nodes.nodes_in(cli.state_dir, 1):
+        for path in nodes.cgroup_paths(node):
+            for pid in nodes.cgroup_pids(path):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_kubectl_run_on_a_real_node_then_down_restores_the_host(tmp_path: Path) -> None:
     before = host_snapshot()
     cli = Cli(tmp_path)
@@ -140,18 +151,33 @@ def test_down_after_a_crash_still_restores_the_host(tmp_path: Path) -> None:
     before = host_snapshot()
     cli = Cli(tmp_path)
     cli.up()
-    # A crash: every process of the cluster, containers included, killed at once.
-    state = json.loads((cli.state_dir / "state.json").read_text())
-    for process in state["processes"]:
-        os.kill(process["pid"], signal.SIGKILL)
-    for node in nodes.nodes_in(cli.state_dir, 1):
-        for path in nodes.cgroup_paths(node):
-            for pid in nodes.cgroup_pids(path):
-                os.kill(pid, signal.SIGKILL)
+    crash(cli)
     down = cli.stateward("down")
     assert down.returncode == 0, down.stderr
     assert host_snapshot() == before
     assert not cli.state_dir.exists()
+
+
+def test_the_next_up_after_a_crash_undoes_what_the_crashed_cluster_left(tmp_path: Path) -> None:
+    """A session killed with its cluster up (no `down`) must not leave the host unusable:
+    the next `up`, from any state directory, undoes the crashed cluster's host changes."""
+    before = host_snapshot()
+    crashed = Cli(tmp_path / "crashed")
+    crashed.up()
+    crash(crashed)
+    assert nodes.link_exists(nodes.BRIDGE)
+    after = Cli(tmp_path / "after")
+    up = after.stateward("up", "--nodes", "1", "--kwok-nodes", "0")
+    try:
+        assert up.returncode == 0, up.stderr
+        undone = f"a local cluster that crashed left on this host ({crashed.state_dir})"
+        assert undone in up.stderr
+        assert not crashed.state_dir.exists()
+        assert nodes.bridge_owner() == after.state_dir.resolve()
+    finally:
+        down = after.stateward("down")
+    assert down.returncode == 0, down.stderr
+    assert host_snapshot() == before
 
 
 def test_a_second_cluster_with_real_nodes_is_refused_with_the_way_out(tmp_path: Path) -> None:

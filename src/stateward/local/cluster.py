@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import shutil
@@ -32,6 +33,7 @@ from stateward.local.errors import LocalClusterError
 
 DEFAULT_PORT_BASE = 16443
 DEFAULT_REAL_NODES = 3
+STARTING_LOCK = "up.lock"
 ADMIN_USER = "stateward-admin"
 OPERATOR_USER = "stateward-operator"
 NODE_ANNOTATION = "kwok.x-k8s.io/node"
@@ -190,11 +192,13 @@ class LocalCluster:
                     " start a kwok-only cluster with --nodes 0"
                 )
             host.ensure_packages(progress=progress)
+            self._undo_crashed_owner(progress)
             nodes.refuse_if_taken()
         paths = binaries.ensure(progress=progress)
         archives = [a for a in images.ensure(progress=progress) if a.spec.on_nodes] if real else []
         started = time.monotonic()
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        starting = self._hold_starting_lock()
         records: list[ProcessRecord] = []
         imports: list[threading.Thread] = []
         import_errors: list[BaseException] = []
@@ -276,6 +280,8 @@ class LocalCluster:
             self._undo_host()
             self._remove_state(keep_logs=True)
             raise
+        finally:
+            os.close(starting)
         progress(f"Local cluster ready in {time.monotonic() - started:.1f}s.")
         progress(f"kubeconfig: {self.kubeconfig}")
 
@@ -600,6 +606,40 @@ class LocalCluster:
         temporary = self.state_file.with_suffix(".tmp")
         temporary.write_text(json.dumps(payload, indent=2))
         temporary.replace(self.state_file)
+
+    def _hold_starting_lock(self) -> int:
+        """Held (as an open descriptor) while ``up`` runs, so that another ``up`` never takes
+        this cluster for a crashed one in the moment it has a bridge and no process yet."""
+        fd = os.open(self.state_dir / STARTING_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return fd
+
+    def _starting(self) -> bool:
+        try:
+            fd = os.open(self.state_dir / STARTING_LOCK, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
+    def _undo_crashed_owner(self, progress: Progress) -> None:
+        """A cluster with real nodes that died without ``down`` (killed with its session, its
+        machine's processes ended) leaves the bridge, routes, mounts and sysctls behind, and
+        its journal of them. When nothing of it runs and no ``up`` is starting it, undo them
+        from that journal instead of refusing: the next ``up`` after a crash just works."""
+        owner = nodes.bridge_owner()
+        if owner is None or owner == self.state_dir:
+            return
+        crashed = LocalCluster(dataclasses.replace(self.config, state_dir=owner))
+        if not crashed.journal.path.exists() or crashed.running() or crashed._starting():
+            return
+        progress(f"Undoing what a local cluster that crashed left on this host ({owner})")
+        crashed.down()
 
     def _refuse_if_present(self) -> None:
         records = self._load()

@@ -342,6 +342,20 @@ def remove_cgroup(path: Path, *, timeout: float = 20.0) -> None:
 # --- the host side of the network --------------------------------------------------------
 
 
+BRIDGE_ALIAS = "stateward local cluster "
+
+
+def bridge_owner() -> Path | None:
+    """The state directory of the cluster that made the bridge (from the alias it set), or
+    None when there is no bridge or someone else made it."""
+    alias = Path("/sys/class/net", BRIDGE, "ifalias")
+    try:
+        text = alias.read_text().strip()
+    except OSError:
+        return None
+    return Path(text.removeprefix(BRIDGE_ALIAS)) if text.startswith(BRIDGE_ALIAS) else None
+
+
 def refuse_if_taken() -> None:
     if link_exists(BRIDGE):
         alias = Path("/sys/class/net", BRIDGE, "ifalias")
@@ -349,7 +363,9 @@ def refuse_if_taken() -> None:
         raise LocalClusterError(
             f"the bridge {BRIDGE} already exists ({owner or 'owner unknown'}): another local"
             " cluster with real nodes is up; stop it with `stateward local down` (with its"
-            " --state-dir), or start this one with --nodes 0"
+            " --state-dir), or start this one with --nodes 0; if that cluster's state directory"
+            f" is gone, `ip link delete {BRIDGE}` and `nft delete table inet {NFT_TABLE}`"
+            " remove what it left"
         )
     for route in run(["ip", "-4", "route", "show"]).splitlines():
         destination = route.split()[0]
@@ -370,7 +386,7 @@ def prepare_host(journal: Journal, state_dir: Path) -> None:
     set_sysctl(journal, "net.ipv4.ip_forward", "1")
     journal.record(kind="link", name=BRIDGE)
     run(["ip", "link", "add", BRIDGE, "type", "bridge"])
-    run(["ip", "link", "set", BRIDGE, "alias", f"stateward local cluster {state_dir}"])
+    run(["ip", "link", "set", BRIDGE, "alias", f"{BRIDGE_ALIAS}{state_dir}"])
     run(["ip", "addr", "add", f"{HOST_IP}/{NETWORK.prefixlen}", "dev", BRIDGE])
     run(["ip", "link", "set", BRIDGE, "up"])
     journal.record(kind="nft", table=NFT_TABLE)
