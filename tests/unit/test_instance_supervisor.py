@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import ssl
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -64,7 +66,7 @@ class Source:
 
     def __init__(self, fenced: bool) -> None:
         self.fenced = fenced
-        self.changed = threading.Event()
+        self.changed = supervisor.Waker()
         self.known = threading.Event()
         self.known.set()
 
@@ -371,3 +373,49 @@ def test_a_certificate_change_is_seen_once(tmp_path: Path) -> None:
     assert certificate.changed() and not certificate.changed()
     (tmp_path / "current").unlink()  # files gone read as a change too
     assert certificate.changed()
+
+
+def test_the_waker_is_an_event_that_a_signal_handler_may_set() -> None:
+    waker = supervisor.Waker()
+    assert not waker.is_set() and not waker.wait(0.01)
+    waker.set()
+    waker.set()
+    assert waker.is_set() and waker.wait(0.01)
+    waker.clear()
+    assert not waker.is_set()
+
+
+FLOOD = """
+import signal, sys, threading, time
+from stateward.instance.supervisor import Waker
+waker = Waker()
+signal.signal(signal.SIGUSR2, lambda _s, _f: waker.set())
+sent = threading.Event()
+def send():
+    end = time.monotonic() + 1.5
+    while time.monotonic() < end:
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR2)
+    sent.set()
+threading.Thread(target=send, daemon=True).start()
+woken = 0
+while not sent.is_set():
+    waker.clear()
+    woken += waker.wait(0)
+print("woken", woken > 0)
+"""
+
+
+def test_signal_handlers_setting_the_waker_never_hang_the_waiting_main_thread() -> None:
+    """Signals flood the main thread while it clears and waits on the waker, again and again:
+    with a threading.Event in its place this hangs within a second (the handler lands while
+    wait() holds the event's lock and set() waits for it forever)."""
+    flood = subprocess.run(
+        [sys.executable, "-c", FLOOD],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(Path(supervisor.__file__).parents[2])},
+    )
+    assert flood.returncode == 0, flood.stderr[-2000:]
+    assert flood.stdout.strip() == "woken True"

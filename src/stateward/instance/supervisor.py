@@ -28,6 +28,7 @@ import hashlib
 import http.server
 import json
 import os
+import select
 import signal
 import ssl
 import subprocess
@@ -101,6 +102,35 @@ def watch_events(lines: Iterator[bytes]) -> Iterator[dict[str, Any]]:
             yield event
 
 
+class Waker:
+    """What wakes the supervisor's loop: a fencing change (from the watch thread) or a signal.
+
+    A ``threading.Event`` is not safe here: a Python signal handler runs in the main thread
+    between two bytecodes, possibly while that thread is inside ``Event.wait`` holding the
+    event's lock, and ``Event.set`` in the handler then waits for that lock forever (PID 1
+    hung, Patroni's exit and the runtime's SIGTERM unnoticed). ``set`` writes a byte to a
+    non-blocking pipe, which takes no lock; ``wait`` selects on the pipe."""
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def set(self) -> None:
+        with contextlib.suppress(BlockingIOError):  # a full pipe is set already
+            os.write(self._write, b"\0")
+
+    def is_set(self) -> bool:
+        return self.wait(0)
+
+    def clear(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._read, 4096):
+                pass
+
+    def wait(self, timeout: float | None = None) -> bool:
+        readable, _, _ = select.select([self._read], [], [], timeout)
+        return bool(readable)
+
+
 class FencingSource:
     """The fencing state of one pod, kept current by a watch on ``NAME-fencing``."""
 
@@ -108,7 +138,7 @@ class FencingSource:
         self.namespace, self.pod = namespace, pod
         self.name = f"{cluster}{FENCING_SUFFIX}"
         self.state_file = state_file
-        self.changed = threading.Event()
+        self.changed = Waker()
         self.known = threading.Event()
         self._fenced = state_file.exists()
         if self._fenced:
