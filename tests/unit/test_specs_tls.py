@@ -84,6 +84,21 @@ def test_the_ca_secret_holds_the_ca_and_its_fingerprint() -> None:
     assert body["metadata"]["annotations"] == {
         "stateward.io/ca-fingerprint": pki.fingerprint(authority.cert_pem)
     }
+    assert tls.recorded_ca_fingerprint(body) == pki.fingerprint(authority.cert_pem)
+
+
+@pytest.mark.parametrize(
+    "secret",
+    [
+        None,
+        {"metadata": {}},
+        {"metadata": {"annotations": None}},
+        {"metadata": {"annotations": {"stateward.io/ca-fingerprint": ""}}},
+        {"metadata": {"annotations": {"other": "x"}}},
+    ],
+)
+def test_a_secret_made_by_hand_records_no_ca_fingerprint(secret: dict[str, Any] | None) -> None:
+    assert tls.recorded_ca_fingerprint(secret) is None
 
 
 def test_a_good_certificate_is_kept() -> None:

@@ -301,7 +301,7 @@ async def ensure_tls(scope: Scope) -> str | None:
             return None
         scope.store.observe(ca)
         notes.append(f"created {cluster.ca_secret_name}")
-    fingerprint = (ca["metadata"].get("annotations") or {}).get(tls.CA_FINGERPRINT_ANNOTATION)
+    fingerprint = tls.recorded_ca_fingerprint(ca)
     if not fingerprint:  # a CA Secret someone made by hand
         authority = authority or await _authority(scope)
         if authority is None:
@@ -429,9 +429,10 @@ async def _refresh_app_ca(scope: Scope, ca_cert: str) -> None:
     observed = scope.observed("Secret", name)
     if observed is None:
         return
-    fingerprint = pki.fingerprint(ca_cert.encode())
-    annotations = observed["metadata"].get("annotations") or {}
-    if annotations.get(tls.CA_FINGERPRINT_ANNOTATION) == fingerprint:
+    fingerprint = tls.recorded_ca_fingerprint(
+        scope.observed("Secret", scope.cluster.ca_secret_name)
+    ) or pki.fingerprint(ca_cert.encode())  # parsed only for a CA Secret made by hand
+    if tls.recorded_ca_fingerprint(observed) == fingerprint:
         return
     patched = await scope.kube.patch(
         Ref("v1", "Secret", scope.namespace, name),

@@ -106,6 +106,14 @@ def ca_secret(cluster: v1alpha1.PostgresCluster, *, cert: bytes, key: bytes) -> 
     return body
 
 
+def recorded_ca_fingerprint(secret: meta.Object | None) -> str | None:
+    """The CA fingerprint a Secret carries in its annotation (the store keeps annotations,
+    so no certificate is parsed to learn it); None on a Secret made by hand."""
+    if secret is None:
+        return None
+    return (secret["metadata"].get("annotations") or {}).get(CA_FINGERPRINT_ANNOTATION) or None
+
+
 def server_secret(
     cluster: v1alpha1.PostgresCluster,
     *,
