@@ -99,6 +99,48 @@ async def test_failures_retry_with_backoff_and_success_resets_it() -> None:
     assert queue.backoff.failures("k") == 0
 
 
+async def test_events_during_a_backoff_wait_for_the_retry_and_an_urgent_add_does_not() -> None:
+    """A failing key's children keep sending events (a crash-looping pod): they must not run
+    it at their rate. The retry runs when due; a change of the object itself runs at once."""
+    attempts: list[str] = []
+
+    async def handle(_: str) -> Outcome:
+        attempts.append("run")
+        raise RuntimeError("still failing")
+
+    # A first retry 1 s away: far longer than the adds below take.
+    queue: WorkQueue[str] = WorkQueue(handle, workers=1, backoff=Backoff(base=1.0, cap=10))
+    queue.start()
+    queue.add("k")
+    await _until(lambda: len(attempts) == 1)
+    await asyncio.sleep(0.02)  # the failure has scheduled its retry
+    for _ in range(20):
+        queue.add("k")  # child events
+        await asyncio.sleep(0.005)
+    assert len(attempts) == 1, "events ran a key that is backing off"
+    assert len(queue) == 0
+    queue.add("k", urgent=True)  # the object's spec changed
+    await _until(lambda: len(attempts) == 2, within=0.5)
+    await queue.stop()
+
+
+async def test_a_requeue_timer_is_no_backoff_an_event_runs_the_key_at_once() -> None:
+    runs = 0
+
+    async def handle(_: str) -> Outcome:
+        nonlocal runs
+        runs += 1
+        return Outcome(requeue_after=30)
+
+    queue: WorkQueue[str] = WorkQueue(handle, workers=1)
+    queue.start()
+    queue.add("k")
+    await _until(lambda: runs == 1)
+    queue.add("k")  # a child changed: no need to wait the 30 s re-check
+    await _until(lambda: runs == 2, within=1.0)
+    await queue.stop()
+
+
 async def test_requeue_after_runs_again_and_forget_cancels_it() -> None:
     runs = 0
 

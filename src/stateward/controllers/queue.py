@@ -3,6 +3,8 @@
 The shape is client-go's workqueue: a key added many times while waiting is processed once;
 a key is never processed by two workers at once (an add during processing marks it dirty and
 it runs again afterwards); failures requeue with exponential backoff that resets on success.
+A key waiting out its backoff is not run early by the events its own children send (they
+are folded into the retry); only an urgent add — the object itself changed — runs it now.
 """
 
 from __future__ import annotations
@@ -59,24 +61,33 @@ class WorkQueue(Generic[K]):
         self._ready: asyncio.Queue[K] = asyncio.Queue()
         self._queued: set[K] = set()
         self._processing: set[K] = set()
-        self._dirty: set[K] = set()
+        self._dirty: dict[K, bool] = {}
+        """Keys added while processing, and whether urgently."""
         self._timers: dict[K, asyncio.TimerHandle] = {}
+        self._backing_off: set[K] = set()
+        """Keys whose pending timer is a retry after a failure."""
         self._tasks: list[asyncio.Task[None]] = []
 
-    def add(self, key: K) -> None:
-        """Process ``key`` soon; a no-op if it is already waiting."""
+    def add(self, key: K, *, urgent: bool = False) -> None:
+        """Process ``key`` soon; a no-op if it is already waiting. A key waiting out a
+        failure's backoff stays waiting unless ``urgent``: a failing reconcile must not run
+        at the rate of its children's events (every pod update of a crash-looping cluster)."""
+        if key in self._backing_off and key in self._timers and not urgent:
+            return
+        self._backing_off.discard(key)
         timer = self._timers.pop(key, None)
         if timer is not None:
             timer.cancel()
         if key in self._processing:
-            self._dirty.add(key)
+            self._dirty[key] = self._dirty.get(key, False) or urgent
             return
         if key not in self._queued:
             self._queued.add(key)
             self._ready.put_nowait(key)
 
-    def add_after(self, key: K, delay: float) -> None:
-        """Process ``key`` after ``delay`` seconds, unless an earlier run is already due."""
+    def add_after(self, key: K, delay: float, *, retry: bool = False) -> None:
+        """Process ``key`` after ``delay`` seconds, unless an earlier run is already due;
+        ``retry``: the delay is a failure's backoff (see :meth:`add`)."""
         existing = self._timers.get(key)
         loop = asyncio.get_running_loop()
         when = loop.time() + delay
@@ -85,16 +96,21 @@ class WorkQueue(Generic[K]):
         if existing is not None:
             existing.cancel()
         self._timers[key] = loop.call_at(when, self._fire, key)
+        if retry:
+            self._backing_off.add(key)
+        else:
+            self._backing_off.discard(key)
 
     def _fire(self, key: K) -> None:
         self._timers.pop(key, None)
-        self.add(key)
+        self.add(key, urgent=True)
 
     def forget(self, key: K) -> None:
         """Drop pending timers and backoff state of a key whose object is gone."""
         timer = self._timers.pop(key, None)
         if timer is not None:
             timer.cancel()
+        self._backing_off.discard(key)
         self.backoff.reset(key)
 
     def __len__(self) -> int:
@@ -112,7 +128,7 @@ class WorkQueue(Generic[K]):
             except Exception:
                 delay = self.backoff.next(key)
                 logger.exception("processing %s failed; retrying in %.1fs", key, delay)
-                self.add_after(key, delay)
+                self.add_after(key, delay, retry=True)
             else:
                 self.backoff.reset(key)
                 if outcome.requeue_after is not None:
@@ -120,8 +136,8 @@ class WorkQueue(Generic[K]):
             finally:
                 self._processing.discard(key)
                 if key in self._dirty:
-                    self._dirty.discard(key)
-                    self.add(key)
+                    # After a failure only an urgent add runs before the retry is due.
+                    self.add(key, urgent=self._dirty.pop(key))
             # Queue.get() does not suspend while keys are waiting, and a reconcile that finds
             # nothing to do awaits no I/O: without this, a backlog of no-op reconciles holds
             # the event loop for seconds, starving Lease renewal, watches and probes.
@@ -134,6 +150,7 @@ class WorkQueue(Generic[K]):
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
+        self._backing_off.clear()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

@@ -176,7 +176,7 @@ class Operator:
             # Status-only updates (ours, mostly) change neither generation nor metadata we
             # act on; reacting to them would only make a second, empty reconcile.
             if previous is None or not _same_intent(previous, body):
-                self.queue.add(key)
+                self.queue.add(key, urgent=True)  # the user's intent: even past a backoff
         metrics.WATCHED_OBJECTS.set(len(self.store))
         if kind == v1alpha1.KIND:
             self._enqueue_owners(metadata, exclude=kind)
