@@ -16,6 +16,8 @@ import dataclasses
 import datetime
 import hashlib
 import ipaddress
+import os
+import ssl
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -26,6 +28,7 @@ __all__ = [
     "VALIDITY",
     "Authority",
     "Issued",
+    "client_context",
     "fingerprint",
     "key_matches",
     "not_after",
@@ -200,3 +203,21 @@ def key_matches(cert: bytes, key: bytes) -> bool:
     return bool(
         public.public_bytes(encoding, form) == private.public_key().public_bytes(encoding, form)
     )
+
+
+def client_context(*, ca: bytes, cert: bytes, key: bytes) -> ssl.SSLContext:
+    """A TLS client context that shows ``cert`` and trusts only ``ca``, checking the chain
+    but not the name (servers addressed by IP). The certificate and key are handed to
+    OpenSSL through anonymous memory files: they never touch a disk."""
+    context = ssl.create_default_context(cadata=ca.decode())
+    context.check_hostname = False
+    context.minimum_version = ssl.TLSVersion.TLSv1_3
+    cert_fd, key_fd = os.memfd_create("cert"), os.memfd_create("key")
+    try:
+        os.write(cert_fd, cert)
+        os.write(key_fd, key)
+        context.load_cert_chain(f"/proc/self/fd/{cert_fd}", f"/proc/self/fd/{key_fd}")
+    finally:
+        os.close(cert_fd)
+        os.close(key_fd)
+    return context

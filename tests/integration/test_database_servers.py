@@ -17,14 +17,17 @@ from stateward.controllers.kube import DatabaseResource
 from stateward.local.cluster import LocalCluster
 from tests.integration.conftest import AuditLog, assert_no_writes_at_rest
 from tests.support.databases import (
+    clone_stream_bytes,
     create,
     lose_the_primary,
     pod_ip,
     query,
+    refused,
     resize,
     roles,
     running,
     secret,
+    tls_of,
 )
 from tests.support.dataplane import client_of, fresh_namespace, operator_on, sql
 from tests.support.waiting import wait_for
@@ -75,6 +78,10 @@ def test_a_mariadb_database_replicates_scales_grows_and_goes(
     running(client, ns, "shop", 3)
     query(primary, app, "INSERT INTO orders VALUES (4)")
     assert roles(client, ns) == {"shop-0": "primary", "shop-1": "replica", "shop-2": "replica"}
+    # They started from a copy of the primary's data, taken over mutual TLS (entrypoint.sh).
+    for replica in ("shop-1", "shop-2"):
+        log = "".join(client.log(replica, namespace=ns))
+        assert "cloned from" in log, f"{replica} did not start from a copy of the primary"
     # With replicas, every commit waits for one to have it, and never stops waiting (no
     # fallback to asynchronous replication after a timeout).
     semi_sync = "SELECT @@rpl_semi_sync_master_enabled, @@rpl_semi_sync_master_timeout"
@@ -92,9 +99,29 @@ def test_a_mariadb_database_replicates_scales_grows_and_goes(
             what=f"{replica} to have every row",
             timeout=60,
         )
-        with pytest.raises(pymysql.err.OperationalError) as refused:
+        with pytest.raises(pymysql.err.OperationalError) as denied:
             query(address, app, "INSERT INTO orders VALUES (99)")
-        assert refused.value.args[0] == 1290, "a replica took a write (it must be read-only)"
+        assert denied.value.args[0] == 1290, "a replica took a write (it must be read-only)"
+
+    # An attacker on the pod network, holding every password, gets nothing: no login without
+    # TLS, no root from the network, the operator's and the replication accounts need their
+    # certificates, and the clone port streams no data without a client certificate.
+    credentials = secret(client, ns, "shop-credentials")
+    trusting = tls_of(app)
+    plain = refused(primary, user=app["user"], password=app["password"], ssl_disabled=True)
+    assert plain is not None, "a connection without TLS got in"
+    assert refused(primary, user=app["user"], password=app["password"], ssl=trusting) is None
+    for user, password in (
+        ("root", credentials["root-password"]),
+        ("replicator", credentials["replication-password"]),
+        ("stateward", ""),
+    ):
+        assert refused(primary, user=user, password=password, ssl=trusting) is not None, (
+            f"{user} logged in over the network without its certificate"
+        )
+    token = credentials["replication-password"]
+    assert clone_stream_bytes(primary, 3307, context=None, token=token) == b""
+    assert clone_stream_bytes(primary, 3307, context=trusting, token=token) == b""
 
     # Back to one: the replicas go, the primary stays and keeps its data.
     resize(client, ns, "shop", {"replicas": 1})

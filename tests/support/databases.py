@@ -8,6 +8,8 @@ import base64
 import contextlib
 import dataclasses
 import itertools
+import socket
+import ssl
 import threading
 import time
 from typing import Any
@@ -62,10 +64,19 @@ def pod_ip(client: Client, ns: str, pod: str) -> str:
     return found.status.podIP
 
 
+def tls_of(app: dict[str, str]) -> ssl.SSLContext:
+    """How an application connects: over TLS, trusting the Database's CA from the app Secret
+    (by pod or Service IP here, so the chain is checked and not the name)."""
+    assert "ca.crt" in app, "the app Secret carries no ca.crt"
+    context = ssl.create_default_context(cadata=app["ca.crt"])
+    context.check_hostname = False
+    return context
+
+
 def query(address: str, app: dict[str, str], statement: str) -> tuple[Any, ...]:
     connection = pymysql.connect(host=address, port=3306, user=app["user"],
                                  password=app["password"], database=app["dbname"],
-                                 autocommit=True, connect_timeout=5)  # fmt: skip
+                                 autocommit=True, connect_timeout=5, ssl=tls_of(app))  # fmt: skip
     try:
         with connection.cursor() as cursor:
             cursor.execute(statement)
@@ -102,6 +113,7 @@ class Writer:
                         host=self.address, port=3306, user=self.app["user"],
                         password=self.app["password"], database=self.app["dbname"],
                         autocommit=True, connect_timeout=2, read_timeout=5, write_timeout=5,
+                        ssl=tls_of(self.app),
                     )  # fmt: skip
                 with connection.cursor() as cursor:
                     insert = f"INSERT INTO {self.table} (n) VALUES (%s)"  # noqa: S608 (our name)
@@ -184,3 +196,33 @@ def lose_the_primary(client: Client, ns: str, name: str, table: str) -> Failover
         longest_gap=writer.longest_gap(),
         reported_after=reported_at - deleted_at,
     )
+
+
+def refused(address: str, **options: Any) -> pymysql.MySQLError | None:
+    """The error a login from the network gets, or None if it got in."""
+    try:
+        pymysql.connect(host=address, port=3306, connect_timeout=5, **options).close()
+    except pymysql.MySQLError as error:
+        return error
+    return None
+
+
+def clone_stream_bytes(
+    address: str, port: int, *, context: ssl.SSLContext | None, token: str
+) -> bytes:
+    """What a client gets from a MariaDB server's clone port after sending ``token`` (the old
+    protocol: the replication password on one line), plainly or over TLS with ``context``."""
+    received = b""
+    try:
+        with socket.create_connection((address, port), timeout=5) as raw:
+            stream = context.wrap_socket(raw, server_hostname=address) if context else raw
+            with stream:
+                stream.sendall(token.encode() + b"\n")
+                while len(received) < 65536:
+                    chunk = stream.recv(65536)
+                    if not chunk:
+                        break
+                    received += chunk
+    except (OSError, ssl.SSLError):
+        pass
+    return received

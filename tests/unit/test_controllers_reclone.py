@@ -32,9 +32,22 @@ class Recorder:
     async def event(self, involved: Any, *, reason: str, message: str, warning: bool) -> None:
         self.calls.append(("event", reason, message))
 
+    volumes: set[str] = set()
+
+    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Any:
+        self.calls.append(("get", kind, name))
+        return {"metadata": {"name": name}} if name in self.volumes else None
+
+
+def make_scope(kube: Recorder, store: ObjectStore, **status: Any) -> database.Scope:
+    db = make_database()
+    return database.Scope(
+        database=db, body=db.model_dump(by_alias=True), kube=kube, store=store,  # type: ignore[arg-type]
+        now="2026-12-04T00:00:00Z", conditions=[], primary="shop-1", **status,
+    )  # fmt: skip
+
 
 def test_the_diverged_volume_is_retained_and_named_before_its_claim_goes() -> None:
-    db = make_database()
     store = ObjectStore()
     claim = {
         "apiVersion": "v1",
@@ -45,10 +58,7 @@ def test_the_diverged_volume_is_retained_and_named_before_its_claim_goes() -> No
     store.observe(claim)
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "shop-0", "namespace": "apps"}}
     kube = Recorder()
-    scope = database.Scope(
-        database=db, body=db.model_dump(by_alias=True), kube=kube, store=store,  # type: ignore[arg-type]
-        now="2026-12-04T00:00:00Z", conditions=[], primary="shop-1",
-    )  # fmt: skip
+    scope = make_scope(kube, store)
     gtids = {"shop-0": "0-1-120", "shop-1": "0-2-118"}
     asyncio.run(database._reclone(scope, pod, gtids))
 
@@ -70,3 +80,38 @@ def test_the_diverged_volume_is_retained_and_named_before_its_claim_goes() -> No
     message = kube.calls[-1][2]
     assert "0-1-120" in message and "0-2-118" in message
     assert "PersistentVolume pv-17" in message and "delete it" in message
+
+    # Listed in the status, and the Diverged condition says what to do with it.
+    assert scope.diverged == [
+        {"volume": "pv-17", "pod": "shop-0", "gtid": "0-1-120", "at": "2026-12-04T00:00:00Z"}
+    ]
+    (diverged,) = [c for c in scope.conditions if c["type"] == "Diverged"]
+    assert diverged["status"] == "True" and diverged["reason"] == "DivergedVolumeKept"
+    assert "pv-17" in diverged["message"] and "0-1-120" in diverged["message"]
+
+
+def test_diverged_stays_while_the_volume_exists_and_clears_once_the_user_deletes_it() -> None:
+    kube = Recorder()
+    kube.volumes = {"pv-17"}
+    entries = [
+        {"volume": "pv-17", "pod": "shop-0", "gtid": "0-1-120", "at": "t1"},
+        {"volume": "pv-20", "pod": "shop-2", "gtid": "0-3-9", "at": "t2"},
+    ]
+    scope = make_scope(kube, ObjectStore(), diverged=[dict(e) for e in entries])
+    note = asyncio.run(database.check_diverged(scope))
+    assert note == "diverged volumes deleted: pv-20"
+    assert scope.diverged == entries[:1]
+    assert [c["status"] for c in scope.conditions if c["type"] == "Diverged"] == ["True"]
+
+    kube.volumes = set()
+    asyncio.run(database.check_diverged(scope))
+    assert scope.diverged == []
+    (diverged,) = [c for c in scope.conditions if c["type"] == "Diverged"]
+    assert diverged["status"] == "False" and diverged["reason"] == "NoDivergedVolumes"
+
+
+def test_a_database_that_never_diverged_reads_no_volume() -> None:
+    kube = Recorder()
+    scope = make_scope(kube, ObjectStore())
+    assert asyncio.run(database.check_diverged(scope)) is None
+    assert kube.calls == [] and scope.conditions == []

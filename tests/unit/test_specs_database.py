@@ -107,13 +107,9 @@ def test_services_route_by_the_role_the_operator_labels() -> None:
     assert headless["spec"]["publishNotReadyAddresses"] is True
     assert primary["spec"]["selector"][meta.ROLE_LABEL] == meta.PRIMARY_ROLE
     assert replicas["spec"]["selector"][meta.ROLE_LABEL] == meta.REPLICA_ROLE
-    for service in (headless, replicas):
+    # No Service carries MariaDB's clone port: new servers ask their peers directly.
+    for service in (headless, primary, replicas):
         assert service["spec"]["ports"] == [{"name": "mysql", "port": 3306}]
-    # New MariaDB replicas copy the primary's data through its Service.
-    assert primary["spec"]["ports"] == [
-        {"name": "mysql", "port": 3306},
-        {"name": "clone", "port": 3307},
-    ]
     mysql_primary = mysql_spec.services(make_database("mysql"))[1]
     assert mysql_primary["spec"]["ports"] == [{"name": "mysql", "port": 3306}]
 
@@ -185,3 +181,65 @@ def test_default_images_per_engine() -> None:
     assert make_database("mysql").image == "docker.io/library/mysql:8.4"
     assert make_database("mariadb").image == "ghcr.io/stateward/mariadb-instance:10.11"
     assert make_database("mariadb").spec.engine is Engine.MARIADB
+
+
+def _mariadb_pod(database: Database) -> dict[str, Any]:
+    statefulset = mysql_spec.statefulset(database, config_hash="h")
+    return statefulset["spec"]["template"]["spec"]  # type: ignore[no-any-return]
+
+
+def test_a_mariadb_server_takes_tcp_connections_over_tls_13_only() -> None:
+    config = mysql_spec.config_files(make_database())["my.cnf"]
+    for line in (
+        "ssl-ca = /etc/stateward/tls/ca.crt",
+        "ssl-cert = /etc/stateward/tls/tls.crt",
+        "ssl-key = /etc/stateward/tls/tls.key",
+        "tls-version = TLSv1.3",
+        "require-secure-transport = ON",
+    ):
+        assert line in config.splitlines()
+
+
+def test_mariadb_servers_mount_their_certificates_but_not_the_operators_key() -> None:
+    pod = _mariadb_pod(make_database())
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "tls"]
+    assert volume["secret"]["secretName"] == "shop-tls"
+    assert volume["secret"]["defaultMode"] == 0o440  # the mysql group (fsGroup) reads them
+    paths = {item["path"] for item in volume["secret"]["items"]}
+    assert paths == {"tls.crt", "tls.key", "ca.crt", "replication.crt", "replication.key"}
+    mounts = pod["containers"][0]["volumeMounts"]
+    assert {"name": "tls", "mountPath": "/etc/stateward/tls", "readOnly": True} in mounts
+
+
+def test_a_mysql_database_mounts_no_certificates_yet() -> None:
+    pod = _mariadb_pod(make_database("mysql", version="8.4"))
+    assert not [v for v in pod["volumes"] if v["name"] == "tls"]
+
+
+def test_mariadb_root_logs_in_on_the_socket_only_and_the_network_roles_need_certificates() -> None:
+    files = mysql_spec.config_files(make_database())
+    users = files["users.sql"].splitlines()
+    assert users[0] == "SET sql_log_bin = 0;"
+    assert "DROP USER IF EXISTS 'root'@'%';" in users
+    assert "CREATE USER IF NOT EXISTS 'stateward'@'%' REQUIRE SUBJECT '/CN=stateward';" in users
+    assert "ALTER USER 'replicator'@'%' REQUIRE SUBJECT '/CN=replicator';" in users
+    entrypoint = files["entrypoint.sh"]
+    assert "'root'@'%'" not in entrypoint
+    assert "--init-file=/etc/stateward/users.sql" in entrypoint
+
+
+def test_the_mariadb_clone_stream_is_mutual_tls_and_served_by_the_primary_only() -> None:
+    files = mysql_spec.config_files(make_database())
+    entrypoint, serve = files["entrypoint.sh"], files["serve-clone.sh"]
+    assert 'socat -t 60 "OPENSSL-LISTEN:${CLONE_PORT},reuseaddr,fork,${server_tls}"' in entrypoint
+    assert "cafile=$tls/ca.crt,verify=1" in entrypoint
+    assert "commonname=${PRIMARY_NAME}" in entrypoint
+    assert "TCP-LISTEN" not in entrypoint and "/dev/tcp" not in entrypoint
+    assert "SELECT @@read_only" in serve
+    assert '[ "$request" = copy ] && [ "$read_only" = 0 ] || exit 1' in serve
+    # Only "no primary answers" initializes; a primary whose copy fails is retried.
+    assert '[ -n "$found" ] || return 1' in entrypoint
+    assert 'fail "no copy came from ${found}"' in entrypoint
+    env = {e["name"]: e.get("value") for e in _mariadb_pod(make_database())["containers"][0]["env"]}
+    assert env["PEERS_HOST"] == "shop-headless.apps.svc.cluster.local"
+    assert env["PRIMARY_NAME"] == "shop-primary.apps.svc"

@@ -5,12 +5,17 @@ from __future__ import annotations
 import base64
 import datetime
 import hashlib
+import socket
+import ssl
+import tempfile
+import threading
 from typing import Any
 
 import pytest
 from cryptography import x509
 
 from stateward import pki
+from stateward.api.v1alpha1 import Database
 from stateward.specs import tls
 from tests.support.clusters import make_cluster
 
@@ -186,3 +191,78 @@ def test_every_client_certificate_is_required() -> None:
     cluster = make_cluster()
     with pytest.raises(ValueError, match="client certificates"):
         tls.server_secret(cluster, cert=b"c", key=b"k", ca_cert=b"ca", clients={})
+
+
+def test_a_mariadb_database_gets_the_operator_and_replication_client_certificates() -> None:
+    database = Database.model_validate(
+        {
+            "apiVersion": "stateward.io/v1alpha1",
+            "kind": "Database",
+            "metadata": {"name": "shop", "namespace": "apps", "uid": "u"},
+            "spec": {
+                "engine": "mariadb",
+                "version": "10.11",
+                "replicas": 3,
+                "storage": {"size": "1Gi"},
+            },
+        }
+    )
+    assert tls.clients_of(database) == {"operator": "stateward", "replication": "replicator"}
+    assert tls.clients_of(make_cluster()) == tls.CLIENTS
+    authority = pki.Authority.new(tls.ca_common_name(database))
+    issued = authority.issue(common_name="x", hosts=tls.server_names(database), server=True)
+    clients = {
+        stem: (c.cert, c.key)
+        for stem, user in tls.clients_of(database).items()
+        for c in (authority.issue(common_name=user),)
+    }
+    body = tls.server_secret(
+        database, cert=issued.cert, key=issued.key, ca_cert=authority.cert_pem, clients=clients
+    )
+    assert body["metadata"]["name"] == "shop-tls"
+    assert {"operator.crt", "operator.key", "replication.crt", "replication.key"} <= set(
+        body["data"]
+    )
+    assert "*.shop-headless.apps.svc.cluster.local" in tls.server_names(database)
+    reason = tls.renewal_reason(
+        database, body, ca_fingerprint=pki.fingerprint(authority.cert_pem), now=NOW
+    )
+    assert reason is None
+    with pytest.raises(ValueError, match="operator"):
+        tls.server_secret(
+            database, cert=b"c", key=b"k", ca_cert=b"ca", clients={"replication": (b"c", b"k")}
+        )
+
+
+def test_the_operator_client_context_shows_its_certificate_and_checks_the_servers_chain() -> None:
+
+    authority = pki.Authority.new("demo CA")
+    server = authority.issue(common_name="db", hosts=("db",), server=True)
+    client = authority.issue(common_name="stateward")
+    context = pki.client_context(ca=authority.cert_pem, cert=client.cert, key=client.key)
+    assert context.minimum_version is ssl.TLSVersion.TLSv1_3
+    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_context.verify_mode = ssl.CERT_REQUIRED
+    server_context.load_verify_locations(cadata=authority.cert_pem.decode())
+    with tempfile.TemporaryDirectory() as directory:
+        cert_path, key_path = f"{directory}/tls.crt", f"{directory}/tls.key"
+        with open(cert_path, "wb") as f:
+            f.write(server.cert)
+        with open(key_path, "wb") as f:
+            f.write(server.key)
+        server_context.load_cert_chain(cert_path, key_path)
+    left, right = socket.socketpair()
+    seen: list[object] = []
+
+    def serve() -> None:
+        with server_context.wrap_socket(left, server_side=True) as tls_server:
+            seen.append(tls_server.getpeercert()["subject"])  # type: ignore[index]
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    with context.wrap_socket(right, server_hostname="10.0.0.1") as tls_client:
+        assert tls_client.version() == "TLSv1.3"
+    thread.join(timeout=10)
+    assert seen == [((("commonName", "stateward"),),)]
+    with pytest.raises(ssl.SSLError):
+        pki.client_context(ca=authority.cert_pem, cert=client.cert, key=b"not a key")

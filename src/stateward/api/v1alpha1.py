@@ -581,6 +581,18 @@ class _Resource(_Model):
         """Connection details for applications: host, port, database, user, password, uri."""
         return f"{self.name}-app"
 
+    @property
+    def ca_secret_name(self) -> str:
+        """The certificate authority (``ca.crt``, ``ca.key``): only the operator reads it, to
+        sign the serving and client certificates."""
+        return f"{self.name}-ca"
+
+    @property
+    def tls_secret_name(self) -> str:
+        """The servers' serving certificate (``tls.crt``, ``tls.key``, ``ca.crt``) and client
+        certificates, signed by the CA and renewed by the operator before they expire."""
+        return f"{self.name}-tls"
+
 
 class PostgresCluster(_Resource):
     """A primary-replica PostgreSQL cluster managed by Stateward."""
@@ -614,18 +626,6 @@ class PostgresCluster(_Resource):
     def restapi_secret_name(self) -> str:
         """The credentials of Patroni's REST API, held by the instances and the operator."""
         return f"{self.name}-patroni-api"
-
-    @property
-    def ca_secret_name(self) -> str:
-        """The cluster's certificate authority (``ca.crt``, ``ca.key``): only the operator
-        reads it, to sign the server certificate."""
-        return f"{self.name}-ca"
-
-    @property
-    def tls_secret_name(self) -> str:
-        """The instances' serving certificate (``tls.crt``, ``tls.key``, ``ca.crt``), signed
-        by the cluster's CA and renewed by the operator before it expires."""
-        return f"{self.name}-tls"
 
     @property
     def instance_account_name(self) -> str:
@@ -769,6 +769,23 @@ class DatabaseFailover(_Model):
     """When the operator promoted it."""
 
 
+class DivergedVolume(_Model):
+    """A volume the operator kept instead of deleting: its server held transactions the
+    primary never had (a former primary's unacknowledged writes)."""
+
+    volume: str
+    """The PersistentVolume, kept with reclaim policy Retain."""
+
+    pod: str
+    """The server whose volume it was."""
+
+    gtid: str
+    """The GTID position that server held."""
+
+    at: str
+    """When the operator kept it."""
+
+
 class DatabaseStatus(_Model):
     """The observed state of a Database."""
 
@@ -786,6 +803,10 @@ class DatabaseStatus(_Model):
 
     last_failover: DatabaseFailover | None = None
     """The last failover (MySQL, MariaDB; a postgres Database's is in its PostgresCluster)."""
+
+    diverged_volumes: list[DivergedVolume] = Field(default_factory=list)
+    """Volumes kept after a failover because they hold transactions the primary never had
+    (the ``Diverged`` condition). Each stays listed until you delete its PersistentVolume."""
 
     observed_generation: int | None = None
     """The spec generation the status describes."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,16 +21,17 @@ from typing import Any
 import pydantic
 from lightkube import ApiError
 
+from stateward import pki
 from stateward.api import v1alpha1
 from stateward.api.v1alpha1 import Database, DatabasePhase, Engine
+from stateward.controllers import certificates, core
 from stateward.controllers import conditions as cond
-from stateward.controllers import core
 from stateward.controllers import mysql as servers
 from stateward.controllers.kube import Body, Kube, Ref
 from stateward.controllers.queue import Outcome
 from stateward.controllers.store import ObjectStore
 from stateward.specs import database as database_spec
-from stateward.specs import meta, secrets
+from stateward.specs import meta, secrets, tls
 from stateward.specs import mysql as mysql_spec
 
 logger = logging.getLogger(__name__)
@@ -62,6 +64,8 @@ class Scope(core.Scope):
     """``status.lastFailover``: read at the start, replaced when the operator fails over."""
     switch_below: int | None = None
     """Set when a scale-down waits for the primary to move below this ordinal."""
+    diverged: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """``status.divergedVolumes``: read at the start, added to by :func:`_reclone`."""
 
 
 class DatabaseReconciler:
@@ -75,11 +79,15 @@ class DatabaseReconciler:
         self._silent_since: dict[tuple[str, str], tuple[str, float]] = {}
         """Per Database: the primary that stopped answering while its pod looked ready, and
         since when (in memory: an operator restart waits the grace again, never less)."""
+        self._tls: dict[tuple[str, str], tuple[str, ssl.SSLContext]] = {}
+        """Per MariaDB Database: the operator's TLS context and the resourceVersion of the
+        Secret it was made from."""
 
     def forget(self, namespace: str, name: str) -> None:
         """Free what is kept in memory for a Database that is gone (its credentials)."""
         self.secret_cache.forget(namespace, name)
         self._silent_since.pop((namespace, name), None)
+        self._tls.pop((namespace, name), None)
 
     async def reconcile(self, key: tuple[str, str]) -> Outcome:
         namespace, name = key
@@ -103,6 +111,7 @@ class DatabaseReconciler:
             conditions=[dict(c) for c in status.get("conditions") or []],
             primary=status.get("primaryPod"),
             last_failover=status.get("lastFailover"),
+            diverged=[dict(v) for v in status.get("divergedVolumes") or []],
         )
         deleting = bool(body["metadata"].get("deletionTimestamp"))
         try:
@@ -135,7 +144,9 @@ class DatabaseReconciler:
         return [
             ensure_finalizer,
             check_name,
+            check_diverged,
             ensure_secrets,
+            *([ensure_tls] if engine is Engine.MARIADB else []),
             apply_servers,
             expand_volumes,
             self.replicate,
@@ -323,10 +334,16 @@ class DatabaseReconciler:
         data = await scope.secrets.read(scope, name)
         if data is None:
             return None
+        context = None
+        if scope.database.spec.engine is Engine.MARIADB:
+            context = await self._tls_of(scope)
+            if context is None:
+                return None
         try:
             return servers.Credentials(
                 root_password=data[mysql_spec.ROOT_PASSWORD_KEY],
                 replication_password=data[mysql_spec.REPLICATION_PASSWORD_KEY],
+                tls=context,
             )
         except KeyError:
             scope.degraded.append(
@@ -334,6 +351,35 @@ class DatabaseReconciler:
                  f" {mysql_spec.REPLICATION_PASSWORD_KEY}; restore it from your backup")
             )  # fmt: skip
             return None
+
+    async def _tls_of(self, scope: Scope) -> ssl.SSLContext | None:
+        """MariaDB: the operator's client certificate and the CA, from ``NAME-tls``, as a TLS
+        context made again only when that Secret changed."""
+        name = scope.database.tls_secret_name
+        cert_file, key_file = tls.client_files("operator")
+        wanted = frozenset({cert_file, key_file, tls.CA_CERT_KEY})
+        data = await scope.secrets.read(scope, name, keys=wanted)
+        if data is None or not wanted <= set(data):
+            return None
+        key = (scope.namespace, scope.name)
+        version = str((scope.observed("Secret", name) or {"metadata": {}})["metadata"].get(
+            "resourceVersion", ""))  # fmt: skip
+        cached = self._tls.get(key)
+        if cached is None or cached[0] != version:
+            try:
+                context = pki.client_context(
+                    ca=data[tls.CA_CERT_KEY].encode(),
+                    cert=data[cert_file].encode(),
+                    key=data[key_file].encode(),
+                )
+            except (ssl.SSLError, ValueError):
+                scope.degraded.append(
+                    ("CertificateInvalid", f"Secret {name} holds no usable client certificate"
+                     " for the operator; delete it and Stateward issues it again")
+                )  # fmt: skip
+                return None
+            self._tls[key] = cached = (version, context)
+        return cached[1]
 
 
 FINALIZER_REMOVED = "removed the finalizer"
@@ -468,6 +514,9 @@ async def _reclone(scope: Scope, pod: Body, gtids: dict[str, str]) -> None:
     scope.forget("Pod", name)
     held = gtids.get(name) or "unknown"
     primary = gtids.get(scope.primary or "") or "unknown"
+    if kept:
+        scope.diverged.append({"volume": kept, "pod": name, "gtid": held, "at": scope.now})
+        _diverged_condition(scope)
     await scope.event(
         "ServerRecloned",
         f"{name} held transactions the primary {scope.primary} does not have (a former"
@@ -481,6 +530,42 @@ async def _reclone(scope: Scope, pod: Body, gtids: dict[str, str]) -> None:
             else ""
         ),
         warning=True,
+    )
+
+
+async def check_diverged(scope: Scope) -> str | None:
+    """``Diverged`` while a volume kept by :func:`_reclone` still exists: it holds the only
+    copy of transactions the primary never had. Each is looked up (one GET, only while the
+    list is not empty); one the user deleted leaves the list, and the condition with it."""
+    if not scope.diverged and not cond.is_true(scope.conditions, "Diverged"):
+        return None
+    kept = []
+    for entry in scope.diverged:
+        if await scope.kube.get("v1", "PersistentVolume", "", entry["volume"]) is not None:
+            kept.append(entry)
+    gone = [e["volume"] for e in scope.diverged if e not in kept]
+    scope.diverged[:] = kept
+    _diverged_condition(scope)
+    return f"diverged volumes deleted: {', '.join(gone)}" if gone else None
+
+
+def _diverged_condition(scope: Scope) -> None:
+    if not scope.diverged:
+        scope.set_condition(
+            "Diverged", False, "NoDivergedVolumes", "no volume holds transactions the primary lacks"
+        )
+        return
+    kept = "; ".join(
+        f"PersistentVolume {e['volume']} (from {e['pod']}, GTID position {e['gtid']})"
+        for e in scope.diverged
+    )
+    scope.set_condition(
+        "Diverged",
+        True,
+        "DivergedVolumeKept",
+        f"kept because they hold transactions the primary never had: {kept}; recover what you"
+        " need from them, then delete them (label"
+        f" {DIVERGED_FROM_LABEL}={scope.namespace}.{scope.name})",
     )
 
 
@@ -587,6 +672,17 @@ async def ensure_secrets(scope: Scope) -> str | None:
         await scope.event("SecretCreated", f"Generated credentials in {', '.join(made)}")
         return f"created {', '.join(made)}"
     return None
+
+
+async def ensure_tls(scope: Scope) -> str | None:
+    """MariaDB: the Database's CA and its serving and client certificates (``NAME-ca``,
+    ``NAME-tls``), before the servers that mount them."""
+    database = scope.database
+    note = await certificates.ensure(scope, database)
+    ca_pem = await certificates.ca_cert(scope, database)
+    if ca_pem is not None:
+        await certificates.refresh_ca_copy(scope, database, database.app_secret_name, ca_pem)
+    return note
 
 
 async def apply_servers(scope: Scope) -> str | None:
@@ -736,6 +832,7 @@ def _servers_status(scope: Scope, *, deleting: bool) -> dict[str, Any]:
         "primaryPod": primary,
         "conditions": scope.conditions,
         "lastFailover": scope.last_failover,
+        "divergedVolumes": scope.diverged or None,
         "observedGeneration": scope.generation,
     }
 

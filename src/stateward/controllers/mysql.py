@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ssl
 from collections.abc import Sequence
 from typing import Any
 
 import pymysql
 
 from stateward.api import v1alpha1
-from stateward.specs import meta
+from stateward.specs import meta, tls
 from stateward.specs import mysql as spec
 
 CONNECT_TIMEOUT = 3
+ACCESS_DENIED = 1045
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,10 +280,17 @@ MARIADB = Dialect(
         f"KILL CONNECTION USER '{spec.APP_USER}'",
         "SET GLOBAL rpl_semi_sync_master_enabled = OFF",
     ),
+    # Over TLS, showing the replication certificate (the user requires it) and checking the
+    # source's certificate for the name it is reached by (``host_of``: the wildcard of the
+    # headless Service).
     follow=(
         "CHANGE MASTER TO MASTER_HOST = %(host)s, MASTER_PORT = %(port)s,"
         " MASTER_USER = %(user)s, MASTER_PASSWORD = %(password)s,"
-        " MASTER_USE_GTID = current_pos, MASTER_CONNECT_RETRY = 1"
+        " MASTER_USE_GTID = current_pos, MASTER_CONNECT_RETRY = 1,"
+        f" MASTER_SSL = 1, MASTER_SSL_CA = '{spec.TLS_DIR}/{tls.CA_CERT_KEY}',"
+        f" MASTER_SSL_CERT = '{spec.TLS_DIR}/replication.crt',"
+        f" MASTER_SSL_KEY = '{spec.TLS_DIR}/replication.key',"
+        " MASTER_SSL_VERIFY_SERVER_CERT = 1"
     ),
 )
 MYSQL = Dialect(
@@ -316,6 +325,10 @@ def dialect(engine: v1alpha1.Engine) -> Dialect:
 class Credentials:
     root_password: str = dataclasses.field(repr=False)
     replication_password: str = dataclasses.field(repr=False)
+    tls: ssl.SSLContext | None = dataclasses.field(default=None, repr=False)
+    """MariaDB: the operator's client certificate and the Database's CA. The operator then
+    logs in as its own account (``tls.MARIADB_OPERATOR_USERNAME``), which only that
+    certificate opens; servers are addressed by IP, so the chain is checked, not the name."""
 
 
 class SQLError(Exception):
@@ -324,11 +337,25 @@ class SQLError(Exception):
 
 
 def _connect(address: str, credentials: Credentials) -> Any:
+    if credentials.tls is None:
+        return _login(address, "root", credentials.root_password, None)
+    try:
+        return _login(address, tls.MARIADB_OPERATOR_USERNAME, "", credentials.tls)
+    except pymysql.err.OperationalError as error:
+        if not error.args or error.args[0] != ACCESS_DENIED:
+            raise
+    # A server started before its accounts had the operator's (``users.sql`` adds it at the
+    # next start) still has root over the network: log in that way, over TLS when it has TLS.
+    return _login(address, "root", credentials.root_password, None)
+
+
+def _login(address: str, user: str, password: str, context: ssl.SSLContext | None) -> Any:
     return pymysql.connect(
         host=address,
         port=spec.PORT,
-        user="root",
-        password=credentials.root_password,
+        user=user,
+        password=password,
+        ssl=context,
         connect_timeout=CONNECT_TIMEOUT,
         read_timeout=10,
         write_timeout=10,

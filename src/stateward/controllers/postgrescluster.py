@@ -10,7 +10,6 @@ end, and only if it changed.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import datetime
 import json
@@ -22,10 +21,10 @@ from typing import Any
 import pydantic
 from lightkube import ApiError
 
-from stateward import pki, specs
+from stateward import specs
 from stateward.api import v1alpha1, validation
 from stateward.api.v1alpha1 import PostgresCluster
-from stateward.controllers import backups, core
+from stateward.controllers import backups, certificates, core
 from stateward.controllers import conditions as cond
 from stateward.controllers.dataplane import DataPlane, start_switchover
 from stateward.controllers.kube import Body, Kube, PatroniAccess, Ref
@@ -280,105 +279,13 @@ def _data_volumes(scope: Scope) -> list[Body]:
 
 
 async def ensure_tls(scope: Scope) -> str | None:
-    """The cluster's CA, made once, and the serving certificate it signs, (re)issued when
-    ``tls.renewal_reason`` says so: missing, near its end, other names, another CA. Both
-    decisions read only metadata the store keeps; the CA's key is read (and dropped) only to
-    issue."""
-    cluster = scope.cluster
-    notes: list[str] = []
-    authority: pki.Authority | None = None
-    ca = scope.observed("Secret", cluster.ca_secret_name)
-    if ca is None:
-        authority = pki.Authority.new(tls.ca_common_name(cluster))
-        try:
-            ca = await scope.kube.create(
-                tls.ca_secret(cluster, cert=authority.cert_pem, key=authority.key_pem)
-            )
-        except ApiError as error:
-            if error.status.code != 409:
-                raise
-            scope.requeue(ROLL_RECHECK)  # made a moment ago: the store sees it shortly
-            return None
-        scope.store.observe(ca)
-        notes.append(f"created {cluster.ca_secret_name}")
-    fingerprint = tls.recorded_ca_fingerprint(ca)
-    if not fingerprint:  # a CA Secret someone made by hand
-        authority = authority or await _authority(scope)
-        if authority is None:
-            return None
-        fingerprint = pki.fingerprint(authority.cert_pem)
-    served = scope.observed("Secret", cluster.tls_secret_name)
-    reason = tls.renewal_reason(
-        cluster, served, ca_fingerprint=fingerprint, now=datetime.datetime.now(datetime.UTC)
-    )
-    if reason is not None:
-        authority = authority or await _authority(scope)
-        if authority is None:
-            return None
-        issued = authority.issue(
-            common_name=f"{cluster.primary_service_name}.{cluster.namespace}.svc",
-            hosts=tls.server_names(cluster),
-            server=True,
-        )
-        clients = {
-            stem: (client.cert, client.key)
-            for stem, user in tls.CLIENTS.items()
-            for client in (authority.issue(common_name=user),)
-        }
-        applied = await scope.kube.apply(
-            tls.server_secret(
-                cluster,
-                cert=issued.cert,
-                key=issued.key,
-                ca_cert=authority.cert_pem,
-                clients=clients,
-            )
-        )
-        scope.store.observe(applied)
-        until = pki.not_after(issued.cert).strftime("%Y-%m-%dT%H:%M:%SZ")
-        await scope.event(
-            "CertificateIssued",
-            f"Issued the serving certificate in Secret {cluster.tls_secret_name} ({reason});"
-            f" valid until {until}"
-            + ("" if served is None else "; the instances reload it without a restart"),
-        )
-        notes.append(f"issued {cluster.tls_secret_name}")
-    return "; ".join(notes) or None
-
-
-async def _authority(scope: Scope) -> pki.Authority | None:
-    """The cluster's CA with its key, read for one issue and not kept; None (and Degraded)
-    when the Secret does not hold a usable CA."""
-    name = scope.cluster.ca_secret_name
-    found = await scope.kube.get("v1", "Secret", scope.namespace, name)
-    data = (found or {}).get("data") or {}
-    try:
-        return pki.Authority.load(
-            base64.b64decode(data[tls.CA_CERT_KEY]), base64.b64decode(data[tls.CA_KEY_KEY])
-        )
-    except (KeyError, ValueError, TypeError):
-        message = (
-            f"Secret {name} holds no usable CA ({tls.CA_CERT_KEY} and an EC {tls.CA_KEY_KEY},"
-            " PEM); delete it and Stateward makes a new one and reissues the certificate"
-        )
-        if not cond.is_true(scope.conditions, "Degraded"):
-            await scope.event("CertificateAuthorityInvalid", message, warning=True)
-        scope.degraded.append(("CertificateAuthorityInvalid", message))
-        return None
-
-
-async def _ca_cert(scope: Scope) -> str | None:
-    """The cluster CA's certificate (PEM), from ``NAME-ca`` without its key."""
-    data = await scope.secrets.read(
-        scope, scope.cluster.ca_secret_name, keys=frozenset({tls.CA_CERT_KEY})
-    )
-    return (data or {}).get(tls.CA_CERT_KEY) or None
+    return await certificates.ensure(scope, scope.cluster)
 
 
 async def ensure_secrets(scope: Scope) -> str | None:
     cluster = scope.cluster
     made: list[str] = []
-    ca_cert = await _ca_cert(scope)
+    ca_cert = await certificates.ca_cert(scope, cluster)
     if ca_cert is None:
         scope.requeue(ROLL_RECHECK)
         return f"waiting for {cluster.ca_secret_name}"
@@ -415,33 +322,11 @@ async def ensure_secrets(scope: Scope) -> str | None:
             continue
         scope.store.observe(created)
         made.append(name)
-    await _refresh_app_ca(scope, ca_cert)
+    await certificates.refresh_ca_copy(scope, cluster, cluster.app_secret_name, ca_cert)
     if made:
         await scope.event("SecretCreated", f"Generated credentials in {', '.join(made)}")
         return f"created {', '.join(made)}"
     return None
-
-
-async def _refresh_app_ca(scope: Scope, ca_cert: str) -> None:
-    """The app Secret's ``ca.crt`` follows the cluster's CA (a new CA, or a Secret made before
-    TLS): only that key and its annotation change, never the password or the URLs."""
-    name = scope.cluster.app_secret_name
-    observed = scope.observed("Secret", name)
-    if observed is None:
-        return
-    fingerprint = tls.recorded_ca_fingerprint(
-        scope.observed("Secret", scope.cluster.ca_secret_name)
-    ) or pki.fingerprint(ca_cert.encode())  # parsed only for a CA Secret made by hand
-    if tls.recorded_ca_fingerprint(observed) == fingerprint:
-        return
-    patched = await scope.kube.patch(
-        Ref("v1", "Secret", scope.namespace, name),
-        {
-            "metadata": {"annotations": {tls.CA_FINGERPRINT_ANNOTATION: fingerprint}},
-            "data": {tls.CA_CERT_KEY: base64.b64encode(ca_cert.encode()).decode("ascii")},
-        },
-    )
-    scope.store.observe(patched)
 
 
 async def check_storage_class(scope: Scope) -> str | None:

@@ -15,18 +15,23 @@ import hashlib
 from typing import Final
 
 from stateward.api import v1alpha1
-from stateward.specs import meta, pods
+from stateward.specs import meta, pods, tls
 
 PORT: Final = 3306
 PORT_NAME: Final = "mysql"
 CLONE_PORT: Final = 3307
-"""MariaDB: where each server streams a copy of its data (mariadb-backup) to new replicas."""
+"""MariaDB: where the primary streams a copy of its data (mariadb-backup) to new replicas,
+over TLS to a client that shows a certificate of the Database's CA; on no Service."""
 CONTAINER: Final = "database"
 DATA_VOLUME: Final = "data"
 CONFIG_VOLUME: Final = "config"
 RUN_VOLUME: Final = "run"
 TMP_VOLUME: Final = "tmp"
 CONFIG_DIR: Final = "/etc/stateward"
+TLS_VOLUME: Final = "tls"
+TLS_DIR: Final = "/etc/stateward/tls"
+"""MariaDB: the serving certificate, the CA and the replication client certificate
+(``NAME-tls``, issued by the operator)."""
 DATA_MOUNT: Final = "/var/lib/mysql"
 RUN_DIR: Final = "/run/mysqld"
 SOCKET: Final = f"{RUN_DIR}/mysqld.sock"
@@ -78,6 +83,12 @@ MARIADB_CONFIG = (
     "[mariadbd]\n"
     + _COMMON
     + f"""\
+# TLS 1.3 only, and no connection over TCP without it (the socket stays open to root).
+ssl-ca = {TLS_DIR}/ca.crt
+ssl-cert = {TLS_DIR}/tls.crt
+ssl-key = {TLS_DIR}/tls.key
+tls-version = TLSv1.3
+require-secure-transport = ON
 log-slave-updates = ON
 gtid-strict-mode = ON
 # Semi-synchronous replication: a commit is acknowledged after a replica has it (received
@@ -117,13 +128,28 @@ ordinal="${HOSTNAME##*-}"
 datadir=/var/lib/mysql/data
 config=/etc/stateward/my.cnf
 local_socket=/run/mysqld/init.sock
+tls=/etc/stateward/tls
+# The clone stream's TLS: each side shows its certificate and checks the other's chain.
+server_tls="cert=$tls/tls.crt,key=$tls/tls.key,cafile=$tls/ca.crt,verify=1"
+client_tls="cert=$tls/replication.crt,key=$tls/replication.key,cafile=$tls/ca.crt,verify=1"
+
+watch_certificate() {  # the kubelet swaps in a renewed certificate: the server reloads it
+  local seen now
+  seen=$(cksum "$tls/tls.crt" "$tls/ca.crt" 2>/dev/null || true)
+  while sleep 30; do
+    now=$(cksum "$tls/tls.crt" "$tls/ca.crt" 2>/dev/null) || continue
+    [ "$now" = "$seen" ] && continue
+    MYSQL_PWD="${ROOT_PASSWORD}" mariadb --socket=/run/mysqld/mysqld.sock --user=root \\
+      -e 'FLUSH SSL' && seen=$now && echo "reloaded the renewed certificate" >&2
+  done
+}
 
 start_local() {  # the server on a socket only, no network, no binary log
   mariadbd --defaults-file="$config" --datadir="$1" --skip-networking --skip-log-bin \\
     --socket="$local_socket" &
   server=$!
   until mariadb-admin --socket="$local_socket" ping >/dev/null 2>&1; do
-    kill -0 "$server"  # the server died: fail, the kubelet restarts the container
+    kill -0 "$server" || exit 1  # the server died: fail, the kubelet restarts the container
     sleep 0.5
   done
 }
@@ -134,12 +160,11 @@ initialize() {
   start_local "$datadir"
   mariadb --socket="$local_socket" --user=root <<SQL
 SET sql_log_bin = 0;
--- mariadb-install-db also made root@127.0.0.1, @::1 and @HOSTNAME without a password.
-DELETE FROM mysql.global_priv WHERE User = 'root' AND Host NOT IN ('localhost', '%');
+-- mariadb-install-db also made root@127.0.0.1, @::1 and @HOSTNAME without a password:
+-- root logs in on the socket only (the operator has its own account, users.sql).
+DELETE FROM mysql.global_priv WHERE User = 'root' AND Host <> 'localhost';
 FLUSH PRIVILEGES;
 ALTER USER 'root'@'localhost' IDENTIFIED BY '${ROOT_PASSWORD}';
-CREATE USER 'root'@'%' IDENTIFIED BY '${ROOT_PASSWORD}';
-GRANT ALL ON *.* TO 'root'@'%' WITH GRANT OPTION;
 CREATE USER 'replicator'@'%' IDENTIFIED BY '${REPLICATION_PASSWORD}';
 GRANT REPLICATION SLAVE, REPLICATION CLIENT, SLAVE MONITOR ON *.* TO 'replicator'@'%';
 CREATE DATABASE app;
@@ -150,44 +175,91 @@ SQL
   wait "$server"
 }
 
+fail() {  # inside clone, which runs left of ||, where errexit does not apply
+  echo "clone: $1; exiting to be retried" >&2
+  exit 1
+}
+
 clone() {  # 1: no primary to copy from; other failures exit (the kubelet retries)
-  { exec 3<>"/dev/tcp/${PRIMARY_HOST}/${CLONE_PORT}"; } 2>/dev/null || return 1
-  printf '%s\\n' "${REPLICATION_PASSWORD}" >&3
+  # The primary is whichever server of the Database says so: each is asked by its address,
+  # over TLS, showing the replication certificate, and must show a certificate of the
+  # Database's CA for the primary Service's name. No primary (a new Database): initialize.
+  # A primary whose copy fails: exit and be retried, never start empty beside its data.
+  local peer role found=""
+  for peer in $(getent ahostsv4 "${PEERS_HOST}" | awk '{print $1}' | sort -u); do
+    role=$(printf '%s\\nrole\\n' "${REPLICATION_PASSWORD}" | socat -t 30 - \\
+      "OPENSSL:${peer}:${CLONE_PORT},${client_tls},commonname=${PRIMARY_NAME}" 2>/dev/null) \\
+      || true  # socat's status says little (an unclean TLS end): the answer decides
+    if [ "$role" = primary ]; then found=$peer; break; fi
+  done
+  [ -n "$found" ] || return 1
   rm -rf "$datadir.clone" && mkdir -p "$datadir.clone"
-  mbstream --extract --directory="$datadir.clone" <&3
-  exec 3<&-
-  # The copy's binary log position (mariadb-backup 10.11 still names it xtrabackup_*).
+  printf '%s\\ncopy\\n' "${REPLICATION_PASSWORD}" | socat -t 120 - \\
+    "OPENSSL:${found}:${CLONE_PORT},${client_tls},commonname=${PRIMARY_NAME}" \\
+    | mbstream --extract --directory="$datadir.clone" || true  # judged by what arrived:
+  # its binary log position, written last (mariadb-backup 10.11 still names it xtrabackup_*),
+  # and a prepare that checks every page.
   info=$(ls "$datadir.clone"/*_binlog_info 2>/dev/null | head -n 1)
-  [ -n "$info" ] || { echo "clone: no copy came from ${PRIMARY_HOST}" >&2; exit 1; }
-  mariabackup --prepare --target-dir="$datadir.clone"
+  [ -n "$info" ] || fail "no copy came from ${found}"
+  mariabackup --prepare --target-dir="$datadir.clone" || fail "the copy did not prepare"
   gtid=$(awk '{print $3}' "$info")
   start_local "$datadir.clone"
   MYSQL_PWD="${ROOT_PASSWORD}" mariadb --socket="$local_socket" --user=root <<SQL
 SET GLOBAL gtid_slave_pos = '${gtid}';
 SHUTDOWN;
 SQL
-  wait "$server"
-  mv "$datadir.clone" "$datadir"
-  echo "cloned from ${PRIMARY_HOST} at GTID ${gtid:-(empty)}" >&2
+  [ $? = 0 ] || fail "the copy's GTID position was not set"
+  wait "$server" || fail "the copy's server did not stop cleanly"
+  mv "$datadir.clone" "$datadir" || fail "the copy could not be moved into place"
+  echo "cloned from ${found} at GTID ${gtid:-(empty)}" >&2
 }
 
 if [ ! -d "$datadir/mysql" ]; then
   clone || initialize
 fi
-socat "TCP-LISTEN:${CLONE_PORT},reuseaddr,fork" EXEC:"bash /etc/stateward/serve-clone.sh" &
-exec mariadbd --defaults-file="$config" --datadir="$datadir" --server-id=$((ordinal + 1))
+# -t 60: the client has sent everything (EOF) before this side answers; socat's default
+# 0.5 s of silence after that would end the connection before mariadb-backup starts.
+socat -t 60 "OPENSSL-LISTEN:${CLONE_PORT},reuseaddr,fork,${server_tls}" \\
+  EXEC:"bash /etc/stateward/serve-clone.sh" &
+watch_certificate &
+exec mariadbd --defaults-file="$config" --datadir="$datadir" --server-id=$((ordinal + 1)) \\
+  --init-file=/etc/stateward/users.sql
 """
 
 MARIADB_SERVE_CLONE = """\
 #!/bin/bash
-# One copy of this server's data for a new replica, streamed by mariadb-backup to whoever
-# first sends the replication password (on one line).
+# Over TLS to a client that showed a certificate of the Database's CA (socat checked it) and
+# then sends the replication password and a request, one line each: "role" (is this server
+# the primary?) or "copy" (one copy of its data, streamed by mariadb-backup). Only the
+# primary copies: a new server must start from the primary's data, never a lagging or
+# diverged replica's.
 read -r -t 5 token || exit 1
 [ "$token" = "${REPLICATION_PASSWORD}" ] || { echo "clone: wrong password" >&2; exit 1; }
+read -r -t 5 request || exit 1
 export MYSQL_PWD="${ROOT_PASSWORD}"
+read_only=$(mariadb --socket=/run/mysqld/mysqld.sock --user=root --batch --skip-column-names \\
+  -e 'SELECT @@read_only') || exit 1
+if [ "$request" = role ]; then
+  if [ "$read_only" = 0 ]; then echo primary; else echo replica; fi
+  exit 0
+fi
+[ "$request" = copy ] && [ "$read_only" = 0 ] || exit 1
+work=$(mktemp -d)  # copies for two new servers at once must not share their files
 exec mariabackup --backup --stream=xbstream --user=root --socket=/run/mysqld/mysqld.sock \\
-  --target-dir=/tmp 2>/tmp/clone.log
+  --target-dir="$work" 2>>/tmp/clone.log
 """
+
+MARIADB_USERS = """\
+SET sql_log_bin = 0;
+CREATE USER IF NOT EXISTS '{operator}'@'%' REQUIRE SUBJECT '/CN={operator}';
+GRANT ALL ON *.* TO '{operator}'@'%' WITH GRANT OPTION;
+DROP USER IF EXISTS 'root'@'%';
+ALTER USER '{replicator}'@'%' REQUIRE SUBJECT '/CN={replicator}';
+""".format(operator=tls.MARIADB_OPERATOR_USERNAME, replicator=tls.MARIADB_CLIENTS["replication"])
+"""Run by every MariaDB server at every start (``--init-file``), kept out of the binary log:
+the operator's account, which logs in only with its certificate; no root but on the socket;
+the replication user needs its certificate beside its password. Also what a server made
+before these rules gets on its next start."""
 
 MARIADB_READY = """\
 #!/bin/bash
@@ -230,6 +302,7 @@ def config_files(database: v1alpha1.Database) -> dict[str, str]:
             "my.cnf": MARIADB_CONFIG.format(port=PORT, socket=SOCKET),
             "entrypoint.sh": MARIADB_ENTRYPOINT,
             "serve-clone.sh": MARIADB_SERVE_CLONE,
+            "users.sql": MARIADB_USERS,
             "ready.sh": MARIADB_READY,
         }
     return {
@@ -318,16 +391,13 @@ def services(database: v1alpha1.Database) -> list[meta.Object]:
     replicas (read-only): the last two select on the role label the operator sets."""
     selector = selector_labels(database)
     port = {"name": PORT_NAME, "port": PORT}
-    clone = {"name": "clone", "port": CLONE_PORT}
 
-    def service(
-        name: str, selector: dict[str, str], *extra_ports: meta.Object, **extra: object
-    ) -> meta.Object:
+    def service(name: str, selector: dict[str, str], **extra: object) -> meta.Object:
         return {
             "apiVersion": "v1",
             "kind": "Service",
             "metadata": _meta(database, name),
-            "spec": {**extra, "selector": selector, "ports": [port, *extra_ports]},
+            "spec": {**extra, "selector": selector, "ports": [port]},
         }
 
     return [
@@ -337,12 +407,8 @@ def services(database: v1alpha1.Database) -> list[meta.Object]:
             clusterIP="None",
             publishNotReadyAddresses=True,
         ),
-        service(
-            database.primary_service_name,
-            {**selector, meta.ROLE_LABEL: meta.PRIMARY_ROLE},
-            # MariaDB: new replicas copy the primary's data through it (entrypoint.sh).
-            *([clone] if database.spec.engine is v1alpha1.Engine.MARIADB else []),
-        ),
+        # No Service carries MariaDB's clone port: new servers ask their peers directly.
+        service(database.primary_service_name, {**selector, meta.ROLE_LABEL: meta.PRIMARY_ROLE}),
         service(database.replicas_service_name, {**selector, meta.ROLE_LABEL: meta.REPLICA_ROLE}),
     ]
 
@@ -440,9 +506,28 @@ def _pod_template(database: v1alpha1.Database, config_hash: str) -> meta.Object:
                 {"name": CONFIG_VOLUME, "configMap": {"name": database.config_map_name}},
                 pods.empty_dir(RUN_VOLUME),
                 pods.empty_dir(TMP_VOLUME),
+                *_tls_volumes(database),
             ],
         },
     }
+
+
+def _tls_volumes(database: v1alpha1.Database) -> list[meta.Object]:
+    """MariaDB: ``NAME-tls`` without the operator's client key (the servers never log in as
+    the operator), readable by the mysql group only."""
+    if database.spec.engine is not v1alpha1.Engine.MARIADB:
+        return []
+    files = [tls.CERT_KEY, tls.KEY_KEY, tls.CA_CERT_KEY, *tls.client_files("replication")]
+    return [
+        {
+            "name": TLS_VOLUME,
+            "secret": {
+                "secretName": database.tls_secret_name,
+                "defaultMode": 0o440,
+                "items": [{"key": name, "path": name} for name in files],
+            },
+        }
+    ]
 
 
 def _container(database: v1alpha1.Database) -> meta.Object:
@@ -462,12 +547,16 @@ def _container(database: v1alpha1.Database) -> meta.Object:
     if database.spec.engine is v1alpha1.Engine.MARIADB:
         command = ["bash", f"{CONFIG_DIR}/entrypoint.sh"]
         env += [
-            # A new server copies the primary's data from here (entrypoint.sh).
-            {"name": "PRIMARY_HOST",
-             "value": f"{database.primary_service_name}.{database.namespace}.svc.cluster.local"},
+            # A new server copies the primary's data from one of its peers (entrypoint.sh),
+            # which must show a certificate for the primary Service's name.
+            {"name": "PEERS_HOST",
+             "value": f"{database.headless_service_name}.{database.namespace}.svc.cluster.local"},
+            {"name": "PRIMARY_NAME",
+             "value": f"{database.primary_service_name}.{database.namespace}.svc"},
             {"name": "CLONE_PORT", "value": str(CLONE_PORT)},
         ]  # fmt: skip
         ports.append({"name": "clone", "containerPort": CLONE_PORT})
+        mounts.append({"name": TLS_VOLUME, "mountPath": TLS_DIR, "readOnly": True})
         probe = ["mariadb-admin", f"--socket={SOCKET}", "ping"]
     else:
         # The official image's entrypoint initializes the data directory from MYSQL_*.

@@ -1,4 +1,6 @@
-"""The certificates of a cluster: its CA and the instances' serving certificate.
+"""The certificates of a cluster (a PostgresCluster or a MariaDB Database): its CA, the
+servers' serving certificate and the client certificates of the roles that may log in over
+the network only with one.
 
 Every cluster gets its own certificate authority (``NAME-ca``, made once by the operator;
 only the operator reads it) and a serving certificate signed by it (``NAME-tls``, a
@@ -19,7 +21,7 @@ import base64
 import datetime
 import hashlib
 from collections.abc import Mapping
-from typing import Final
+from typing import Final, Protocol
 
 from stateward import pki
 from stateward.api import v1alpha1
@@ -48,6 +50,37 @@ CLIENTS: Final = {
 stem, each for the role its common name says: the only way these roles may log in over the
 network (``pg_hba`` ``cert``), so their passwords alone open nothing from another pod."""
 
+MARIADB_OPERATOR_USERNAME: Final = "stateward"
+MARIADB_CLIENTS: Final = {"operator": MARIADB_OPERATOR_USERNAME, "replication": "replicator"}
+"""MariaDB's client certificates: the operator's account (``stateward``, every privilege) logs
+in over the network only with its certificate (``REQUIRE SUBJECT``), and the replication user
+needs its certificate beside its password; root logs in only on the server's socket."""
+
+
+class Served(meta.Owner, Protocol):
+    """What the certificates need of their owner: its Services and the Secrets' names."""
+
+    @property
+    def primary_service_name(self) -> str: ...
+
+    @property
+    def replicas_service_name(self) -> str: ...
+
+    @property
+    def headless_service_name(self) -> str: ...
+
+    @property
+    def ca_secret_name(self) -> str: ...
+
+    @property
+    def tls_secret_name(self) -> str: ...
+
+
+def clients_of(owner: Served) -> Mapping[str, str]:
+    """The client certificates an owner's Secret carries: file stem to common name."""
+    return MARIADB_CLIENTS if isinstance(owner, v1alpha1.Database) else CLIENTS
+
+
 RENEW_BEFORE: Final = datetime.timedelta(days=30)
 """A serving certificate is valid a year (``pki.VALIDITY``); the last month is for renewal,
 so a month of operator downtime is survivable."""
@@ -55,7 +88,7 @@ so a month of operator downtime is survivable."""
 CLUSTER_DOMAIN: Final = "cluster.local"
 
 
-def server_names(cluster: v1alpha1.PostgresCluster) -> tuple[str, ...]:
+def server_names(cluster: Served) -> tuple[str, ...]:
     """Every name a client may use for the cluster: each Service short, with its namespace,
     ``.svc`` and the cluster domain, and every instance pod under the headless Service (one
     wildcard, so scaling never reissues). Pods are also addressed by IP (Patroni's members,
@@ -78,8 +111,8 @@ def server_names(cluster: v1alpha1.PostgresCluster) -> tuple[str, ...]:
     return tuple(names)
 
 
-def names_digest(names: tuple[str, ...]) -> str:
-    clients = [f"client:{stem}={user}" for stem, user in sorted(CLIENTS.items())]
+def names_digest(names: tuple[str, ...], clients_by_stem: Mapping[str, str] = CLIENTS) -> str:
+    clients = [f"client:{stem}={user}" for stem, user in sorted(clients_by_stem.items())]
     return hashlib.sha256("\n".join([*sorted(names), *clients]).encode()).hexdigest()
 
 
@@ -88,11 +121,11 @@ def client_files(stem: str) -> tuple[str, str]:
     return f"{stem}.crt", f"{stem}.key"
 
 
-def ca_common_name(cluster: v1alpha1.PostgresCluster) -> str:
+def ca_common_name(cluster: Served) -> str:
     return f"{cluster.name}.{cluster.namespace} CA (Stateward)"
 
 
-def ca_secret(cluster: v1alpha1.PostgresCluster, *, cert: bytes, key: bytes) -> meta.Object:
+def ca_secret(cluster: Served, *, cert: bytes, key: bytes) -> meta.Object:
     """``NAME-ca``: the CA's certificate and key. No data depends on it: if it is deleted,
     the operator makes a new CA and reissues the serving certificate."""
     body: meta.Object = {
@@ -115,7 +148,7 @@ def recorded_ca_fingerprint(secret: meta.Object | None) -> str | None:
 
 
 def server_secret(
-    cluster: v1alpha1.PostgresCluster,
+    cluster: Served,
     *,
     cert: bytes,
     key: bytes,
@@ -124,8 +157,9 @@ def server_secret(
 ) -> meta.Object:
     """``NAME-tls``: the serving certificate for :func:`server_names`, its key, the CA, and
     a client certificate and key for each of :data:`CLIENTS` (``clients``: stem to PEMs)."""
-    if set(clients) != set(CLIENTS):
-        raise ValueError(f"client certificates for {sorted(CLIENTS)} are needed")
+    wanted = clients_of(cluster)
+    if set(clients) != set(wanted):
+        raise ValueError(f"client certificates for {sorted(wanted)} are needed")
     data = {CERT_KEY: _b64(cert), KEY_KEY: _b64(key), CA_CERT_KEY: _b64(ca_cert)}
     for stem, (client_cert, client_key) in sorted(clients.items()):
         cert_file, key_file = client_files(stem)
@@ -140,13 +174,13 @@ def server_secret(
     body["metadata"]["annotations"] = {
         CA_FINGERPRINT_ANNOTATION: pki.fingerprint(ca_cert),
         NOT_AFTER_ANNOTATION: pki.not_after(cert).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        NAMES_ANNOTATION: names_digest(server_names(cluster)),
+        NAMES_ANNOTATION: names_digest(server_names(cluster), wanted),
     }
     return body
 
 
 def renewal_reason(
-    cluster: v1alpha1.PostgresCluster,
+    cluster: Served,
     observed: Mapping[str, object] | None,
     *,
     ca_fingerprint: str,
@@ -161,7 +195,9 @@ def renewal_reason(
     annotations = (metadata.get("annotations") if isinstance(metadata, dict) else None) or {}
     if annotations.get(CA_FINGERPRINT_ANNOTATION) != ca_fingerprint:
         return "it was not signed by the cluster's current CA"
-    if annotations.get(NAMES_ANNOTATION) != names_digest(server_names(cluster)):
+    if annotations.get(NAMES_ANNOTATION) != names_digest(
+        server_names(cluster), clients_of(cluster)
+    ):
         return "the names it must cover changed"
     try:
         not_after = datetime.datetime.strptime(
