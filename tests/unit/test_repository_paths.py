@@ -100,6 +100,6 @@ async def test_a_stored_foreign_path_halts_the_cluster_with_a_condition_and_one_
     assert reason == "RepositoryPathOutsideNamespace" and "/bank/ledger" in message
     assert kube.events == [("RepositoryPathOutsideNamespace", message, True)]
     # Told once: the next reconcile finds the condition and sends no second Event.
-    again = scope([{"type": "Degraded", "status": "True", "reason": reason}])
+    again = scope([{"type": "Degraded", "status": "True", "reason": reason, "message": message}])
     await postgrescluster.check_repository_paths(again)
     assert again.halted and len(kube.events) == 1

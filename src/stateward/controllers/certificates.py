@@ -12,7 +12,6 @@ from typing import Final
 from lightkube import ApiError
 
 from stateward import pki
-from stateward.controllers import conditions as cond
 from stateward.controllers import core
 from stateward.controllers.kube import Ref
 from stateward.specs import tls
@@ -102,9 +101,7 @@ async def _authority(scope: core.Scope, cluster: tls.Served) -> pki.Authority | 
             f"Secret {name} holds no usable CA ({tls.CA_CERT_KEY} and an EC {tls.CA_KEY_KEY},"
             " PEM); delete it and Stateward makes a new one and reissues the certificate"
         )
-        if not cond.is_true(scope.conditions, "Degraded"):
-            await scope.event("CertificateAuthorityInvalid", message, warning=True)
-        scope.degraded.append(("CertificateAuthorityInvalid", message))
+        await scope.degrade("CertificateAuthorityInvalid", message)
         return None
 
 

@@ -150,6 +150,18 @@ class Scope:
     async def event(self, reason: str, message: str, *, warning: bool = False) -> None:
         await self.kube.event(self.body, reason=reason, message=message, warning=warning)
 
+    async def degrade(self, reason: str, message: str) -> None:
+        """Say ``message`` in ``Degraded`` (this reconcile's status) and, once, in a Warning
+        Event: not again while the condition the object carries already says it (the
+        condition joins every problem's message, so each is announced once however many
+        there are, and again only when its message changes)."""
+        if not any(r == reason and m == message for r, m in self.degraded):
+            previous = cond.get_condition(self.conditions, "Degraded") or {}
+            said = previous.get("status") == "True" and message in previous.get("message", "")
+            if not said:
+                await self.event(reason, message, warning=True)
+        self.degraded.append((reason, message))
+
     def summarize(self, settled: str) -> None:
         """Progressing and Degraded from what the phases noted: the first reason, every
         message; ``settled`` says what a resource with nothing in progress looks like."""

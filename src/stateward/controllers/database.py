@@ -346,10 +346,11 @@ class DatabaseReconciler:
                 tls=context,
             )
         except KeyError:
-            scope.degraded.append(
-                ("SecretInvalid", f"Secret {name} lacks {mysql_spec.ROOT_PASSWORD_KEY} or"
-                 f" {mysql_spec.REPLICATION_PASSWORD_KEY}; restore it from your backup")
-            )  # fmt: skip
+            await scope.degrade(
+                "SecretInvalid",
+                f"Secret {name} lacks {mysql_spec.ROOT_PASSWORD_KEY} or"
+                f" {mysql_spec.REPLICATION_PASSWORD_KEY}; restore it from your backup",
+            )
             return None
 
     async def _tls_of(self, scope: Scope) -> ssl.SSLContext | None:
@@ -373,10 +374,11 @@ class DatabaseReconciler:
                     key=data[key_file].encode(),
                 )
             except (ssl.SSLError, ValueError):
-                scope.degraded.append(
-                    ("CertificateInvalid", f"Secret {name} holds no usable client certificate"
-                     " for the operator; delete it and Stateward issues it again")
-                )  # fmt: skip
+                await scope.degrade(
+                    "CertificateInvalid",
+                    f"Secret {name} holds no usable client certificate for the operator;"
+                    " delete it and Stateward issues it again",
+                )
                 return None
             self._tls[key] = cached = (version, context)
         return cached[1]
@@ -616,10 +618,7 @@ async def check_name(scope: Scope) -> str | None:
         f"a {kind} named {name} already exists and does not belong to this Database;"
         " rename the Database (or the other object)"
     )
-    previous = cond.get_condition(scope.conditions, "Degraded") or {}
-    if previous.get("reason") != "NameTaken":
-        await scope.event("NameTaken", message, warning=True)
-    scope.degraded.append(("NameTaken", message))
+    await scope.degrade("NameTaken", message)
     raise _Stop(message)
 
 
@@ -656,9 +655,7 @@ async def ensure_secrets(scope: Scope) -> str | None:
                 f"Secret {name} is missing but the data volumes exist; restore the Secret from"
                 " your backup of it. Stateward does not generate new passwords for existing data."
             )
-            if not cond.is_true(scope.conditions, "Degraded"):
-                await scope.event("SecretMissing", message, warning=True)
-            scope.degraded.append(("SecretMissing", message))
+            await scope.degrade("SecretMissing", message)
             raise _Stop(message)
         try:
             created = await scope.kube.create(build())

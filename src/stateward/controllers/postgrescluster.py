@@ -258,10 +258,7 @@ async def check_repository_paths(scope: Scope) -> str | None:
     if not problems:
         return None
     message = "; ".join(problems)
-    previous = cond.get_condition(scope.conditions, "Degraded") or {}
-    if previous.get("reason") != "RepositoryPathOutsideNamespace":
-        await scope.event("RepositoryPathOutsideNamespace", message, warning=True)
-    scope.degraded.append(("RepositoryPathOutsideNamespace", message))
+    await scope.degrade("RepositoryPathOutsideNamespace", message)
     scope.halted = True
     return "waiting for a repository path inside the namespace"
 
@@ -310,9 +307,7 @@ async def ensure_secrets(scope: Scope) -> str | None:
                 " Secret from your backup of it. Stateward does not generate new passwords for"
                 " existing data."
             )
-            if not cond.is_true(scope.conditions, "Degraded"):
-                await scope.event("SecretMissing", message, warning=True)
-            scope.degraded.append(("SecretMissing", message))
+            await scope.degrade("SecretMissing", message)
             continue
         try:
             created = await scope.kube.create(build(cluster, password=secrets.generate_password()))
@@ -341,11 +336,7 @@ async def check_storage_class(scope: Scope) -> str | None:
         " the cluster with an existing class. Checking again every"
         f" {UNSATISFIABLE_RECHECK:.0f}s."
     )
-    if not any(reason == "StorageClassNotFound" for reason, _ in scope.degraded):
-        previous = cond.get_condition(scope.conditions, "Degraded")
-        if previous is None or previous.get("reason") != "StorageClassNotFound":
-            await scope.event("StorageClassNotFound", message, warning=True)
-    scope.degraded.append(("StorageClassNotFound", message))
+    await scope.degrade("StorageClassNotFound", message)
     scope.requeue(UNSATISFIABLE_RECHECK)
     return "waiting for the storage class"
 
@@ -358,10 +349,7 @@ async def check_fencing(scope: Scope) -> str | None:
         wanted = validation.fenced_instances(cluster.metadata.get("annotations"))
     except ValueError as error:
         message = f"{error}; the instances fenced before stay fenced until it is fixed"
-        previous = cond.get_condition(scope.conditions, "Degraded") or {}
-        if previous.get("reason") != "FencingInvalid":
-            await scope.event("FencingInvalid", message, warning=True)
-        scope.degraded.append(("FencingInvalid", message))
+        await scope.degrade("FencingInvalid", message)
         return "the fencing annotation is invalid"
     scope.fenced = wanted
     observed = scope.observed("ConfigMap", cluster.fencing_config_map_name)
@@ -499,10 +487,7 @@ async def check_backup_credentials(scope: Scope) -> str | None:
         f"spec.backup.repository.s3.credentialsSecret: {problem}; create it with the keys"
         f" {', '.join(wanted)}. Until then WAL archiving and backups fail."
     )
-    previous = cond.get_condition(scope.conditions, "Degraded") or {}
-    if previous.get("reason") != BACKUP_CREDENTIALS_MISSING or previous.get("message") != message:
-        await scope.event(BACKUP_CREDENTIALS_MISSING, message, warning=True)
-    scope.degraded.append((BACKUP_CREDENTIALS_MISSING, message))
+    await scope.degrade(BACKUP_CREDENTIALS_MISSING, message)
     scope.requeue(UNSATISFIABLE_RECHECK)
     return "the backup credentials are missing"
 
@@ -947,10 +932,7 @@ async def check_instances(scope: Scope) -> str | None:
     else:
         reason = "InstancesNotRunning"
         message = "; ".join(problem for _, problem in problems)
-    previous = cond.get_condition(scope.conditions, "Degraded") or {}
-    if previous.get("reason") != reason or previous.get("message") != message:
-        await scope.event(reason, message, warning=True)
-    scope.degraded.append((reason, message))
+    await scope.degrade(reason, message)
     scope.requeue(UNSATISFIABLE_RECHECK)  # pod changes arrive by watch; this is a backstop
     return f"instances cannot run: {reason}"
 
