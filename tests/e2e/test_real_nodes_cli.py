@@ -158,33 +158,17 @@ def test_down_after_a_crash_still_restores_the_host(tmp_path: Path) -> None:
     assert not cli.state_dir.exists()
 
 
-def test_the_next_up_after_a_crash_undoes_what_the_crashed_cluster_left(tmp_path: Path) -> None:
-    """A session killed with its cluster up (no `down`) must not leave the host unusable:
-    the next `up`, from any state directory, undoes the crashed cluster's host changes."""
+def test_a_second_cluster_is_refused_while_the_first_runs_and_takes_over_after_it_crashed(
+    tmp_path: Path,
+) -> None:
+    """Only one cluster with real nodes fits a host: a second is refused with the way out
+    while the first runs. A first that crashed (its session killed, no `down`) must not
+    leave the host unusable: the next `up` undoes what it left and starts."""
     before = host_snapshot()
-    crashed = Cli(tmp_path / "crashed")
-    crashed.up()
-    crash(crashed)
-    assert nodes.link_exists(nodes.BRIDGE)
-    after = Cli(tmp_path / "after")
-    up = after.stateward("up", "--nodes", "1", "--kwok-nodes", "0")
-    try:
-        assert up.returncode == 0, up.stderr
-        undone = f"a local cluster that crashed left on this host ({crashed.state_dir})"
-        assert undone in up.stderr
-        assert not crashed.state_dir.exists()
-        assert nodes.bridge_owner() == after.state_dir.resolve()
-    finally:
-        down = after.stateward("down")
-    assert down.returncode == 0, down.stderr
-    assert host_snapshot() == before
-
-
-def test_a_second_cluster_with_real_nodes_is_refused_with_the_way_out(tmp_path: Path) -> None:
     first = Cli(tmp_path / "first")
     first.up()
+    second = Cli(tmp_path / "second")
     try:
-        second = Cli(tmp_path / "second")
         refused = second.stateward("up", "--nodes", "1", "--kwok-nodes", "0")
         assert refused.returncode == 1
         assert f"the bridge {nodes.BRIDGE} already exists" in refused.stderr
@@ -192,5 +176,14 @@ def test_a_second_cluster_with_real_nodes_is_refused_with_the_way_out(tmp_path: 
         assert not second.state_dir.exists() or not any(
             p.name != "logs" for p in second.state_dir.iterdir()
         )
+        crash(first)
+        up = second.stateward("up", "--nodes", "1", "--kwok-nodes", "0")
+        assert up.returncode == 0, up.stderr[-3000:]
+        undone = f"a local cluster that crashed left on this host ({first.state_dir})"
+        assert undone in up.stderr
+        assert not first.state_dir.exists()
+        assert nodes.bridge_owner() == second.state_dir.resolve()
     finally:
-        assert first.stateward("down").returncode == 0
+        for cli in (second, first):
+            assert cli.stateward("down").returncode == 0
+    assert host_snapshot() == before

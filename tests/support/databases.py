@@ -12,6 +12,7 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pymysql
@@ -37,7 +38,9 @@ def create(client: Client, ns: str, name: str, engine: str, version: str, replic
     )  # fmt: skip
 
 
-def running(client: Client, ns: str, name: str, replicas: int) -> dict[str, Any]:
+def running(
+    client: Client, ns: str, name: str, replicas: int, timeout: float = 240
+) -> dict[str, Any]:
     def check() -> dict[str, Any] | None:
         found: dict[str, Any] = client.get(DatabaseResource, name, namespace=ns).to_dict()
         status = found.get("status") or {}
@@ -45,7 +48,7 @@ def running(client: Client, ns: str, name: str, replicas: int) -> dict[str, Any]
         return found if done and status.get("observedGeneration") == found["metadata"][
             "generation"] else None  # fmt: skip
 
-    return wait_for(check, what=f"{ns}/{name} Running with {replicas}", timeout=240, interval=1)
+    return wait_for(check, what=f"{ns}/{name} Running with {replicas}", timeout=timeout, interval=1)
 
 
 def resize(client: Client, ns: str, name: str, spec: dict[str, Any]) -> None:
@@ -142,6 +145,86 @@ class Writer:
     def longest_gap(self) -> float:
         stamps = [at for _, at in self.acked]
         return max((b - a for a, b in itertools.pairwise(stamps)), default=0.0)
+
+
+class ServersWriter:
+    """An application inserting numbered rows into whichever server takes writes: it keeps
+    one connection while that works and, when it fails, tries every server's address in
+    turn (as a connector with a list of hosts does), using the first that is writable. Each
+    acknowledged row is recorded with when and by which server; a commit without an answer
+    in 5 s (a server waiting for a replica's acknowledgement that never comes) is not."""
+
+    def __init__(self, addresses: Callable[[], list[str]], app: dict[str, str], table: str) -> None:
+        self.addresses, self.app, self.table = addresses, app, table
+        self.acked: list[tuple[int, float, str]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.known: list[str] = []
+
+    def _connect(self) -> tuple[Any, str] | None:
+        with contextlib.suppress(Exception):
+            self.known = self.addresses() or self.known  # the API server may be cut off too
+        for address in self.known:
+            try:
+                connection = pymysql.connect(
+                    host=address, port=3306, user=self.app["user"],
+                    password=self.app["password"], database=self.app["dbname"],
+                    autocommit=True, connect_timeout=2, read_timeout=5, write_timeout=5,
+                    ssl=tls_of(self.app),
+                )  # fmt: skip
+            except pymysql.MySQLError:
+                continue
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT @@read_only")
+                if cursor.fetchone() == (0,):
+                    return connection, address
+            connection.close()
+        return None
+
+    def _run(self) -> None:
+        current: tuple[Any, str] | None = None
+        number = 0
+        while not self.stop.is_set():
+            try:
+                if current is None:
+                    current = self._connect()
+                    if current is None:
+                        self.stop.wait(0.2)
+                        continue
+                number += 1
+                with current[0].cursor() as cursor:
+                    insert = f"INSERT INTO {self.table} (n) VALUES (%s)"  # noqa: S608 (our name)
+                    cursor.execute(insert, (number,))
+                self.acked.append((number, time.monotonic(), current[1]))
+            except pymysql.MySQLError:
+                with contextlib.suppress(Exception):
+                    if current is not None:
+                        current[0].close()
+                current = None  # the row ``number`` may or may not exist: never reused
+
+    def __enter__(self) -> ServersWriter:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
+
+    def wait_acks(self, count: int, timeout: float = 120) -> None:
+        """Wait for ``count`` more acknowledged writes than there are now."""
+        start = len(self.acked)
+        wait_for(lambda: len(self.acked) >= start + count,
+                 what=f"{count} more acknowledged writes", timeout=timeout)  # fmt: skip
+
+    def longest_gap(self) -> float:
+        stamps = [at for _, at, _ in self.acked]
+        return max((b - a for a, b in itertools.pairwise(stamps)), default=0.0)
+
+    def servers(self) -> list[str]:
+        """The servers that acknowledged writes, in order, each run counted once: ``[old,
+        new]`` for one failover; ``[old, new, old]`` means two servers accepted writes."""
+        runs = [server for _, _, server in self.acked]
+        return [s for i, s in enumerate(runs) if i == 0 or runs[i - 1] != s]
 
 
 @dataclasses.dataclass(frozen=True)
