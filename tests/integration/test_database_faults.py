@@ -24,13 +24,13 @@ from typing import Any
 
 import pytest
 from lightkube import Client
-from lightkube.resources.core_v1 import PersistentVolume, PersistentVolumeClaim, Pod
+from lightkube.resources.core_v1 import Event, PersistentVolume, PersistentVolumeClaim, Pod
 
 from stateward.controllers.kube import DatabaseResource
 from stateward.local.cluster import LocalCluster
 from tests.support.databases import ServersWriter, create, pod_ip, query, roles, running, secret
 from tests.support.dataplane import client_of, fresh_namespace, operator_on
-from tests.support.waiting import wait_for
+from tests.support.waiting import Timeout, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -177,7 +177,16 @@ def run_fault(
             if heal is not None:
                 heal()
         writer.wait_acks(5, timeout=180)
-    primary = healthy(lab)
+    try:
+        primary = healthy(lab)
+    except Timeout as error:
+        events = [f"{e.reason}: {e.message}" for e in lab.client.list(Event, namespace=lab.ns)][
+            -15:
+        ]
+        raise AssertionError(
+            f"{name}: not healthy again: {lab.status()}; roles {roles(lab.client, lab.ns)};"
+            f" events {events}"
+        ) from error
     acknowledged = {n for n, _, _ in writer.acked}
     select = f"SELECT n FROM {table}"  # noqa: S608 - our own table's name
     for pod in SERVERS:
@@ -224,3 +233,32 @@ def test_mariadbd_killed_in_the_primary_loses_no_acknowledged_write(lab: Lab) ->
     # The container restarts its server read-only: the operator promotes the most advanced
     # server, the old one included when nobody has more.
     run_fault(lab, "mariadbd-kill", _kill_mariadbd, failover=None)
+
+
+def _partition_primary_node(lab: Lab, primary: str) -> Heal | None:
+    node = lab.node_of(primary)
+    lab.real.node_partition(node)
+    return lambda: lab.real.node_heal(node)
+
+
+def test_a_frozen_primary_node_is_replaced_and_rejoins_as_a_replica_when_thawed(
+    lab: Lab,
+) -> None:
+    # Silent over SQL with a pod that still looks ready: the failover waits the grace, after
+    # stopping every replica from receiving from it; thawed, it can acknowledge nothing (its
+    # commits wait for a replica that follows someone else) until the operator fences it.
+    old, primary, _ = run_fault(
+        lab, "primary-node-freeze", _freeze_node_of("primary"), failover=True
+    )
+    assert primary != old
+    assert roles(lab.client, lab.ns)[old] == "replica"
+
+
+def test_a_partitioned_primary_is_replaced_and_rejoins_as_a_replica_when_healed(
+    lab: Lab,
+) -> None:
+    old, primary, _ = run_fault(
+        lab, "primary-node-partition", _partition_primary_node, failover=True
+    )
+    assert primary != old
+    assert roles(lab.client, lab.ns)[old] == "replica"

@@ -73,6 +73,34 @@ def test_a_second_writable_server_is_made_read_only() -> None:
     assert plan.fence == ("shop-1",) and plan.follow == ("shop-1",)
 
 
+def test_a_thawed_former_primary_beside_the_new_one_is_fenced_and_nothing_fails_over() -> None:
+    # shop-0 froze, shop-1 was promoted and shop-2 follows it; shop-0 thaws still writable
+    # and still labelled. The new primary stays as it is (no second failover to shop-2, no
+    # detach that would turn its semi-synchronous waiting off), the former one is fenced.
+    source1 = mysql.host_of(DB, "shop-1")
+    servers = [
+        Server(pod="shop-0", ready=True, role="primary", writable=True, gtid="0-1-5001"),
+        Server(pod="shop-1", ready=True, role="primary", writable=True, gtid="0-2-5400"),
+        Server(pod="shop-2", ready=True, role="replica", writable=False, source=source1,
+               replicating=True, gtid="0-2-5400"),
+    ]  # fmt: skip
+    for previous in ("shop-1", "shop-0"):  # the status may not have been written yet
+        plan = mysql.plan(DB, servers, previous)
+        assert plan.primary == "shop-1" and plan.promote is None, previous
+        assert plan.failover_from is None
+        assert plan.fence == ("shop-0",)
+        assert plan.labels == {"shop-0": None}
+
+
+def test_two_writable_servers_with_no_replica_keep_the_more_advanced_one() -> None:
+    servers = [
+        Server(pod="shop-0", ready=True, role="primary", writable=True, gtid="0-1-10"),
+        Server(pod="shop-1", ready=True, role="primary", writable=True, gtid="0-2-40"),
+    ]
+    plan = mysql.plan(DB, servers, "shop-0")
+    assert plan.primary == "shop-1" and plan.promote is None and plan.fence == ("shop-0",)
+
+
 def test_a_restarted_operator_finds_the_primary_it_made_writable_but_never_labelled() -> None:
     plan = mysql.plan(DB, [Server(pod="shop-1", ready=True, role=None, writable=True),
                            fresh("shop-0")], None)  # fmt: skip
@@ -188,6 +216,14 @@ def test_each_engine_speaks_its_own_replication_sql() -> None:
     assert "SET GLOBAL super_read_only = OFF" in mysql.MYSQL.open_writes
     assert mysql.MARIADB.open_writes == ("SET GLOBAL read_only = OFF",)
     assert "SET GLOBAL rpl_semi_sync_master_enabled = OFF" in mysql.MARIADB.fence
+    # Fencing never waits behind a commit that waits for an acknowledgement: those sessions
+    # go first, read_only gives up after 5 s, and semi-sync goes off only at the end.
+    fence = mysql.MARIADB.fence
+    assert fence[0] == "KILL CONNECTION USER 'app'"
+    assert fence.index("SET SESSION lock_wait_timeout = 5") < fence.index(
+        "SET GLOBAL read_only = ON"
+    )
+    assert fence[-1] == "SET GLOBAL rpl_semi_sync_master_enabled = OFF"
 
 
 def test_mariadb_semi_sync_never_falls_back_to_asynchronous() -> None:

@@ -136,8 +136,11 @@ def ordinal(pod: str) -> int:
     return int(pod.rsplit("-", 1)[1])
 
 
-def _choose(servers: Sequence[Server], previous: str | None) -> tuple[Server | None, bool]:
-    """The primary, and whether it must be promoted (made writable) first."""
+def _choose(
+    servers: Sequence[Server], previous: str | None, followers: dict[str, int]
+) -> tuple[Server | None, bool]:
+    """The primary, and whether it must be promoted (made writable) first. ``followers``:
+    per server, how many others replicate from it."""
     by_pod = {s.pod: s for s in servers}
     labelled = [s for s in servers if s.role == meta.PRIMARY_ROLE and s.writable]
     writable = [s for s in servers if s.writable]
@@ -145,6 +148,17 @@ def _choose(servers: Sequence[Server], previous: str | None) -> tuple[Server | N
         return labelled[0], False
     if len(writable) == 1:
         return writable[0], False  # made writable, not yet labelled (the operator restarted)
+    if len(writable) > 1:
+        # A former primary came back writable (its node thawed, its partition healed) beside
+        # the one promoted in its place. The primary is the one the replicas follow (the
+        # failover pointed them there); then the most advanced; then the one the status
+        # names. It is already writable: nothing to promote, and the other is fenced. (The
+        # former one acknowledged nothing since: its semi-synchronous commits wait for a
+        # replica that no longer follows it.)
+        chosen = max(writable, key=lambda s: (followers.get(s.pod, 0),
+                                              sum(s.position.values()), s.pod == previous,
+                                              -ordinal(s.pod)))  # fmt: skip
+        return chosen, False
     reachable = [s for s in servers if s.reachable]
     if not reachable:
         return None, False
@@ -164,7 +178,11 @@ def _choose(servers: Sequence[Server], previous: str | None) -> tuple[Server | N
 def plan(database: v1alpha1.Database, servers: Sequence[Server], previous: str | None) -> Plan:
     """What to change, from one snapshot of the servers. ``previous`` is the primary the
     status last named."""
-    primary, promote = _choose(servers, previous)
+    followers = {
+        s.pod: sum(1 for r in servers if r.replicating and r.source == host_of(database, s.pod))
+        for s in servers
+    }
+    primary, promote = _choose(servers, previous, followers)
     if primary is None:
         return Plan(
             primary=None,
@@ -272,10 +290,15 @@ MARIADB = Dialect(
         False: ("SET GLOBAL rpl_semi_sync_master_enabled = OFF",),
     },
     open_writes=("SET GLOBAL read_only = OFF",),
-    # Read-only, then the application's sessions closed: a commit already waiting for an
-    # acknowledgement gets an error instead of, after the timeout, an acknowledgement from
-    # a server no replica follows any more.
+    # The application's sessions closed first: a commit waiting for an acknowledgement that
+    # no replica will send any more (a former primary back from a freeze or a partition)
+    # gets an error, never an acknowledgement, and it no longer holds the commit lock that
+    # read_only waits for (read_only first hung behind such a commit for good). Then
+    # read-only, within 5 s or the reconcile fails and tries again; then the sessions that
+    # came in meanwhile; semi-sync off last, with nothing left to acknowledge.
     fence=(
+        f"KILL CONNECTION USER '{spec.APP_USER}'",
+        "SET SESSION lock_wait_timeout = 5",
         "SET GLOBAL read_only = ON",
         f"KILL CONNECTION USER '{spec.APP_USER}'",
         "SET GLOBAL rpl_semi_sync_master_enabled = OFF",
