@@ -448,14 +448,20 @@ class DataPlane:
         auth = await scope.restapi_auth()
         if not victim.address or auth is None:
             return None
-        code, text = await scope.kube.post_patroni(
-            victim.address, patroni.RESTAPI_PORT, "/restart", {}, auth=auth, wait=120
-        )
-        scope.requeue(RECHECK)
-        if code >= 400:
-            await scope.event(
-                "RestartFailed", f"Patroni refused to restart {victim.name}: {text}", warning=True
+        try:
+            code, text = await scope.kube.post_patroni(
+                victim.address, patroni.RESTAPI_PORT, "/restart", {}, auth=auth, wait=120
             )
+        except PatroniError as error:
+            # No answer in time: whether it restarted is unknown. Not counted as done — the
+            # member still flags its pending restart if it did not, and a second restart of
+            # one member is harmless — and the reconcile goes on instead of failing.
+            code, text = 0, f"Patroni did not answer the restart of {victim.name} ({error})"
+        else:
+            text = f"Patroni refused to restart {victim.name}: {text}"
+        scope.requeue(RECHECK)
+        if code == 0 or code >= 400:
+            await scope.event("RestartFailed", text, warning=True)
             scope.requeue(RECHECK * 5)
             return f"restart of {victim.name} refused"
         scope.rolling_restart = {**roll, "restarted": sorted(done | {victim.name})}
