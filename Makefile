@@ -112,7 +112,7 @@ bench-faults: binaries ## The RTO/RPO table: every fault of the matrix 5 times o
 	@$(BIN)/python -m bench.faults $(BENCH_FAULTS_FLAGS)
 
 .PHONY: bench-mariadb
-bench-mariadb: binaries ## MariaDB Database: the primary lost 5 times under a writer — write downtime, time to a new primary, writes lost
+bench-mariadb: binaries ## MariaDB Database: every fault of its matrix 5 times under a writer — write downtime, time to a new primary, writes lost, beside PostgreSQL
 	@$(BIN)/python -m bench.mariadb $(BENCH_MARIADB_FLAGS)
 
 .PHONY: bench-backup
@@ -120,7 +120,7 @@ bench-backup: binaries ## Backup and restore throughput, WAL archive lag, restor
 	@$(BIN)/python -m bench.backups $(BENCH_BACKUP_FLAGS)
 
 .PHONY: chaos
-chaos: binaries ## Soak: N random faults (default 50) against one cluster with a writer; exit 1 on any lost write or second primary
+chaos: binaries ## Soak: N random faults (default 50) against one cluster with a writer (CHAOS_FLAGS=--engine=mariadb: a Database); exit 1 on any lost write or second primary
 	@$(BIN)/python -m bench.chaos $(CHAOS_FLAGS)
 
 .PHONY: bench-patroni

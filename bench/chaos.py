@@ -1,11 +1,13 @@
 """``make chaos``: a soak of random faults against one cluster with a writer running.
 
 A fresh local cluster with three real nodes, the operator, and one 3-instance
-PostgresCluster; then ``--faults`` faults (default 50) drawn at random from the fault matrix
-(``tests.support.faults.FAULTS``, the same the e2e tests run). After each one the cluster
-must return to Ready with one timeline, every acknowledged write must be on every member,
-and no server may have acknowledged a write after another took over. A summary table is
-printed; the exit status is 1 on any violation, 2 when the cluster could not be set up.
+PostgresCluster (``--engine postgres``, the default) or 3-server MariaDB Database
+(``--engine mariadb``); then ``--faults`` faults (default 50) drawn at random from that
+engine's fault matrix (``tests.support.faults.FAULTS``, ``tests.support.database_faults.
+FAULTS``: the same the e2e tests run). After each one the cluster must be healthy again,
+every acknowledged write must be on every member, and no server may have acknowledged a
+write after another took over. A summary table is printed; the exit status is 1 on any
+violation, 2 when the cluster could not be set up.
 
 Not part of ``make test``: 50 faults take about an hour on two cores.
 """
@@ -19,13 +21,39 @@ import sys
 import time
 import traceback
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import Any
 
-from tests.support.faults import FAULTS, Lab, Outcome, healthy, lab_on, run_fault
+from tests.support import database_faults, faults
 
 from bench.dataplane import local_cluster
 from bench.nodes import say
+from stateward.local.cluster import LocalCluster
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """One engine's fault matrix and how to set up, break and judge its cluster."""
+
+    faults: Mapping[str, Any]
+    lab_on: Callable[[LocalCluster], AbstractContextManager[Any]]
+    run_fault: Callable[[Any, Any], Any]
+    healthy: Callable[..., Any]
+
+
+MATRICES = {
+    "postgres": Matrix(
+        faults.FAULTS, lambda real: faults.lab_on(real, "chaos"), faults.run_fault, faults.healthy
+    ),
+    "mariadb": Matrix(
+        database_faults.FAULTS,
+        lambda real: database_faults.lab_on(real, "chaos-operator"),
+        database_faults.run_fault,
+        database_faults.healthy,
+    ),
+}
 
 
 @dataclass
@@ -39,7 +67,7 @@ class Tally:
     violations: list[str] = field(default_factory=list)
 
 
-def record(tallies: dict[str, Tally], outcome: Outcome) -> None:
+def record(tallies: dict[str, Tally], outcome: faults.Outcome | database_faults.Outcome) -> None:
     tally = tallies[outcome.fault]
     tally.runs += 1
     tally.failovers += outcome.primary != outcome.old
@@ -79,26 +107,31 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--faults", type=int, default=50, help="how many faults (default 50)")
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: time)")
     parser.add_argument(
-        "--only", action="append", choices=sorted(FAULTS), help="draw only these faults"
+        "--engine", choices=sorted(MATRICES), default="postgres",
+        help="a PostgresCluster (default) or a MariaDB Database",
+    )  # fmt: skip
+    every = sorted({name for matrix in MATRICES.values() for name in matrix.faults})
+    parser.add_argument(
+        "--only", action="append", choices=every, help="draw only these faults (of the engine)"
     )
     parser.add_argument("--keep", action="store_true", help="keep the cluster's state and logs")
     return parser.parse_args(argv)
 
 
-def soak(lab: Lab, schedule: list[str]) -> dict[str, Tally]:
+def soak(lab: Any, schedule: list[str], matrix: Matrix) -> dict[str, Tally]:
     tallies: dict[str, Tally] = defaultdict(Tally)
     for index, name in enumerate(schedule, start=1):
         say(f"==> fault {index}/{len(schedule)}: {name}")
         started = time.monotonic()
         try:
-            outcome = run_fault(lab, FAULTS[name])
+            outcome = matrix.run_fault(lab, matrix.faults[name])
         except AssertionError as error:
             tallies[name].runs += 1
             tallies[name].violations.append(str(error))
             say(f"    VIOLATION: {error}")
             # The next fault needs a healthy cluster; if it never comes back, stop here.
             try:
-                healthy(lab, timeout=600)
+                matrix.healthy(lab, timeout=600)
             except AssertionError:
                 say("    the cluster did not recover: stopping the soak")
                 break
@@ -111,13 +144,16 @@ def soak(lab: Lab, schedule: list[str]) -> dict[str, Tally]:
     return tallies
 
 
-def run(schedule: list[str], *, keep: bool) -> tuple[dict[str, Tally] | None, int]:
-    """The faults of ``schedule`` against a fresh cluster: the tallies and the exit status
-    (0, 1 on any violation), or None and 2 when the cluster could not be set up."""
+def run(
+    schedule: list[str], *, keep: bool, engine: str = "postgres"
+) -> tuple[dict[str, Tally] | None, int]:
+    """The faults of ``schedule`` against a fresh cluster of ``engine``: the tallies and the
+    exit status (0, 1 on any violation), or None and 2 when the cluster could not be set up."""
     failures: list[str] = []
+    matrix = MATRICES[engine]
     try:
-        with local_cluster(keep, failures) as cluster, lab_on(cluster, "chaos") as lab:
-            tallies = soak(lab, schedule)
+        with local_cluster(keep, failures) as cluster, matrix.lab_on(cluster) as lab:
+            tallies = soak(lab, schedule, matrix)
     except Exception:
         traceback.print_exc()
         say(f"chaos: the cluster could not be set up or run ({'; '.join(failures)})")
@@ -131,9 +167,18 @@ def run(schedule: list[str], *, keep: bool) -> tuple[dict[str, Tally] | None, in
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     seed = args.seed if args.seed is not None else int(time.time())
-    schedule = plan(args.faults, seed, args.only or sorted(FAULTS))
-    say(f"==> chaos: {args.faults} faults, seed {seed} (--seed {seed} repeats this schedule)")
-    tallies, code = run(schedule, keep=args.keep)
+    matrix = MATRICES[args.engine]
+    foreign = sorted(set(args.only or ()) - set(matrix.faults))
+    if foreign:
+        say(f"chaos: {', '.join(foreign)} is not a fault of {args.engine}: --only takes"
+            f" {', '.join(sorted(matrix.faults))}")  # fmt: skip
+        return 2
+    schedule = plan(args.faults, seed, args.only or sorted(matrix.faults))
+    say(
+        f"==> chaos: {args.faults} faults on {args.engine}, seed {seed}"
+        f" (--seed {seed} repeats this schedule)"
+    )
+    tallies, code = run(schedule, keep=args.keep, engine=args.engine)
     if tallies is not None:
         print("\n".join(summary(tallies)))
     return code

@@ -1,14 +1,16 @@
-"""``make bench-mariadb``: a MariaDB Database losing its primary — write downtime, time to a
-new primary, and acknowledged writes lost.
+"""``make bench-mariadb``: the MariaDB fault matrix, every fault ``--runs`` times, beside
+PostgreSQL's numbers for the same faults.
 
-A fresh local cluster with three real nodes (``bench.dataplane.local_cluster``), the operator
-as a process, one 3-server MariaDB 10.11 Database. ``--runs`` times: a writer inserts numbered
-rows through the ``NAME-primary`` Service as an application would, the primary's pod is
-deleted (``tests.support.databases.lose_the_primary``, the same steps as the real-node test),
-and the run records the longest gap between acknowledged writes, the time until
-``status.lastFailover`` named the new primary, and acknowledged writes the new primary lacks
-(must be 0). Before the next run the Database is whole again: three servers ready, the old
-primary back as a replica.
+The same cluster, writer and verdict as ``make chaos --engine mariadb`` and the real-node
+tests (a fresh local cluster with three real nodes, the operator as a process, one 3-server
+MariaDB 10.11 Database; ``tests.support.database_faults``), in a fixed round-robin order so
+every fault gets the same number of runs. Per fault: write downtime (the longest gap between
+acknowledged inserts around the fault; the writer tries every server, as a connector with a
+host list does), the time until ``status.lastFailover`` names the new primary, acknowledged
+writes lost, and runs in which two servers acknowledged writes — those two count verdict
+violations and must be 0. Beside them, PostgreSQL's median write downtime for the same
+fault, from the "Failures" table ``make bench-faults`` keeps in docs/benchmarks.md (with the
+date it was measured).
 
 The result goes to ``bench/results/mariadb.json`` and, unless ``--no-doc``, between the
 markers of the "MariaDB failover" section of docs/benchmarks.md. Needs root and no other
@@ -18,21 +20,19 @@ cluster with real nodes on this host.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
+import re
 import statistics
 import sys
-import uuid
+import time
 from pathlib import Path
 from typing import Any
 
-from lightkube import Client
-from lightkube.config.kubeconfig import KubeConfig
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Namespace
-from tests.support.databases import create, lose_the_primary, running
+from tests.support.database_faults import FAULTS, POSTGRES_TWIN
 
-from bench.dataplane import local_cluster, operator_for
+from bench import chaos
+from bench.faults import SECTION as POSTGRES_SECTION
+from bench.faults import schedule, summarize
 from bench.nodes import say
 from bench.patroni_lab import replace_block
 
@@ -41,75 +41,80 @@ DOC = Path("docs/benchmarks.md")
 SECTION = "## MariaDB failover"
 BEGIN = "<!-- mariadb:begin -->"
 END = "<!-- mariadb:end -->"
-NAME = "ha"
 METHOD = f"""\
 {SECTION}
 
-What losing the primary of a MariaDB `Database` costs: `make bench-mariadb` (`python -m
-bench.mariadb`, `--help` for the options) rewrites the part between the markers below.
+What failures cost a MariaDB `Database`: `make bench-mariadb` (`python -m bench.mariadb`,
+`--help` for the options) rewrites the part between the markers below.
 
 **Method.** A fresh local cluster with 3 real nodes, the operator as a process on the host,
-one 3-server MariaDB 10.11 Database (semi-synchronous replication, AFTER_SYNC). Each run: a
-writer inserts numbered rows one at a time through the `{NAME}-primary` Service (reconnecting
-after an error, as an application would); the primary's pod is deleted; *write downtime* is
-the longest gap between two acknowledged inserts, *reported* the time from the delete call
-until `status.lastFailover` names the new primary, and *lost* the acknowledged inserts the new
-primary does not hold. The Database is whole again (old primary back as a replica) before
-the next run. The machine has 2 cores shared with other work.
+one 3-server MariaDB 10.11 Database (semi-synchronous replication, AFTER_SYNC, no fallback),
+one server per node. Every fault of the MariaDB matrix (`tests/support/database_faults.py`,
+the same the real-node tests and `make chaos --engine mariadb` run), round robin, 5 runs
+each by default: a writer inserts numbered rows one at a time into whichever server takes
+writes (trying every server's address after an error, as a connector with a host list
+does); the fault is injected, then healed; *write downtime* is the longest gap between two
+acknowledged inserts, *new primary after* the time from the fault until
+`status.lastFailover` names the new primary. A run passes the verdict only if every
+acknowledged row is on every server afterwards, no server acknowledged a write after
+another took over, and no volume that held data was deleted: *lost* and *two primaries*
+count runs that failed it. *PostgreSQL* is the median write downtime of the same fault in
+the Failures table above (`make bench-faults`). The machine has 2 cores shared with other
+work.
 """
 
 
-def summary(runs: list[dict[str, Any]]) -> list[str]:
-    """The table: one row per run, then median and worst."""
+def postgres_medians(text: str) -> tuple[dict[str, float], str]:
+    """PostgreSQL's median write downtime per fault from the Failures table of
+    docs/benchmarks.md, and the date it was measured ("" when unknown)."""
+    if POSTGRES_SECTION not in text:
+        return {}, ""
+    section = text.split(POSTGRES_SECTION, 1)[1].split("\n## ", 1)[0]
+    found = re.search(r"\((\d{4}-\d{2}-\d{2})", section)
+    medians: dict[str, float] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 3 and re.fullmatch(r"[\d.]+ / [\d.]+", cells[2]):
+            medians[cells[0]] = float(cells[2].split(" / ")[0])
+    return medians, found.group(1) if found else ""
+
+
+def _pair(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.1f} / {max(values):.1f}"
+
+
+def rows(result: dict[str, Any], postgres: dict[str, float]) -> list[str]:
+    """The markdown table: one row per fault."""
     lines = [
-        "| run | from → to | writes acknowledged | lost | write downtime s | reported s |",
-        "| ---: | --- | ---: | ---: | ---: | ---: |",
+        "| fault | runs | write downtime s, median / worst | new primary after s,"
+        " median / worst | acknowledged writes lost | two primaries | PostgreSQL, same fault |",
+        "| --- | ---: | --- | --- | ---: | ---: | --- |",
     ]
-    for index, r in enumerate(runs, 1):
+    for name, entry in sorted(result["faults"].items()):
+        twin = POSTGRES_TWIN.get(name)
+        theirs = (
+            f"{postgres[twin]:.1f} s ({twin})" if twin in postgres else "-"
+        )  # fmt: skip
         lines.append(
-            f"| {index} | {r['old']} → {r['new']} | {r['acknowledged']} | {r['lost']}"
-            f" | {r['downtime_s']:.1f} | {r['reported_s']:.1f} |"
-        )
-    if runs:
-        gaps = [r["downtime_s"] for r in runs]
-        reported = [r["reported_s"] for r in runs]
-        lines.append(
-            f"| median / worst | | | {sum(r['lost'] for r in runs)} in total"
-            f" | {statistics.median(gaps):.1f} / {max(gaps):.1f}"
-            f" | {statistics.median(reported):.1f} / {max(reported):.1f} |"
+            f"| {name} | {entry['runs']} | {_pair(entry['downtime'])} |"
+            f" {_pair(entry['promoted_after'])} | {entry['lost']} | {entry['two_primaries']} |"
+            f" {theirs} |"
         )
     return lines
 
 
-def run(runs: int, keep: bool) -> dict[str, Any]:
-    failures: list[str] = []
-    results: list[dict[str, Any]] = []
-    with local_cluster(keep, failures) as real, operator_for(real):
-        client = Client(KubeConfig.from_file(real.kubeconfig), field_manager="stateward-bench")
-        ns = f"bench-{uuid.uuid4().hex[:8]}"
-        client.create(Namespace(metadata=ObjectMeta(name=ns)))
-        create(client, ns, NAME, "mariadb", "10.11", 3)
-        running(client, ns, NAME, 3)
-        for index in range(1, runs + 1):
-            say(f"==> run {index} of {runs}: deleting the primary under a writer")
-            failover = lose_the_primary(client, ns, NAME, f"run{index}")
-            results.append(
-                {
-                    "old": failover.old,
-                    "new": failover.new,
-                    "acknowledged": len(failover.acknowledged),
-                    "lost": len(failover.lost),
-                    "downtime_s": failover.longest_gap,
-                    "reported_s": failover.reported_after,
-                }
-            )
-            say(f"    {summary(results)[-2]}")
-            running(client, ns, NAME, 3)
-    return {"date": datetime.date.today().isoformat(), "runs": results, "up_failures": failures}
-
-
-def write_doc(result: dict[str, Any]) -> None:
-    block = "\n".join([f"Measured {result['date']}.", "", *summary(result["runs"])]) + "\n"
+def write_doc(result: dict[str, Any], postgres: dict[str, float], measured: str) -> None:
+    lines = rows(result, postgres)
+    block = "\n".join(
+        [
+            f"Measured {result['when']}, {result['runs']} runs of each fault"
+            f"{f'; PostgreSQL measured {measured}' if measured else ''}.",
+            "",
+            *lines,
+        ]
+    ) + "\n"  # fmt: skip
     current = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
     DOC.write_text(replace_block(current, block, METHOD, begin=BEGIN, end=END))
 
@@ -118,7 +123,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench.mariadb", description=(__doc__ or "").split("\n")[0]
     )
-    parser.add_argument("--runs", type=int, default=5, help="primaries lost in a row (5)")
+    parser.add_argument("--runs", type=int, default=5, help="runs of each fault (5)")
+    parser.add_argument("--only", action="append", choices=sorted(FAULTS))
     parser.add_argument("--no-doc", action="store_true", help="do not touch docs/benchmarks.md")
     parser.add_argument("--keep", action="store_true", help="keep the cluster's state and logs")
     return parser.parse_args(argv)
@@ -126,14 +132,23 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    result = run(args.runs, args.keep)
+    names = args.only or sorted(FAULTS)
+    say(f"==> MariaDB faults: {', '.join(names)}, {args.runs} runs each")
+    tallies, code = chaos.run(schedule(args.runs, names), keep=args.keep, engine="mariadb")
+    if tallies is None:
+        return code
+    result = {
+        **summarize(tallies),
+        "runs": args.runs,
+        "when": time.strftime("%Y-%m-%d", time.gmtime()),
+    }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    print("\n".join(summary(result["runs"])))
+    postgres, measured = postgres_medians(DOC.read_text() if DOC.exists() else "")
+    print("\n".join(rows(result, postgres)))
     if not args.no_doc:
-        write_doc(result)
-    lost = sum(r["lost"] for r in result["runs"])
-    return 1 if lost else 0
+        write_doc(result, postgres, measured)
+    return code
 
 
 if __name__ == "__main__":

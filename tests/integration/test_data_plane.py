@@ -12,6 +12,7 @@ import http.client
 import os
 import ssl
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,6 +47,7 @@ from tests.support.dataplane import (
     status_of,
     switchover_done,
 )
+from tests.support.faults import instance_processes
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -108,6 +110,15 @@ def test_a_single_instance_bootstraps_to_a_writable_primary(
          password("solo-replication")],
     )  # fmt: skip
     lines = dict(line.split(": ", 1) for line in answers.splitlines() if ": " in line)
+    # Credentials are files, not variables: what Patroni and PostgreSQL (and every child
+    # they start: archive_command, pgBackRest) carry in their environment holds none.
+    processes = instance_processes(ns, "solo-0")
+    assert set(processes) == {"patroni", "postmaster"}, processes
+    credentials = [password(f"solo-{name}") for name in ("superuser", "replication",
+                                                          "patroni-api", "app")]  # fmt: skip
+    for name, pid in processes.items():
+        environment = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+        assert not [c for c in credentials if c in environment], f"a credential in {name}'s env"
     assert lines["verify-full"] == "TLSv1.3 true", answers
     assert "pg_hba.conf rejects connection" in lines["disable"], answers
     assert "no encryption" in lines["disable"], answers
@@ -552,3 +563,66 @@ def test_scaling_3_to_5_to_2_keeps_the_data_and_never_removes_the_primary(
     assert sql(real_cluster, ns, status["primaryPod"], "insert into t values (101)") == (
         "INSERT 0 1"
     )
+
+
+PROBE_PORTS = """\
+import socket, sys, time
+def reach(ip, port, seconds):
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            socket.create_connection((ip, port), 2).close()
+            return "open"
+        except OSError as error:
+            if time.monotonic() >= deadline:
+                return f"closed ({type(error).__name__})"
+ip = sys.argv[1]
+print("5432:", reach(ip, 5432, float(sys.argv[2])))
+print("8008:", reach(ip, 8008, float(sys.argv[3])))
+"""
+"""Connects to PostgreSQL, retrying for argv[2] seconds (a new pod is admitted by the
+enforcer about a second after it has an address), then to Patroni's REST API for argv[3]."""
+
+
+@pytest.mark.timeout(600)
+def test_the_network_policy_keeps_other_namespaces_and_non_members_out(
+    real_cluster: LocalCluster, client: Client, ns: str
+) -> None:
+    # The local cluster enforcing NetworkPolicies for this namespace, as a policy-enforcing
+    # CNI would (tests only: stateward.local.netpol). The operator's default policy: the
+    # namespace may reach PostgreSQL, only the members reach Patroni, other namespaces nothing.
+    create_cluster(client, ns, "guarded", replicas=1)
+    ready(client, ns, "guarded")
+    address = str(client.get(Pod, "guarded-0", namespace=ns).status.podIP)  # type: ignore[union-attr]
+    image = f"{v1alpha1.DEFAULT_IMAGE_REPOSITORY}:15"
+    enforcer = subprocess.Popen(
+        [sys.executable, "-m", "stateward.local.netpol", f"--kubeconfig={real_cluster.kubeconfig}",
+         f"--state-dir={real_cluster.state_dir}", f"--nodes={len(real_cluster.real_nodes())}",
+         f"--namespace={ns}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        neighbour = run_in_pod(
+            client, ns, "neighbour", image, ["python3", "-c", PROBE_PORTS, address, "60", "6"]
+        )
+        assert "5432: open" in neighbour, neighbour
+        assert "8008: closed" in neighbour, f"a non-member reached Patroni: {neighbour}"
+        with fresh_namespace(client) as elsewhere:
+            outsider = run_in_pod(
+                client, elsewhere, "outsider", image,
+                ["python3", "-c", PROBE_PORTS, address, "15", "3"],
+            )  # fmt: skip
+        assert "5432: closed" in outsider, f"another namespace reached PostgreSQL: {outsider}"
+        assert "8008: closed" in outsider, outsider
+        # The members and the operator (on the host) are still let through: still Ready.
+        ready(client, ns, "guarded")
+    finally:
+        enforcer.terminate()
+        output, _ = enforcer.communicate(timeout=60)
+    assert "pods guarded" in output, output
+    # Stopped, the enforcer leaves no rule behind: the outsider's kind gets in again.
+    with fresh_namespace(client) as elsewhere:
+        again = run_in_pod(
+            client, elsewhere, "outsider", image, ["python3", "-c", PROBE_PORTS, address, "15", "3"]
+        )
+    assert "5432: open" in again, again

@@ -12,6 +12,7 @@ import pytest
 from lightkube import ApiError, Client, codecs
 from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import ConfigMap, PersistentVolumeClaim, Secret, Service
+from lightkube.resources.networking_v1 import NetworkPolicy
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
@@ -180,7 +181,8 @@ def test_servers_get_their_children_and_wait_for_a_primary_that_answers(
     children = [
         (StatefulSet, "orders"), (Service, "orders-primary"), (Service, "orders-replicas"),
         (Service, "orders-headless"), (ConfigMap, "orders-config"),
-        (PodDisruptionBudget, "orders"), (Secret, "orders-credentials"), (Secret, "orders-app"),
+        (PodDisruptionBudget, "orders"), (NetworkPolicy, "orders"),
+        (Secret, "orders-credentials"), (Secret, "orders-app"),
     ]  # fmt: skip
     for resource, name in children:
         found = wait_for(

@@ -29,6 +29,7 @@ from lightkube.resources.core_v1 import (
     Service,
     ServiceAccount,
 )
+from lightkube.resources.networking_v1 import NetworkPolicy
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
 from lightkube.types import PatchType
@@ -67,6 +68,7 @@ CHILDREN: list[tuple[Any, str]] = [
     (Role, "{}-instance"),
     (RoleBinding, "{}-instance"),
     (PodDisruptionBudget, "{}"),
+    (NetworkPolicy, "{}"),
     (CronJob, "{}-backup"),
     (ServiceAccount, "{}-backup"),
     (Role, "{}-backup"),

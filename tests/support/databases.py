@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import dataclasses
 import itertools
 import socket
 import ssl
@@ -17,7 +16,7 @@ from typing import Any
 
 import pymysql
 from lightkube import Client, codecs
-from lightkube.resources.core_v1 import Pod, Secret, Service
+from lightkube.resources.core_v1 import Pod, Secret
 from lightkube.types import PatchType
 
 from stateward.controllers.kube import DatabaseResource
@@ -96,55 +95,8 @@ def roles(client: Client, ns: str) -> dict[str, str | None]:
     }
 
 
-class Writer:
-    """Inserts numbered rows through the ``-primary`` Service (as an application would) and
-    records each acknowledged one with the moment it was acknowledged."""
-
-    def __init__(self, address: str, app: dict[str, str], table: str = "acked") -> None:
-        self.address, self.app, self.table = address, app, table
-        self.acked: list[tuple[int, float]] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        connection: Any = None
-        number = 0
-        while not self.stop.is_set():
-            try:
-                if connection is None:
-                    connection = pymysql.connect(
-                        host=self.address, port=3306, user=self.app["user"],
-                        password=self.app["password"], database=self.app["dbname"],
-                        autocommit=True, connect_timeout=2, read_timeout=5, write_timeout=5,
-                        ssl=tls_of(self.app),
-                    )  # fmt: skip
-                with connection.cursor() as cursor:
-                    insert = f"INSERT INTO {self.table} (n) VALUES (%s)"  # noqa: S608 (our name)
-                    cursor.execute(insert, (number + 1,))
-                number += 1
-                self.acked.append((number, time.monotonic()))
-            except pymysql.MySQLError:
-                with contextlib.suppress(Exception):
-                    if connection is not None:
-                        connection.close()
-                connection = None
-                number += 1  # a row that may or may not have been written: never reused
-                self.stop.wait(0.1)
-
-    def __enter__(self) -> Writer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop.set()
-        self.thread.join(timeout=30)
-
-    def since(self, moment: float) -> int:
-        return sum(1 for _, at in self.acked if at > moment)
-
-    def longest_gap(self) -> float:
-        stamps = [at for _, at in self.acked]
-        return max((b - a for a, b in itertools.pairwise(stamps)), default=0.0)
+PROBE_BASE = 1_000_000_000
+"""The probe's rows are numbered from here: the writer's never reach it."""
 
 
 class ServersWriter:
@@ -152,26 +104,38 @@ class ServersWriter:
     one connection while that works and, when it fails, tries every server's address in
     turn (as a connector with a list of hosts does), using the first that is writable. Each
     acknowledged row is recorded with when and by which server; a commit without an answer
-    in 5 s (a server waiting for a replica's acknowledgement that never comes) is not."""
+    in 5 s (a server waiting for a replica's acknowledgement that never comes) is not.
+
+    Beside it a probe tries an insert on *every* server twice a second, whatever its role,
+    as a client with a stale address would: what any server acknowledges counts — it must
+    survive like the writer's rows, and it shows a second server accepting writes even while
+    the writer is busy with the first."""
 
     def __init__(self, addresses: Callable[[], list[str]], app: dict[str, str], table: str) -> None:
         self.addresses, self.app, self.table = addresses, app, table
         self.acked: list[tuple[int, float, str]] = []
+        self.probed: list[tuple[int, float, str]] = []
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.threads = [
+            threading.Thread(target=self._run, daemon=True),
+            threading.Thread(target=self._probe, daemon=True),
+        ]
         self.known: list[str] = []
+        self.insert = f"INSERT INTO {table} (n) VALUES (%s)"  # noqa: S608 - our own table
+
+    def _login(self, address: str) -> Any:
+        return pymysql.connect(
+            host=address, port=3306, user=self.app["user"], password=self.app["password"],
+            database=self.app["dbname"], autocommit=True, connect_timeout=2, read_timeout=5,
+            write_timeout=5, ssl=tls_of(self.app),
+        )  # fmt: skip
 
     def _connect(self) -> tuple[Any, str] | None:
         with contextlib.suppress(Exception):
             self.known = self.addresses() or self.known  # the API server may be cut off too
         for address in self.known:
             try:
-                connection = pymysql.connect(
-                    host=address, port=3306, user=self.app["user"],
-                    password=self.app["password"], database=self.app["dbname"],
-                    autocommit=True, connect_timeout=2, read_timeout=5, write_timeout=5,
-                    ssl=tls_of(self.app),
-                )  # fmt: skip
+                connection = self._login(address)
             except pymysql.MySQLError:
                 continue
             with connection.cursor() as cursor:
@@ -193,8 +157,7 @@ class ServersWriter:
                         continue
                 number += 1
                 with current[0].cursor() as cursor:
-                    insert = f"INSERT INTO {self.table} (n) VALUES (%s)"  # noqa: S608 (our name)
-                    cursor.execute(insert, (number,))
+                    cursor.execute(self.insert, (number,))
                 self.acked.append((number, time.monotonic(), current[1]))
             except pymysql.MySQLError:
                 with contextlib.suppress(Exception):
@@ -202,83 +165,57 @@ class ServersWriter:
                         current[0].close()
                 current = None  # the row ``number`` may or may not exist: never reused
 
+    def _probe(self) -> None:
+        number = PROBE_BASE
+        while not self.stop.wait(0.5):
+            for address in list(self.known):
+                number += 1
+                try:
+                    connection = self._login(address)
+                except pymysql.MySQLError:
+                    continue
+                try:
+                    with connection.cursor() as cursor:
+                        cursor.execute(self.insert, (number,))
+                    self.probed.append((number, time.monotonic(), address))
+                except pymysql.MySQLError:
+                    pass  # read-only, or no answer in time: not acknowledged
+                finally:
+                    with contextlib.suppress(Exception):
+                        connection.close()
+
     def __enter__(self) -> ServersWriter:
-        self.thread.start()
+        for thread in self.threads:
+            thread.start()
         return self
 
     def __exit__(self, *_: object) -> None:
         self.stop.set()
-        self.thread.join(timeout=30)
+        for thread in self.threads:
+            thread.join(timeout=30)
 
     def wait_acks(self, count: int, timeout: float = 120) -> None:
-        """Wait for ``count`` more acknowledged writes than there are now."""
+        """Wait for ``count`` more acknowledged writes of the writer than there are now."""
         start = len(self.acked)
         wait_for(lambda: len(self.acked) >= start + count,
                  what=f"{count} more acknowledged writes", timeout=timeout)  # fmt: skip
 
+    def acknowledged(self) -> frozenset[int]:
+        """Every row a server acknowledged, the writer's and the probe's."""
+        return frozenset(n for n, _, _ in (*self.acked, *self.probed))
+
     def longest_gap(self) -> float:
+        """The writer's longest wait between two acknowledged writes (the write downtime)."""
         stamps = [at for _, at, _ in self.acked]
         return max((b - a for a, b in itertools.pairwise(stamps)), default=0.0)
 
     def servers(self) -> list[str]:
-        """The servers that acknowledged writes, in order, each run counted once: ``[old,
-        new]`` for one failover; ``[old, new, old]`` means two servers accepted writes."""
-        runs = [server for _, _, server in self.acked]
+        """The servers that acknowledged writes (the writer's and the probe's), in the order
+        of the acknowledgements, each run counted once: ``[old, new]`` for one failover;
+        ``[old, new, old]`` means two servers accepted writes."""
+        runs = [server for _, _, server in sorted((*self.acked, *self.probed),
+                                                  key=lambda ack: ack[1])]  # fmt: skip
         return [s for i, s in enumerate(runs) if i == 0 or runs[i - 1] != s]
-
-
-@dataclasses.dataclass(frozen=True)
-class Failover:
-    """One primary lost under a writer, as the writer and the status saw it."""
-
-    old: str
-    new: str
-    acknowledged: frozenset[int]
-    lost: tuple[int, ...]
-    """Acknowledged writes the new primary does not have: must be empty."""
-    longest_gap: float
-    """Seconds: the longest time between two acknowledged writes (the write downtime)."""
-    reported_after: float
-    """Seconds from the pod's deletion until ``status.lastFailover`` named the new primary."""
-
-
-def lose_the_primary(client: Client, ns: str, name: str, table: str) -> Failover:
-    """Delete the primary's pod while a writer inserts into ``table`` (made here) through the
-    ``NAME-primary`` Service; wait for the operator to report the failover and for writes to
-    be acknowledged again (by the new primary: the old one was fenced first); then compare
-    what was acknowledged with what the new primary holds."""
-    status = client.get(DatabaseResource, name, namespace=ns).to_dict()["status"]
-    old, before = status["primaryPod"], status.get("lastFailover")
-    app = secret(client, ns, f"{name}-app")
-    query(pod_ip(client, ns, old), app, f"CREATE TABLE {table} (n INT PRIMARY KEY)")
-    service = client.get(Service, f"{name}-primary", namespace=ns).spec.clusterIP  # type: ignore[union-attr]
-    assert service
-    with Writer(service, app, table) as writer:
-        wait_for(lambda: len(writer.acked) >= 50, what="the writer under way", timeout=60)
-        deleted_at = time.monotonic()
-        client.delete(Pod, old, namespace=ns)
-
-        def reported() -> dict[str, Any] | None:
-            found = client.get(DatabaseResource, name, namespace=ns).to_dict().get("status") or {}
-            last = found.get("lastFailover")
-            return last if last and last != before and last.get("fromPod") == old else None
-
-        failover = wait_for(reported, what="the operator to fail over", timeout=120)
-        reported_at = time.monotonic()
-        wait_for(lambda: writer.since(reported_at) >= 50,
-                 what="writes again through the Service", timeout=120)  # fmt: skip
-    new = failover["toPod"]
-    acknowledged = frozenset(n for n, _ in writer.acked)
-    rows = query(pod_ip(client, ns, new), app, f"SELECT n FROM {table}")  # noqa: S608 (ours)
-    stored = {row[0] for row in rows}
-    return Failover(
-        old=old,
-        new=new,
-        acknowledged=acknowledged,
-        lost=tuple(sorted(acknowledged - stored)),
-        longest_gap=writer.longest_gap(),
-        reported_after=reported_at - deleted_at,
-    )
 
 
 def refused(address: str, **options: Any) -> pymysql.MySQLError | None:

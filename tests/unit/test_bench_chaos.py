@@ -49,3 +49,14 @@ def test_the_fault_bench_runs_every_fault_alike_and_tabulates_them() -> None:
     # With bare Patroni measured in the same run: the ratio of median write downtimes.
     result["reference"] = {"faults": {"node-loss": [{"downtime_s": 20.0}, {"downtime_s": 22.0}]}}
     assert bench_faults.rows(result)[2].endswith("| 0.24 (bare 21.0 s) |")
+
+
+def test_chaos_targets_a_mariadb_database_with_its_own_matrix() -> None:
+    from tests.support import database_faults
+
+    args = chaos.parse(["--engine", "mariadb", "--only", "mariadbd-kill"])
+    assert args.engine == "mariadb"
+    assert chaos.MATRICES["mariadb"].faults is database_faults.FAULTS
+    assert chaos.MATRICES["postgres"].faults is FAULTS
+    # A fault of the other engine is refused before any cluster is made.
+    assert chaos.main(["--engine", "mariadb", "--only", "postgres-kill", "--faults", "1"]) == 2

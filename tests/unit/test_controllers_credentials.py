@@ -78,3 +78,52 @@ def test_a_deleted_cluster_leaves_nothing_in_memory() -> None:
     assert reconciler.credentials_checked == {}
     assert reconciler.secret_cache._data == {}
     assert reconciler.data_plane._primaries == {}
+
+
+def secret(name: str, owner_uid: str) -> dict[str, Any]:
+    return {
+        "kind": "Secret",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": name,
+            "namespace": "db",
+            "resourceVersion": "7",
+            "ownerReferences": [{"uid": owner_uid, "controller": True, "kind": "PostgresCluster"}],
+        },
+    }
+
+
+def test_a_child_of_a_previous_object_of_the_same_name_is_not_ours() -> None:
+    from stateward.controllers import core
+
+    assert core.controlled_by_another(secret("s", "old-uid"), "new-uid")
+    assert not core.controlled_by_another(secret("s", "new-uid"), "new-uid")
+    assert not core.controlled_by_another({"metadata": {"name": "s"}}, "new-uid"), "user-made"
+    assert not core.controlled_by_another(None, "new-uid")
+
+
+async def test_a_cluster_made_again_under_a_deleted_one_s_name_waits_for_its_secrets_to_go(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The deleted cluster's credentials are still there (garbage collection has not reached
+    # them): taken for the new cluster's, they vanished under its pods, whose credentials
+    # volume then never mounted (found by a clean-clone run of the restore story).
+    cluster = make_cluster(metadata={"uid": "new-uid"})
+    store = ObjectStore()
+    store.observe(secret("demo-superuser", "old-uid"))
+    scope = postgrescluster.Scope(
+        cluster=cluster,
+        body={"metadata": {"name": "demo", "namespace": "db", "uid": "new-uid"}},
+        kube=Kube(None),  # type: ignore[arg-type]
+        store=store,
+        now="2026-12-04T00:00:00Z",
+        conditions=[],
+    )
+
+    async def ca(*_: Any) -> str:
+        return "CA"
+
+    monkeypatch.setattr(postgrescluster.certificates, "ca_cert", ca)
+    note = await postgrescluster.ensure_secrets(scope)
+    assert note == "waiting for the previous cluster's demo-superuser to be garbage-collected"
+    assert scope.halted and scope.requeue_after == postgrescluster.ROLL_RECHECK

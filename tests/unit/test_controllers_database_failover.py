@@ -140,17 +140,39 @@ async def test_semi_sync_stops_when_the_database_is_scaled_to_one(
     assert switched == [False] and kube.events[0][0] == "SemiSyncDisabled"
 
 
-def test_a_failover_waits_for_a_silent_replica_that_may_still_acknowledge() -> None:
+def test_a_failover_waits_for_every_server_whose_data_exists_but_cannot_be_asked() -> None:
+    # Semi-synchronous: any one replica acknowledges a commit. shop-2 may hold one that the
+    # server to promote lacks: silent with a ready pod, not ready (its node cut off with the
+    # primary's), or with no pod at all — while its volume claim exists, the failover waits.
     decided = servers.Plan(primary="shop-1", promote="shop-1", failover_from="shop-0")
-    silent = servers.Server(pod="shop-2", ready=True, role="replica")  # no SQL answer
     promoted = replica("shop-1", replicating=False)
-    pods = {"shop-1": pod("shop-1"), "shop-2": pod("shop-2")}
-    assert database._may_still_acknowledge(decided, [promoted, silent], pods) == ["shop-2"]
-    # Proven gone (not ready, or deleting), or answering (and so stopped): no wait.
-    for gone in (pod("shop-2", ready=False), pod("shop-2", deleting=True)):
-        assert (
-            database._may_still_acknowledge(decided, [promoted, silent], {**pods, "shop-2": gone})
-            == []
-        )
+    claim = {"metadata": {"name": "data-shop-2"}}
+    claims: dict[str, Any] = {"shop-0": claim, "shop-1": claim, "shop-2": claim}
+    silent = servers.Server(pod="shop-2", ready=False, role="replica")
+    assert database._may_hold_more(decided, [promoted, silent], claims) == ["shop-2"]
+    assert database._may_hold_more(decided, [promoted], claims) == ["shop-2"], "no pod"
+    # Answering (and so stopped from receiving, then compared): no wait.
     answering = replica("shop-2", replicating=False)
-    assert database._may_still_acknowledge(decided, [promoted, answering], pods) == []
+    assert database._may_hold_more(decided, [promoted, answering], claims) == []
+    # Its data gone, or going (the user accepted losing what only it held): no wait.
+    deleting = {"metadata": {"name": "data-shop-2", "deletionTimestamp": "2026-12-04T00:00:00Z"}}
+    for gone in (None, deleting):
+        assert (
+            database._may_hold_more(decided, [promoted, silent], {**claims, "shop-2": gone}) == []
+        )
+    # The lost primary itself is never waited for (its unacknowledged tail is not a loss).
+    assert database._may_hold_more(decided, [promoted, answering], claims) == []
+    assert database._may_hold_more(servers.Plan(primary="shop-1"), [promoted], claims) == []
+
+
+def test_a_server_without_a_node_of_its_own_is_named_with_the_scheduler_s_reason() -> None:
+    waiting = pod("shop-2", ready=False)
+    waiting["status"]["conditions"].append(
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": "0/2 nodes are available: 2 node(s) didn't match pod anti-affinity rules."}
+    )  # fmt: skip
+    message = database._unschedulable([pod("shop-0"), pod("shop-1"), waiting])
+    assert message is not None
+    assert message.startswith("shop-2: 0/2 nodes are available")
+    assert "a node of its own" in message and "spec.replicas" in message
+    assert database._unschedulable([pod("shop-0"), pod("shop-1", ready=False)]) is None

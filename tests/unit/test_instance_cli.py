@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from stateward.api import v1alpha1
 from stateward.instance import cli, patroni, supervisor
@@ -24,12 +25,11 @@ POD_ENV = {
     "PATRONI_KUBERNETES_POD_IP": "10.244.1.7",
     "PATRONI_RESTAPI_CONNECT_ADDRESS": "10.244.1.7:8008",
     "PATRONI_POSTGRESQL_CONNECT_ADDRESS": "10.244.1.7:5432",
-    "PATRONI_SUPERUSER_USERNAME": "postgres",
-    "PATRONI_SUPERUSER_PASSWORD": "s3cret-superuser",
-    "PATRONI_REPLICATION_USERNAME": "replicator",
-    "PATRONI_REPLICATION_PASSWORD": "s3cret-replication",
-    "PATRONI_RESTAPI_USERNAME": "stateward",
-    "PATRONI_RESTAPI_PASSWORD": "s3cret-restapi",
+}
+CREDENTIALS = {
+    "superuser": ("postgres", "s3cret-superuser"),
+    "replication": ("replicator", "s3cret-replication"),
+    "restapi": ("stateward", "s3cret-restapi"),
 }
 
 
@@ -79,6 +79,10 @@ def pod(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Exec:
         .replace(patroni.TLS_DIR, str(tls))
     )
     (tmp_path / "patroni.yaml").write_text(document)
+    for role, (username, password) in CREDENTIALS.items():
+        (tmp_path / "credentials" / role).mkdir(parents=True)
+        (tmp_path / "credentials" / role / "username").write_text(username)
+        (tmp_path / "credentials" / role / "password").write_text(password + "\n")
     programs = tmp_path / "programs"
     programs.mkdir()
     (programs / "patroni").write_text("#!/bin/sh\n")
@@ -86,6 +90,13 @@ def pod(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Exec:
     monkeypatch.setenv("PATH", f"{programs}:{os.environ.get('PATH', '')}")
     recorder = Exec()
     monkeypatch.setattr(cli.supervisor, "supervise", recorder)
+    monkeypatch.setattr(patroni, "CREDENTIALS_DIR", str(tmp_path / "credentials"))
+    monkeypatch.setattr(patroni, "RUNTIME_CONFIG_FILE", str(tmp_path / "runtime.yaml"))
+    monkeypatch.setattr(
+        cli.run, "__kwdefaults__",
+        {**(cli.run.__kwdefaults__ or {}), "credentials_dir": str(tmp_path / "credentials"),
+         "runtime_config": str(tmp_path / "runtime.yaml")},
+    )  # fmt: skip
     return recorder
 
 
@@ -93,11 +104,49 @@ def run(tmp_path: Path, *extra: str) -> int:
     return cli.main(["run", "--config", str(tmp_path / "patroni.yaml"), *extra])
 
 
+def test_patroni_gets_its_credentials_from_the_mounted_files_never_the_environment(
+    pod: Exec, tmp_path: Path
+) -> None:
+    assert run(tmp_path) == 0
+    runtime = tmp_path / "runtime.yaml"
+    assert pod.calls[0][0][-1] == str(runtime), "Patroni runs the configuration with them"
+    assert runtime.stat().st_mode & 0o777 == 0o600, "readable by the instance's user only"
+    document = yaml.safe_load(runtime.read_text())
+    authentication = document["postgresql"]["authentication"]
+    assert authentication["superuser"]["password"] == "s3cret-superuser"
+    assert authentication["superuser"]["username"] == "postgres"
+    assert authentication["replication"]["password"] == "s3cret-replication"
+    assert authentication["superuser"]["sslmode"] == "verify-ca", "merged, not replaced"
+    assert document["restapi"]["authentication"] == {
+        "username": "stateward",
+        "password": "s3cret-restapi",
+    }
+    assert document["restapi"]["certfile"].endswith("tls.crt")
+    # What Patroni (and so PostgreSQL, archive_command, pgBackRest) inherits holds no secret.
+    assert not [name for name, value in pod.env.items() if "s3cret" in value]
+    assert "s3cret" not in (tmp_path / "patroni.yaml").read_text(), "the ConfigMap's copy"
+
+
+@pytest.mark.parametrize(("role", "secret"), [("superuser", "NAME-superuser"),
+                                               ("restapi", "NAME-patroni-api")])  # fmt: skip
+def test_a_missing_or_empty_credential_file_is_named_with_its_secret(
+    role: str, secret: str, pod: Exec, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "credentials" / role / "password").unlink()
+    assert run(tmp_path) == 1
+    err = capsys.readouterr().err
+    assert f"{role}/password" in err and secret in err and pod.calls == []
+    (tmp_path / "credentials" / role / "password").write_text("\n")
+    assert run(tmp_path) == 1
+    err = capsys.readouterr().err
+    assert "is empty" in err and secret in err and "s3cret" not in err and pod.calls == []
+
+
 def test_run_supervises_patroni_with_the_config_and_no_shell(pod: Exec, tmp_path: Path) -> None:
     assert run(tmp_path) == 0
     assert pod.calls == [
         (
-            [str(tmp_path / "programs" / "patroni"), str(tmp_path / "patroni.yaml")],
+            [str(tmp_path / "programs" / "patroni"), str(tmp_path / "runtime.yaml")],
             {
                 "namespace": "shop",
                 "cluster": "orders",
@@ -350,9 +399,13 @@ def test_the_bootstrap_statements_refuse_what_would_need_quoting(
     assert password not in str(error.value) or not password
 
 
-def test_post_bootstrap_names_the_missing_environment() -> None:
-    with pytest.raises(cli.InstanceError, match="STATEWARD_APP_PASSWORD"):
+def test_post_bootstrap_names_the_missing_environment_and_password_file(tmp_path: Path) -> None:
+    with pytest.raises(cli.InstanceError, match="STATEWARD_APP_OWNER"):
         cli.post_bootstrap("postgres://x", {"STATEWARD_APP_DATABASE": "app"})
+    env = {"STATEWARD_APP_DATABASE": "app", "STATEWARD_APP_OWNER": "app"}
+    with pytest.raises(cli.InstanceError, match="NAME-app") as raised:
+        cli.post_bootstrap("postgres://x", env, password_file=str(tmp_path / "missing"))
+    assert str(tmp_path / "missing") in str(raised.value)
 
 
 def test_patroni_runs_the_hook_after_initdb() -> None:
@@ -391,3 +444,18 @@ def test_an_unreachable_repository_does_not_fail_the_bootstrap() -> None:
 
     assert cli.create_stanza({"PGBACKREST_STANZA": "demo"}, failing) is False
     assert cli.create_stanza({"PGBACKREST_STANZA": "demo"}, hanging) is False
+
+
+def test_the_backup_keys_reach_pgbackrest_in_a_private_file_only_when_mounted(
+    tmp_path: Path,
+) -> None:
+    key, secret, include = tmp_path / "s3-key", tmp_path / "s3-key-secret", tmp_path / "conf.d"
+    assert not cli.write_backup_keys(str(key), str(secret), str(include)), "no repository"
+    assert list(include.iterdir()) == [], "an empty include directory: pgBackRest lists it"
+    key.write_text("AKIA1\n")
+    secret.write_text("s3cret")
+    assert cli.write_backup_keys(str(key), str(secret), str(include))
+    written = include / "keys.conf"
+    assert written.read_text() == "[global]\nrepo1-s3-key=AKIA1\nrepo1-s3-key-secret=s3cret\n"
+    assert written.stat().st_mode & 0o777 == 0o600
+    assert include.stat().st_mode & 0o777 == 0o700

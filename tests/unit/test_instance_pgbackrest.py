@@ -109,8 +109,7 @@ def test_archive_command_without_and_with_a_repository() -> None:
 def test_options_never_hold_the_keys() -> None:
     cluster = clusters.make_cluster(backup=clusters.BACKUP)
     options = pgbackrest.options(cluster, data_dir="/d", socket_dir="/s", port=5432)
-    assert pgbackrest.KEY_ENV not in options
-    assert pgbackrest.KEY_SECRET_ENV not in options
+    assert not [name for name in options if "KEY" in name and "CA" not in name]
     assert list(options) == sorted(options)
     assert options["PGBACKREST_LOG_LEVEL_FILE"] == "off"
     # No y/n values: PyYAML leaves them unquoted and YAML 1.1 readers (kubectl) then take
@@ -186,3 +185,13 @@ def test_restore_command_for_patroni() -> None:
     assert pgbackrest.restore_command(elsewhere) == (
         "stateward-instance restore --stanza orders --path /prod/o --restore-point rp1"
     )
+
+
+def test_the_keys_file_holds_the_keys_and_refuses_what_would_inject_an_option() -> None:
+    assert pgbackrest.keys_conf("AKIA1", "s3cr3t/+x") == (
+        "[global]\nrepo1-s3-key=AKIA1\nrepo1-s3-key-secret=s3cr3t/+x\n"
+    )
+    for key, secret in (("", "x"), ("AKIA1", "x\nrepo1-path=/other"), ("a\r", "b")):
+        with pytest.raises(ValueError, match="S3 key") as raised:
+            pgbackrest.keys_conf(key, secret)
+        assert "repo1-path" not in str(raised.value) and "s3cr3t" not in str(raised.value)

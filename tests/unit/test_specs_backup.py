@@ -162,17 +162,29 @@ def test_instance_env_configures_pgbackrest_for_the_repository() -> None:
     assert "PGBACKREST_REPO1_STORAGE_CA_FILE" not in values
 
 
-def test_instance_env_takes_the_keys_from_the_secret_and_never_inlines_them() -> None:
-    env = env_of(make_cluster())
-    for name, key in (
-        ("PGBACKREST_REPO1_S3_KEY", "accessKeyId"),
-        ("PGBACKREST_REPO1_S3_KEY_SECRET", "secretAccessKey"),
-    ):
-        assert "value" not in env[name]
-        # Optional: a missing Secret must not keep PostgreSQL from starting.
-        assert env[name]["valueFrom"] == {
-            "secretKeyRef": {"name": "s3-credentials", "key": key, "optional": True}
+def test_the_keys_are_files_from_the_secret_never_variables() -> None:
+    cluster = make_cluster()
+    env = env_of(cluster)
+    assert not [name for name, v in env.items() if "valueFrom" in v or "S3_KEY" in name]
+    assert env["PGBACKREST_CONFIG_INCLUDE_PATH"]["value"] == "/tmp/pgbackrest-conf.d"
+    # Optional: a missing Secret must not keep PostgreSQL from starting.
+    assert backup.instance_volumes(cluster) == [
+        {
+            "name": "backup-ca",
+            "secret": {
+                "secretName": "s3-credentials",
+                "items": [
+                    {"key": "accessKeyId", "path": "s3-key"},
+                    {"key": "secretAccessKey", "path": "s3-key-secret"},
+                ],
+                "optional": True,
+                "defaultMode": 0o440,
+            },
         }
+    ]
+    assert backup.instance_mounts(cluster) == [
+        {"name": "backup-ca", "mountPath": "/etc/stateward/backup", "readOnly": True}
+    ]
 
 
 def test_instance_env_with_port_path_ca_and_host_style() -> None:
@@ -198,8 +210,13 @@ def test_instance_env_with_port_path_ca_and_host_style() -> None:
             "name": "backup-ca",
             "secret": {
                 "secretName": "s3-credentials",
-                "items": [{"key": "ca.crt", "path": "ca.crt"}],
+                "items": [
+                    {"key": "accessKeyId", "path": "s3-key"},
+                    {"key": "secretAccessKey", "path": "s3-key-secret"},
+                    {"key": "ca.crt", "path": "ca.crt"},
+                ],
                 "optional": True,
+                "defaultMode": 0o440,
             },
         }
     ]

@@ -74,6 +74,7 @@ def test_children_in_apply_order_with_backup_schedule() -> None:
         ("Service", "demo-primary"),
         ("Service", "demo-replicas"),
         ("PodDisruptionBudget", "demo"),
+        ("NetworkPolicy", "demo"),
         ("StatefulSet", "demo"),
         # The backup Jobs' identity: they exec pgBackRest in the primary.
         ("ServiceAccount", "demo-backup"),
@@ -86,7 +87,7 @@ def test_children_in_apply_order_with_backup_schedule() -> None:
 def test_no_cronjob_without_backup_schedule() -> None:
     kinds = [obj["kind"] for obj in specs.children(make_cluster(), patroni_config=HASHED)]
     assert "CronJob" not in kinds
-    assert len(kinds) == 10
+    assert len(kinds) == 11
 
 
 def test_children_exclude_secrets_jobs_and_volumes() -> None:

@@ -91,6 +91,7 @@ def test_servers_children_are_owned_labelled_and_named(engine: str) -> None:
         ("Service", "shop-primary"),
         ("Service", "shop-replicas"),
         ("PodDisruptionBudget", "shop"),
+        ("NetworkPolicy", "shop"),
         ("StatefulSet", "shop"),
     ]
     for child in children:
@@ -114,7 +115,7 @@ def test_services_route_by_the_role_the_operator_labels() -> None:
     assert mysql_primary["spec"]["ports"] == [{"name": "mysql", "port": 3306}]
 
 
-def test_the_statefulset_runs_the_engines_image_with_credentials_from_secrets() -> None:
+def test_the_statefulset_runs_the_engines_image_with_credentials_as_files_from_secrets() -> None:
     database = make_database("mariadb", storage={"size": "3Gi", "storageClassName": "local"})
     files = mysql_spec.config_files(database)
     sts = mysql_spec.statefulset(database, config_hash=mysql_spec.config_hash(files))
@@ -126,13 +127,33 @@ def test_the_statefulset_runs_the_engines_image_with_credentials_from_secrets() 
     assert claim["spec"]["storageClassName"] == "local"
     (container,) = spec["template"]["spec"]["containers"]
     assert container["image"] == "ghcr.io/stateward/mariadb-instance:10.11"
-    env = {e["name"]: e for e in container["env"]}
-    assert "value" not in env["ROOT_PASSWORD"], "a password inlined into the pod spec"
-    assert env["ROOT_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
-        "name": "shop-credentials",
-        "key": "root-password",
+    # Passwords are files from the Secrets, never variables (which mariadbd and every child
+    # would inherit) nor values in the pod spec.
+    for variable in container["env"]:
+        assert "PASSWORD" not in variable["name"] and "valueFrom" not in variable, variable
+    volumes = {v["name"]: v for v in spec["template"]["spec"]["volumes"]}
+    projected = {
+        (source["secret"]["name"], item["key"], item["path"])
+        for source in volumes["credentials"]["projected"]["sources"]
+        for item in source["secret"]["items"]
     }
-    assert env["APP_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "shop-app"
+    assert projected == {
+        ("shop-credentials", "root-password", "root-password"),
+        ("shop-credentials", "replication-password", "replication-password"),
+        ("shop-app", "password", "app-password"),
+    }
+    assert volumes["credentials"]["projected"]["defaultMode"] == 0o440
+    assert {"name": "credentials", "mountPath": mysql_spec.CREDENTIALS_DIR,
+            "readOnly": True} in container["volumeMounts"]  # fmt: skip
+    scripts = "".join(files.values())
+    for path in projected:
+        assert f"{mysql_spec.CREDENTIALS_DIR}/{path[2]}" in scripts, f"{path[2]} is never read"
+    mysql = mysql_spec.statefulset(make_database("mysql"), config_hash="x")
+    (official,) = mysql["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in official["env"]}
+    assert env["MYSQL_ROOT_PASSWORD_FILE"] == f"{mysql_spec.CREDENTIALS_DIR}/root-password"
+    assert env["MYSQL_PASSWORD_FILE"] == f"{mysql_spec.CREDENTIALS_DIR}/app-password"
+    assert "MYSQL_ROOT_PASSWORD" not in env and "MYSQL_PASSWORD" not in env
     annotations = spec["template"]["metadata"]["annotations"]
     assert annotations[meta.CONFIG_HASH_ANNOTATION] == mysql_spec.config_hash(files)
     assert spec["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
@@ -243,3 +264,21 @@ def test_the_mariadb_clone_stream_is_mutual_tls_and_served_by_the_primary_only()
     env = {e["name"]: e.get("value") for e in _mariadb_pod(make_database())["containers"][0]["env"]}
     assert env["PEERS_HOST"] == "shop-headless.apps.svc.cluster.local"
     assert env["PRIMARY_NAME"] == "shop-primary.apps.svc"
+
+
+def test_every_server_needs_a_node_of_its_own() -> None:
+    # Required, not preferred: a server re-made while its node is away (a frozen or cut-off
+    # node) waits for it instead of joining another server's node, where one node fault
+    # would later take two servers — the primary and a replica holding its acknowledged
+    # commits.
+    for engine in ("mariadb", "mysql"):
+        database = make_database(engine)
+        sts = mysql_spec.statefulset(database, config_hash="x")
+        affinity = sts["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+        assert "preferredDuringSchedulingIgnoredDuringExecution" not in affinity
+        assert affinity["requiredDuringSchedulingIgnoredDuringExecution"] == [
+            {
+                "labelSelector": {"matchLabels": mysql_spec.selector_labels(database)},
+                "topologyKey": "kubernetes.io/hostname",
+            }
+        ]

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from stateward.api.v1alpha1 import PostgresCluster
+from stateward.instance import patroni
 from stateward.specs import meta, statefulset
 from tests.support import clusters
 
@@ -178,29 +179,39 @@ def test_connect_addresses_use_the_pod_ip_defined_before_them() -> None:
     assert pod_ip < names.index("PATRONI_POSTGRESQL_CONNECT_ADDRESS")
 
 
-@pytest.mark.parametrize(
-    ("name", "secret", "key"),
-    [
-        ("PATRONI_SUPERUSER_USERNAME", "demo-superuser", "username"),
-        ("PATRONI_SUPERUSER_PASSWORD", "demo-superuser", "password"),
-        ("PATRONI_REPLICATION_USERNAME", "demo-replication", "username"),
-        ("PATRONI_REPLICATION_PASSWORD", "demo-replication", "password"),
-        ("PATRONI_RESTAPI_USERNAME", "demo-patroni-api", "username"),
-        ("PATRONI_RESTAPI_PASSWORD", "demo-patroni-api", "password"),
-    ],
-)
-def test_credentials_come_from_secrets(name: str, secret: str, key: str) -> None:
-    assert env()[name] == {
-        "name": name,
-        "valueFrom": {"secretKeyRef": {"name": secret, "key": key}},
+def test_credentials_are_files_from_the_secrets_never_variables() -> None:
+    volume = next(v for v in pod_spec()["volumes"] if v["name"] == "credentials")
+    projected = {
+        (source["secret"]["name"], item["key"], item["path"])
+        for source in volume["projected"]["sources"]
+        for item in source["secret"]["items"]
     }
-
-
-def test_no_inline_value_for_any_credential() -> None:
+    assert projected == {
+        ("demo-superuser", "username", "superuser/username"),
+        ("demo-superuser", "password", "superuser/password"),
+        ("demo-replication", "username", "replication/username"),
+        ("demo-replication", "password", "replication/password"),
+        ("demo-patroni-api", "username", "restapi/username"),
+        ("demo-patroni-api", "password", "restapi/password"),
+        ("demo-app", "password", "app/password"),
+    }
+    assert volume["projected"]["defaultMode"] == 0o440, "root's, read by the postgres group"
+    mount = next(m for m in container()["volumeMounts"] if m["name"] == "credentials")
+    assert mount == {"name": "credentials", "mountPath": "/etc/stateward/credentials",
+                     "readOnly": True}  # fmt: skip
+    # Read by `stateward-instance run` from exactly these paths.
+    for role in patroni.CREDENTIALS:
+        assert any(path.startswith(f"{role}/") for _, _, path in projected)
+    assert patroni.APP_PASSWORD_FILE == "/etc/stateward/credentials/app/password"
     for variable in container()["env"]:
-        if "PASSWORD" in variable["name"] or "USERNAME" in variable["name"]:
-            assert "value" not in variable
-            assert "secretKeyRef" in variable["valueFrom"]
+        assert "secretKeyRef" not in variable.get("valueFrom", {}), variable["name"]
+        assert "PASSWORD" not in variable["name"] and "USERNAME" not in variable["name"]
+
+
+def test_tmp_where_patroni_writes_its_credentials_is_memory_backed() -> None:
+    tmp = next(v for v in pod_spec()["volumes"] if v["name"] == "tmp")
+    assert tmp["emptyDir"] == {"medium": "Memory"}
+    assert patroni.RUNTIME_CONFIG_FILE.startswith(patroni.TMP_DIR + "/")
 
 
 def test_env_names_are_unique_and_static_settings_stay_in_the_file() -> None:
@@ -209,7 +220,7 @@ def test_env_names_are_unique_and_static_settings_stay_in_the_file() -> None:
     # Static settings live in patroni.yaml only, so the two cannot disagree.
     assert "PATRONI_SCOPE" not in names
     assert "PATRONI_KUBERNETES_LABELS" not in names
-    assert env()["PATRONICTL_CONFIG_FILE"]["value"] == "/etc/patroni/patroni.yaml"
+    assert env()["PATRONICTL_CONFIG_FILE"]["value"] == patroni.RUNTIME_CONFIG_FILE
 
 
 def test_env_values_are_strings() -> None:
@@ -271,6 +282,11 @@ def test_volume_mounts() -> None:
         "/tmp": {"name": "tmp", "mountPath": "/tmp"},
         "/dev/shm": {"name": "shm", "mountPath": "/dev/shm"},
         "/etc/stateward/tls": {"name": "tls", "mountPath": "/etc/stateward/tls", "readOnly": True},
+        "/etc/stateward/credentials": {
+            "name": "credentials",
+            "mountPath": "/etc/stateward/credentials",
+            "readOnly": True,
+        },
     }
 
 
@@ -279,7 +295,8 @@ def test_volumes() -> None:
     assert volumes == {
         "config": {"name": "config", "configMap": {"name": "demo-patroni"}},
         "run": {"name": "run", "emptyDir": {}},
-        "tmp": {"name": "tmp", "emptyDir": {}},
+        "tmp": {"name": "tmp", "emptyDir": {"medium": "Memory"}},
+        "credentials": volumes["credentials"],  # test_credentials_are_files_...
         "shm": {"name": "shm", "emptyDir": {"medium": "Memory"}},
         # The serving certificate: readable by root and the pod's fsGroup (postgres) only,
         # which PostgreSQL requires of a key file it does not own.

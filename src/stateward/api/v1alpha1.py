@@ -160,6 +160,55 @@ class Restore(_Model):
     """Recover up to this named restore point (made with pg_create_restore_point)."""
 
 
+class SelectorOperator(enum.StrEnum):
+    IN = "In"
+    NOT_IN = "NotIn"
+    EXISTS = "Exists"
+    DOES_NOT_EXIST = "DoesNotExist"
+
+
+class LabelSelectorRequirement(_Model):
+    key: str = Field(max_length=317)
+    operator: SelectorOperator
+    values: list[str] | None = Field(default=None, max_length=64)
+
+
+class LabelSelector(_Model):
+    """A Kubernetes label selector; empty selects everything."""
+
+    match_labels: dict[str, str] | None = Field(default=None, max_length=32)
+    match_expressions: list[LabelSelectorRequirement] | None = Field(default=None, max_length=16)
+
+
+class IPBlock(_Model):
+    cidr: str = Field(max_length=64)
+    """An IP range ("10.0.0.0/16")."""
+    except_: list[str] | None = Field(default=None, max_length=16, alias="except")
+    """Ranges inside ``cidr`` left out."""
+
+
+class NetworkPeer(_Model):
+    """Who may connect, as a NetworkPolicy's ``from`` entry: pods (``podSelector``, in this
+    namespace unless ``namespaceSelector`` says which), namespaces, or an IP range."""
+
+    pod_selector: LabelSelector | None = None
+    namespace_selector: LabelSelector | None = None
+    ip_block: IPBlock | None = None
+
+
+class NetworkPolicySpec(_Model):
+    """The NetworkPolicy ``NAME`` on the database pods. Replication, Patroni's REST API and
+    MariaDB's clone port are open only to the cluster's own pods (and the REST API and the
+    database port to the operator's namespace); the database port to ``clients``."""
+
+    enabled: bool = True
+    """On by default; turn it off only where another policy governs these pods' traffic."""
+
+    clients: list[NetworkPeer] | None = Field(default=None, max_length=32)
+    """Who may connect to the database port. Unset: every pod in the cluster's namespace.
+    ``[]``: nobody but the cluster's own pods and the operator."""
+
+
 class Bootstrap(_Model):
     """What is created when the cluster is first initialized (immutable afterwards)."""
 
@@ -301,6 +350,9 @@ class PostgresClusterSpec(_Model):
 
     deletion_policy: DeletionPolicy = Field(default_factory=DeletionPolicy)
     """What deletion does with the data."""
+
+    network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
+    """Who may reach the instances over the network; a NetworkPolicy by default."""
 
     @property
     def major_version(self) -> int:
@@ -746,6 +798,10 @@ class DatabaseSpec(_Model):
 
     storage: DatabaseStorage
     """Each server's data volume."""
+
+    network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
+    """Who may reach the servers over the network; a NetworkPolicy by default. (A postgres
+    Database hands it to its PostgresCluster.)"""
 
 
 class DatabasePhase(enum.StrEnum):

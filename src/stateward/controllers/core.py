@@ -27,6 +27,7 @@ from stateward.controllers import diff
 from stateward.controllers.kube import Body, Kube, Ref
 from stateward.controllers.queue import Outcome
 from stateward.controllers.store import ObjectStore
+from stateward.specs import meta
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +90,15 @@ class SecretCache:
             del self._data[key]
 
 
+def controlled_by_another(body: Body | None, uid: str | None) -> bool:
+    """Whether ``body`` has a controller that is not the object ``uid`` — a child of a
+    previous object of the same name, which garbage collection is about to delete."""
+    if body is None or not uid:
+        return False
+    references = (body.get("metadata") or {}).get("ownerReferences") or []
+    return any(ref.get("controller") and ref.get("uid") != uid for ref in references)
+
+
 @dataclasses.dataclass(kw_only=True)
 class Scope:
     """One reconcile's view of one object: its body, its observed children, and what the
@@ -105,6 +115,8 @@ class Scope:
     progressing: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     secrets: SecretCache = dataclasses.field(default_factory=SecretCache)
     """Shared by one reconciler's scopes, so a Secret is read once per change."""
+    operator_namespace: str = meta.OPERATOR_NAMESPACE
+    """Where the operator runs: its namespace may reach the database pods (NetworkPolicy)."""
 
     @property
     def name(self) -> str:

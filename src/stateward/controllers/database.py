@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import ssl
 import time
 from collections.abc import Callable
@@ -70,10 +71,20 @@ class Scope(core.Scope):
 
 class DatabaseReconciler:
     def __init__(
-        self, kube: Kube, store: ObjectStore, *, clock: Callable[[], float] = time.monotonic
+        self,
+        kube: Kube,
+        store: ObjectStore,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        leadership: Callable[[], float] = lambda: math.inf,
+        operator_namespace: str = meta.OPERATOR_NAMESPACE,
     ) -> None:
         self.kube = kube
         self.store = store
+        self.operator_namespace = operator_namespace
+        self.leadership = leadership
+        """Seconds this operator replica surely keeps the leader Lease (``LeaderElector.
+        term_left``): no replication change is sent to a server past it."""
         self.secret_cache = core.SecretCache()
         self.clock = clock
         self._silent_since: dict[tuple[str, str], tuple[str, float]] = {}
@@ -106,6 +117,7 @@ class DatabaseReconciler:
             body=body,
             kube=self.kube,
             secrets=self.secret_cache,
+            operator_namespace=self.operator_namespace,
             store=self.store,
             now=core.now(),
             conditions=[dict(c) for c in status.get("conditions") or []],
@@ -205,13 +217,15 @@ class DatabaseReconciler:
                     for server, answer in zip(observed, answers, strict=True)
                 ]
                 decided = servers.plan(database, observed, scope.primary)
-            unproven = _may_still_acknowledge(decided, observed, by_pod)
+            unproven = _may_hold_more(decided, observed, _claims(scope, pods))
             if unproven:
+                names = ", ".join(unproven)
+                claims = " ".join(f"{mysql_spec.DATA_VOLUME}-{name}" for name in unproven)
                 message = (
-                    f"not failing over from {decided.failover_from}: {', '.join(unproven)}"
-                    " does not answer but its pod is ready, so it may still acknowledge the"
-                    " old primary's commits; waiting until it answers or Kubernetes marks it"
-                    " not ready"
+                    f"not failing over from {decided.failover_from}: {names} cannot be asked"
+                    " what it holds and may hold acknowledged writes no other server has;"
+                    " waiting until it answers. To fail over without it, accepting the loss of"
+                    f" what only it holds: kubectl delete pvc {claims}"
                 )
                 scope.progressing.append(("FailoverWaits", message))
                 scope.requeue(RECHECK)
@@ -344,6 +358,7 @@ class DatabaseReconciler:
                 root_password=data[mysql_spec.ROOT_PASSWORD_KEY],
                 replication_password=data[mysql_spec.REPLICATION_PASSWORD_KEY],
                 tls=context,
+                leadership=self.leadership,
             )
         except KeyError:
             await scope.degrade(
@@ -387,23 +402,39 @@ class DatabaseReconciler:
 FINALIZER_REMOVED = "removed the finalizer"
 
 
-def _may_still_acknowledge(
-    decided: servers.Plan, observed: list[servers.Server], by_pod: dict[str, Body]
+def _may_hold_more(
+    decided: servers.Plan, observed: list[servers.Server], claims: dict[str, Body | None]
 ) -> list[str]:
-    """Replicas of a failover that were not stopped from receiving and are not proven gone:
-    silent over SQL while their pod is ready, they may still be connected to the old
-    primary, acknowledging commits the promoted server will never have."""
+    """The servers a failover cannot ask what they hold while their data still exists: with
+    semi-synchronous replication any one replica acknowledges a commit, so a server that does
+    not answer may hold acknowledged commits no other has — promoting another would lose
+    them (a partition that cut off the primary's node took a replica on that node with it).
+    Silent over SQL, not ready, or without a pod at all, it counts while its data volume
+    claim exists (``claims``: server -> its claim, None when gone or going). Not waited for:
+    the lost primary, the server to promote, servers that answer (stopped from receiving)."""
     if decided.promote is None:
         return []
+    answering = {s.pod for s in observed if s.reachable}
     return sorted(
-        s.pod
-        for s in observed
-        if s.pod not in (decided.failover_from, decided.promote)
-        and not s.reachable
-        and s.pod in by_pod
-        and not by_pod[s.pod]["metadata"].get("deletionTimestamp")
-        and _ready(by_pod[s.pod])
+        server
+        for server, claim in claims.items()
+        if server not in (decided.failover_from, decided.promote, *answering)
+        and claim is not None
+        and not claim["metadata"].get("deletionTimestamp")
     )
+
+
+def _claims(scope: Scope, pods: list[Body]) -> dict[str, Body | None]:
+    """Every server the StatefulSet has (its pods, and each ordinal below its size) -> its
+    data volume claim as observed (None: none)."""
+    statefulset = scope.observed("StatefulSet", scope.name)
+    size = int(((statefulset or {}).get("spec") or {}).get("replicas") or 0)
+    names = {f"{scope.name}-{ordinal}" for ordinal in range(size)}
+    names |= {pod["metadata"]["name"] for pod in pods}
+    return {
+        name: scope.observed("PersistentVolumeClaim", f"{mysql_spec.DATA_VOLUME}-{name}")
+        for name in sorted(names)
+    }
 
 
 async def _keep_semi_sync(
@@ -647,6 +678,18 @@ async def ensure_secrets(scope: Scope) -> str | None:
             lambda: mysql_spec.app_secret(database, password=secrets.generate_password()),
         ),
     )
+    stale = [
+        name
+        for name, _ in builders
+        if core.controlled_by_another(scope.observed("Secret", name), database.uid)
+    ]
+    if stale:
+        # A Database made again under the name of one just deleted: that one's Secrets are
+        # going with it. Nothing is applied until they are gone and ours are made.
+        scope.requeue(RECHECK)
+        raise _Stop(
+            f"waiting for the previous Database's {', '.join(stale)} to be garbage-collected"
+        )
     for name, build in builders:
         if scope.observed("Secret", name) is not None:
             continue
@@ -683,7 +726,7 @@ async def ensure_tls(scope: Scope) -> str | None:
 
 
 async def apply_servers(scope: Scope) -> str | None:
-    desired = mysql_spec.children(scope.database)
+    desired = mysql_spec.children(scope.database, operator_namespace=scope.operator_namespace)
     _hold_scale_down(scope, desired)
     return await core.converge(
         scope, desired, immutable={"StatefulSet": IMMUTABLE_STATEFULSET_FIELDS}
@@ -810,6 +853,9 @@ def _servers_status(scope: Scope, *, deleting: bool) -> dict[str, Any]:
             "Ready", False, "ServersNotReady",
             f"{ready}/{wanted} ready, {len(replicas)} of {wanted - 1} replicas replicating",
         )  # fmt: skip
+    unschedulable = _unschedulable(pods)
+    if unschedulable:
+        scope.progressing.append(("ServersUnschedulable", unschedulable))
     if not is_ready and not scope.progressing:
         scope.progressing.append(("ServersStarting", f"{ready}/{wanted} ready"))
     scope.summarize("the servers match the spec")
@@ -859,6 +905,25 @@ def _server_pods(scope: Scope) -> list[Body]:
         if all((pod["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())
         and not pod["metadata"].get("deletionTimestamp")
     ]
+
+
+def _unschedulable(pods: list[Body]) -> str | None:
+    """Why servers wait for a node, as the scheduler says: each needs one of its own
+    (``specs.mysql``: required anti-affinity), so a node lost to a fault takes one server."""
+    waiting = []
+    for pod in pods:
+        for condition in (pod.get("status") or {}).get("conditions") or []:
+            if (condition.get("type"), condition.get("status"), condition.get("reason")) == (
+                "PodScheduled", "False", "Unschedulable"
+            ):  # fmt: skip
+                waiting.append(f"{pod['metadata']['name']}: {condition.get('message') or ''}")
+    if not waiting:
+        return None
+    return (
+        f"{'; '.join(sorted(waiting))} — every server needs a node of its own, so that losing"
+        " one node never takes two of them: add nodes, make one schedulable again, or lower"
+        " spec.replicas"
+    )
 
 
 def _ready(pod: Body) -> bool:

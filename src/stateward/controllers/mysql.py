@@ -12,19 +12,32 @@ select on. The SQL of each engine is in :class:`Dialect`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import math
 import ssl
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+import aiomysql
 import pymysql
 
 from stateward.api import v1alpha1
 from stateward.specs import meta, tls
 from stateward.specs import mysql as spec
 
-CONNECT_TIMEOUT = 3
+CONNECT_TIMEOUT = 3.0
+"""Seconds to open a session: TCP, TLS and authentication."""
+STATEMENT_TIMEOUT = 8.0
+"""Seconds a statement may take before the operator abandons it and closes the session (a
+hung server never holds a reconcile). Above the fence's lock wait (5 s)."""
+CHANGE_MARGIN = 0.5
+"""A replication change's deadline ends this long before the leader Lease could pass."""
+MIN_CHANGE_WINDOW = 1.0 + CHANGE_MARGIN
+"""No change is sent with less of the term left than this."""
 ACCESS_DENIED = 1045
+Connection = Any
+"""An ``aiomysql`` connection (the driver ships no types)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -344,6 +357,10 @@ def dialect(engine: v1alpha1.Engine) -> Dialect:
     return MARIADB if engine is v1alpha1.Engine.MARIADB else MYSQL
 
 
+def _forever() -> float:
+    return math.inf
+
+
 @dataclasses.dataclass(frozen=True)
 class Credentials:
     root_password: str = dataclasses.field(repr=False)
@@ -352,6 +369,11 @@ class Credentials:
     """MariaDB: the operator's client certificate and the Database's CA. The operator then
     logs in as its own account (``tls.MARIADB_OPERATOR_USERNAME``), which only that
     certificate opens; servers are addressed by IP, so the chain is checked, not the name."""
+    leadership: Callable[[], float] = dataclasses.field(default=_forever, repr=False)
+    """Seconds for which no other operator replica can hold the leader Lease (0: this one
+    does not hold it). Every replication change is sent only while it exceeds the time the
+    statement may take (:data:`STATEMENT_TIMEOUT`): no failover or promotion statement is
+    sent by a replica that lost, or may be about to lose, leadership."""
 
 
 class SQLError(Exception):
@@ -359,44 +381,93 @@ class SQLError(Exception):
     of the credentials."""
 
 
-def _connect(address: str, credentials: Credentials) -> Any:
-    if credentials.tls is None:
-        return _login(address, "root", credentials.root_password, None)
+class NotLeader(SQLError):
+    """A replication change was not sent: this operator replica's hold on the leader Lease
+    is not sure to outlast it."""
+
+
+def _code(error: pymysql.MySQLError) -> object:
+    return error.args[0] if error.args else "?"
+
+
+@contextlib.asynccontextmanager
+async def _session(address: str, credentials: Credentials) -> AsyncIterator[Connection]:
+    """A connection, logged in within :data:`CONNECT_TIMEOUT` (TCP, TLS, authentication);
+    closed on the way out however that is (a timeout or a cancellation closes the socket)."""
     try:
-        return _login(address, tls.MARIADB_OPERATOR_USERNAME, "", credentials.tls)
+        async with asyncio.timeout(CONNECT_TIMEOUT):
+            connection = await _connect(address, credentials)
+    except TimeoutError:
+        raise SQLError(
+            f"the server at {address} did not let the operator log in within {CONNECT_TIMEOUT:.0f}s"
+        ) from None
+    except (pymysql.MySQLError, OSError) as error:
+        code = _code(error) if isinstance(error, pymysql.MySQLError) else type(error).__name__
+        raise SQLError(f"the server at {address} refused the operator (error {code})") from None
+    try:
+        yield connection
+    finally:
+        connection.close()
+
+
+async def _connect(address: str, credentials: Credentials) -> Connection:
+    if credentials.tls is None:
+        return await _login(address, "root", credentials.root_password, None)
+    try:
+        return await _login(address, tls.MARIADB_OPERATOR_USERNAME, "", credentials.tls)
     except pymysql.err.OperationalError as error:
-        if not error.args or error.args[0] != ACCESS_DENIED:
+        if _code(error) != ACCESS_DENIED:
             raise
     # A server started before its accounts had the operator's (``users.sql`` adds it at the
-    # next start) still has root over the network: log in that way, over TLS when it has TLS.
-    return _login(address, "root", credentials.root_password, None)
+    # next start) still has root over the network: log in that way.
+    return await _login(address, "root", credentials.root_password, None)
 
 
-def _login(address: str, user: str, password: str, context: ssl.SSLContext | None) -> Any:
-    return pymysql.connect(
+async def _login(
+    address: str, user: str, password: str, context: ssl.SSLContext | None
+) -> Connection:
+    return await aiomysql.connect(
         host=address,
         port=spec.PORT,
         user=user,
         password=password,
         ssl=context,
         connect_timeout=CONNECT_TIMEOUT,
-        read_timeout=10,
-        write_timeout=10,
         autocommit=True,
     )
 
 
-def _observe(address: str, credentials: Credentials, sql: Dialect) -> dict[str, Any]:
-    connection = _connect(address, credentials)
+async def _query(
+    address: str,
+    connection: Connection,
+    statement: str,
+    params: dict[str, Any] | None = None,
+    *,
+    within: float = STATEMENT_TIMEOUT,
+) -> dict[str, Any]:
+    """One statement, answered ``within`` seconds or abandoned (the connection is closed):
+    its first row by column name."""
     try:
-        with connection.cursor(pymysql.cursors.DictCursor) as cursor:
-            semi_sync = f", {sql.semi_sync_enabled} AS semi_sync" if sql.semi_sync_enabled else ""
-            cursor.execute(f"SELECT @@read_only AS read_only, {sql.gtid} AS gtid{semi_sync}")
-            row = cursor.fetchone() or {}
-            cursor.execute(sql.replica_status)
-            replica = cursor.fetchone() or {}
-    finally:
-        connection.close()
+        async with asyncio.timeout(within), connection.cursor(aiomysql.DictCursor) as cursor:
+            await cursor.execute(statement, params)
+            return dict(await cursor.fetchone() or {})
+    except TimeoutError:
+        raise SQLError(f"the server at {address} did not answer within {within:.1f}s") from None
+    except pymysql.MySQLError as error:
+        raise SQLError(f"the server at {address} refused a query (error {_code(error)})") from None
+    except OSError as error:
+        raise SQLError(
+            f"the server at {address} dropped the session ({type(error).__name__})"
+        ) from None
+
+
+async def _observe(address: str, credentials: Credentials, sql: Dialect) -> dict[str, Any]:
+    semi_sync = f", {sql.semi_sync_enabled} AS semi_sync" if sql.semi_sync_enabled else ""
+    async with _session(address, credentials) as connection:
+        row = await _query(
+            address, connection, f"SELECT @@read_only AS read_only, {sql.gtid} AS gtid{semi_sync}"
+        )
+        replica = await _query(address, connection, sql.replica_status)
     return {
         "writable": not int(row.get("read_only") or 0),
         "semi_sync": bool(int(row["semi_sync"])) if row.get("semi_sync") is not None else None,
@@ -409,35 +480,18 @@ def _observe(address: str, credentials: Credentials, sql: Dialect) -> dict[str, 
     }
 
 
-def _fetch(address: str, credentials: Credentials, statement: str, **params: Any) -> Any:
-    connection = _connect(address, credentials)
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute(statement, params or None)
-            row = cursor.fetchone()
-    finally:
-        connection.close()
-    return row[0] if row else None
-
-
-async def _scalar(address: str, credentials: Credentials, statement: str, **params: Any) -> Any:
-    try:
-        return await asyncio.to_thread(_fetch, address, credentials, statement, **params)
-    except pymysql.MySQLError as error:
-        code = error.args[0] if error.args else "?"
-        raise SQLError(f"the server at {address} refused a query (error {code})") from None
-
-
-def _execute(
-    address: str, credentials: Credentials, statements: Sequence[str], **params: Any
-) -> None:
-    connection = _connect(address, credentials)
-    try:
-        with connection.cursor() as cursor:
-            for statement in statements:
-                cursor.execute(statement, params or None)
-    finally:
-        connection.close()
+async def _scalar(
+    address: str,
+    credentials: Credentials,
+    statement: str,
+    *,
+    within: float = STATEMENT_TIMEOUT,
+    **params: Any,
+) -> Any:
+    """The first value of the first row."""
+    async with _session(address, credentials) as connection:
+        row = await _query(address, connection, statement, params or None, within=within)
+    return next(iter(row.values()), None)
 
 
 async def observe(
@@ -447,8 +501,8 @@ async def observe(
     if not address:
         return {}
     try:
-        return await asyncio.to_thread(_observe, address, credentials, dialect(engine))
-    except pymysql.MySQLError:
+        return await _observe(address, credentials, dialect(engine))
+    except SQLError:
         return {}
 
 
@@ -474,27 +528,14 @@ async def _relay_log_applied(
     """Whether the applier, no longer receiving, says it has read all of the relay log."""
     deadline = asyncio.get_running_loop().time() + within
     while True:
-        try:
-            state = await asyncio.to_thread(_replica_state, address, credentials, sql)
-        except pymysql.MySQLError as error:
-            code = error.args[0] if error.args else "?"
-            raise SQLError(f"the server at {address} did not answer (error {code})") from None
+        async with _session(address, credentials) as connection:
+            row = await _query(address, connection, sql.replica_status)
+        state = str(row.get(sql.sql_state) or "")
         if "read all relay log" in state or not state:
             return True
         if asyncio.get_running_loop().time() >= deadline:
             return False
         await asyncio.sleep(0.2)
-
-
-def _replica_state(address: str, credentials: Credentials, sql: Dialect) -> str:
-    connection = _connect(address, credentials)
-    try:
-        with connection.cursor(pymysql.cursors.DictCursor) as cursor:
-            cursor.execute(sql.replica_status)
-            row = cursor.fetchone() or {}
-    finally:
-        connection.close()
-    return str(row.get(sql.sql_state) or "")
 
 
 async def wait_for_replicas(
@@ -574,7 +615,11 @@ async def _applied(
 ) -> bool:
     """Whether the server applies everything up to ``written`` within ``within`` seconds."""
     if sql.wait_applied is not None:
-        return bool(await _scalar(address, credentials, sql.wait_applied, received=written) == 0)
+        waited = await _scalar(
+            address, credentials, sql.wait_applied, within=within + STATEMENT_TIMEOUT,
+            received=written,
+        )  # fmt: skip
+        return bool(waited == 0)
     deadline = asyncio.get_running_loop().time() + within
     while True:
         if caught_up(str(await _scalar(address, credentials, f"SELECT {sql.gtid}") or ""), written):
@@ -606,10 +651,20 @@ async def follow(
 async def _run(
     address: str, credentials: Credentials, statements: Sequence[str], **params: Any
 ) -> None:
-    try:
-        await asyncio.to_thread(_execute, address, credentials, statements, **params)
-    except pymysql.MySQLError as error:
-        code = error.args[0] if error.args else "?"
-        raise SQLError(
-            f"the server at {address} refused a replication change (error {code})"
-        ) from None
+    """Replication changes, one statement at a time, each sent only while this operator
+    replica surely holds the leader Lease for longer than the statement may take."""
+    async with _session(address, credentials) as connection:
+        for statement in statements:
+            # The statement's deadline ends inside the term: the operator gives up on it (and
+            # closes the connection) before another replica can hold the Lease.
+            left = credentials.leadership()
+            if left < MIN_CHANGE_WINDOW:
+                raise NotLeader(
+                    f"this operator replica may lose the leader Lease before a change to the"
+                    f" server at {address} completes: nothing more sent"
+                )
+            timeout = min(STATEMENT_TIMEOUT, left - CHANGE_MARGIN)
+            try:
+                await _query(address, connection, statement, params or None, within=timeout)
+            except SQLError as error:
+                raise SQLError(f"{error} (a replication change)") from None

@@ -139,10 +139,16 @@ Phase = Callable[[Scope], Awaitable[str | None]]
 
 class Reconciler:
     def __init__(
-        self, kube: Kube, store: ObjectStore, *, foreign_repository_paths: bool = False
+        self,
+        kube: Kube,
+        store: ObjectStore,
+        *,
+        foreign_repository_paths: bool = False,
+        operator_namespace: str = meta.OPERATOR_NAMESPACE,
     ) -> None:
         self.kube = kube
         self.store = store
+        self.operator_namespace = operator_namespace
         self.foreign_repository_paths = foreign_repository_paths
         """The operator's administrator lets repository paths leave their namespace."""
         self.data_plane = DataPlane()
@@ -177,6 +183,7 @@ class Reconciler:
             kube=self.kube,
             store=self.store,
             secrets=self.secret_cache,
+            operator_namespace=self.operator_namespace,
             credentials_checked=self.credentials_checked,
             now=core.now(),
             conditions=[dict(c) for c in (body.get("status") or {}).get("conditions") or []],
@@ -290,6 +297,21 @@ async def ensure_secrets(scope: Scope) -> str | None:
     def app_secret(cluster: PostgresCluster, *, password: str) -> Body:
         return secrets.app_secret(cluster, password=password, ca_cert=ca_cert.encode())
 
+    names = (cluster.superuser_secret_name, cluster.replication_secret_name,
+             cluster.app_secret_name, cluster.restapi_secret_name)  # fmt: skip
+    stale = [
+        name
+        for name in names
+        if core.controlled_by_another(scope.observed("Secret", name), cluster.uid)
+    ]
+    if stale:
+        # A cluster made again under the name of one just deleted: that one's Secrets are
+        # still there, going with it (garbage collection). Taken for ours, they would vanish
+        # under the new pods; nothing is applied until they are gone and ours are made.
+        scope.requeue(ROLL_RECHECK)
+        scope.halted = True
+        return f"waiting for the previous cluster's {', '.join(stale)} to be garbage-collected"
+
     for name, build, held_by_data in (
         (cluster.superuser_secret_name, secrets.superuser_secret, True),
         (cluster.replication_secret_name, secrets.replication_secret, True),
@@ -382,7 +404,11 @@ async def apply_children(scope: Scope) -> str | None:
     if any(reason == "StorageClassNotFound" for reason, _ in scope.degraded):
         return None
     cluster = scope.cluster
-    desired = specs.children(cluster, patroni_config=config_spec.patroni_config(cluster))
+    desired = specs.children(
+        cluster,
+        patroni_config=config_spec.patroni_config(cluster),
+        operator_namespace=scope.operator_namespace,
+    )
     _hold_scale_down(scope, desired)
     return await core.converge(
         scope, desired, immutable={"StatefulSet": IMMUTABLE_STATEFULSET_FIELDS}

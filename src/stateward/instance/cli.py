@@ -43,16 +43,15 @@ REQUIRED_ENVIRONMENT: Final[Mapping[str, str]] = {
     "PATRONI_KUBERNETES_POD_IP": "the pod's IP, from status.podIP",
     "PATRONI_RESTAPI_CONNECT_ADDRESS": "POD_IP:8008",
     "PATRONI_POSTGRESQL_CONNECT_ADDRESS": "POD_IP:5432",
-    "PATRONI_SUPERUSER_USERNAME": "from the cluster's superuser Secret",
-    "PATRONI_SUPERUSER_PASSWORD": "from the cluster's superuser Secret",
-    "PATRONI_REPLICATION_USERNAME": "from the cluster's replication Secret",
-    "PATRONI_REPLICATION_PASSWORD": "from the cluster's replication Secret",
-    "PATRONI_RESTAPI_USERNAME": "from the cluster's patroni-api Secret",
-    "PATRONI_RESTAPI_PASSWORD": "from the cluster's patroni-api Secret",
 }
 """What the StatefulSet's container sets for Patroni; without any of them Patroni would start
-with a wrong identity or no credentials (without the REST API's, with its unsafe endpoints
-open to anyone who reaches the pod)."""
+with a wrong identity. Credentials are files (:func:`read_credentials`), not variables."""
+CREDENTIAL_SECRETS: Final[Mapping[str, str]] = {
+    "superuser": "NAME-superuser",
+    "replication": "NAME-replication",
+    "restapi": "NAME-patroni-api",
+}
+"""The Secret each credential directory is projected from (for the error that names it)."""
 _ADDRESSES: Final = ("PATRONI_RESTAPI_CONNECT_ADDRESS", "PATRONI_POSTGRESQL_CONNECT_ADDRESS")
 
 NSS_WRAPPER_LIBRARIES: Final = (
@@ -171,12 +170,79 @@ def certificate_files(document: Mapping[str, object]) -> tuple[str, str]:
     return cert, key
 
 
-def run(config: str, *, supervise: Callable[..., int] | None = None) -> int:
-    """Check, then run Patroni under the supervisor until it ends; Patroni's exit status."""
+def read_mounted(path: str, secret: str) -> str:
+    """A file of a mounted Secret, stripped; one line naming it and its Secret (never a
+    value) when it cannot be read."""
+    try:
+        with open(path) as source:
+            return source.read().strip()
+    except OSError as error:
+        raise InstanceError(
+            f"cannot read {path}: {error.strerror} (the pod mounts it from the cluster's"
+            f" {secret} Secret, which the operator makes)"
+        ) from None
+
+
+def read_credentials(directory: str = patroni.CREDENTIALS_DIR) -> dict[str, tuple[str, str]]:
+    """Each of Patroni's users' name and password from the mounted Secrets; one line naming
+    the missing or empty file and its Secret (never a value) when one is not there. Without
+    the REST API's, its unsafe endpoints would be open to anyone who reaches the pod."""
+    found: dict[str, tuple[str, str]] = {}
+    for name, secret in CREDENTIAL_SECRETS.items():
+        values = []
+        for field in ("username", "password"):
+            path = os.path.join(directory, name, field)
+            value = read_mounted(path, secret)
+            if not value:
+                raise InstanceError(f"{path} is empty: the {secret} Secret lacks its {field}")
+            values.append(value)
+        found[name] = (values[0], values[1])
+    return found
+
+
+def write_private(path: str, text: str) -> None:
+    """``text`` into ``path``, readable by this user only, from its first byte."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as target:
+        os.fchmod(target.fileno(), 0o600)  # an older file of another mode
+        target.write(text)
+
+
+def write_backup_keys(
+    key_file: str = pgbackrest.KEY_FILE,
+    secret_file: str = pgbackrest.KEY_SECRET_FILE,
+    directory: str = pgbackrest.INCLUDE_DIR,
+) -> bool:
+    """With a backup repository (its keys mounted), hand pgBackRest the S3 keys in a file of
+    its include directory, readable by this user only. Without them (no repository, or a
+    Secret not there yet) nothing: PostgreSQL still starts, archiving fails and the operator
+    says why."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)  # pgBackRest lists it in any case
+    try:
+        with open(key_file) as key, open(secret_file) as secret:
+            text = pgbackrest.keys_conf(key.read().strip(), secret.read().strip())
+    except (OSError, ValueError):
+        return False
+    write_private(os.path.join(directory, "keys.conf"), text)
+    return True
+
+
+def run(
+    config: str,
+    *,
+    supervise: Callable[..., int] | None = None,
+    credentials_dir: str = patroni.CREDENTIALS_DIR,
+    runtime_config: str = patroni.RUNTIME_CONFIG_FILE,
+) -> int:
+    """Check, then run Patroni under the supervisor until it ends; Patroni's exit status.
+    Patroni reads ``config`` with the credentials merged in, from ``runtime_config``."""
     check_environment(os.environ)
     document = load_configuration(config)
     check_configuration(document, config, os.environ)
     cert, key = certificate_files(document)
+    runtime = patroni.with_credentials(document, read_credentials(credentials_dir))
+    write_private(runtime_config, yaml.safe_dump(runtime, sort_keys=False))
+    write_backup_keys()
     os.environ.update(passwd_environment(os.getuid(), os.getgid(), directory=patroni.TMP_DIR))
     program = shutil.which("patroni")
     if program is None:
@@ -185,7 +251,7 @@ def run(config: str, *, supervise: Callable[..., int] | None = None) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     return (supervise or supervisor.supervise)(
-        [program, config],
+        [program, runtime_config],
         namespace=os.environ["PATRONI_KUBERNETES_NAMESPACE"],
         cluster=str(document.get("scope") or os.environ.get("PATRONI_SCOPE")),
         pod=os.environ["PATRONI_NAME"],
@@ -244,18 +310,18 @@ def bootstrap_sql(database: str, owner: str, password: str) -> str:
     )
 
 
-def post_bootstrap(connection: str, env: Mapping[str, str]) -> int:
-    """Patroni's ``post_bootstrap`` hook: make the application role and database."""
+def post_bootstrap(
+    connection: str, env: Mapping[str, str], *, password_file: str = patroni.APP_PASSWORD_FILE
+) -> int:
+    """Patroni's ``post_bootstrap`` hook: make the application role and database, with the
+    password from the mounted ``NAME-app`` Secret."""
     missing = [
-        name
-        for name in (patroni.APP_DATABASE_ENV, patroni.APP_OWNER_ENV, patroni.APP_PASSWORD_ENV)
-        if not env.get(name)
+        name for name in (patroni.APP_DATABASE_ENV, patroni.APP_OWNER_ENV) if not env.get(name)
     ]
     if missing:
         raise InstanceError(f"post-bootstrap needs {', '.join(missing)} in the environment")
-    statements = bootstrap_sql(
-        env[patroni.APP_DATABASE_ENV], env[patroni.APP_OWNER_ENV], env[patroni.APP_PASSWORD_ENV]
-    )
+    password = read_mounted(password_file, "NAME-app")
+    statements = bootstrap_sql(env[patroni.APP_DATABASE_ENV], env[patroni.APP_OWNER_ENV], password)
     result = subprocess.run(
         ["psql", connection, "-X", "-q", "-v", "ON_ERROR_STOP=1"],
         input=statements,

@@ -9,6 +9,7 @@ so no secret is ever rendered into the file.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -32,8 +33,8 @@ REPLICATION_USERNAME: Final = "replicator"
 RESTAPI_USERNAME: Final = "stateward"
 """Patroni's REST API asks for it (HTTP basic, ``restapi.authentication``) on every request
 that changes something: ``PATCH /config``, ``POST /switchover`` and ``/failover``,
-``/restart``, ``/reload`` ... The password comes from ``PATRONI_RESTAPI_PASSWORD`` (the Secret
-``NAME-patroni-api``); members send it to each other, the operator reads it from the Secret.
+``/restart``, ``/reload`` ... The password comes from the Secret ``NAME-patroni-api``
+(:data:`CREDENTIALS_DIR`); members send it to each other, the operator reads it from the Secret.
 Without it, any pod that reached :8008 could ``PATCH /config`` an ``archive_command``: a
 shell on the primary. Reads (``/patroni``, ``/cluster``, the probes) stay open."""
 
@@ -71,9 +72,25 @@ PEER_SSLMODE: Final = "verify-ca"
 the server's certificate signed by the cluster's CA. Not ``verify-full``: members address
 each other by pod IP, which no certificate issued before the pod existed can name."""
 
+CREDENTIALS_DIR: Final = "/etc/stateward/credentials"
+"""The cluster's credential Secrets as files (a projected volume: memory-backed, read-only,
+root-owned, readable by the postgres group): ``ROLE/username`` and ``ROLE/password`` for
+each of :data:`CREDENTIALS`, and ``app/password``. Not environment variables: those every
+child of Patroni (PostgreSQL, its archive_command, pgBackRest) would inherit, and
+``/proc/PID/environ`` would show."""
+CREDENTIALS: Final = {
+    "superuser": ("postgresql", "authentication", "superuser"),
+    "replication": ("postgresql", "authentication", "replication"),
+    "restapi": ("restapi", "authentication"),
+}
+"""Each credential directory and where in Patroni's configuration its username and password
+go (merged at start by ``stateward-instance run`` into :data:`RUNTIME_CONFIG_FILE`)."""
+APP_PASSWORD_FILE: Final = f"{CREDENTIALS_DIR}/app/password"
+RUNTIME_CONFIG_FILE: Final = f"{TMP_DIR}/patroni.yaml"
+"""What Patroni runs with: :data:`CONFIG_FILE` plus the credentials, written by
+``stateward-instance run`` with mode 0600 into the memory-backed /tmp."""
 APP_DATABASE_ENV: Final = "STATEWARD_APP_DATABASE"
 APP_OWNER_ENV: Final = "STATEWARD_APP_OWNER"
-APP_PASSWORD_ENV: Final = "STATEWARD_APP_PASSWORD"  # noqa: S105 - a variable name
 POST_BOOTSTRAP: Final = "stateward-instance post-bootstrap"
 """Patroni runs it once after initdb, with a superuser connection string appended."""
 
@@ -231,7 +248,7 @@ def configuration(
         },
         "restapi": {
             # connect_address comes from PATRONI_RESTAPI_CONNECT_ADDRESS (the pod IP);
-            # authentication from PATRONI_RESTAPI_USERNAME/PASSWORD (RESTAPI_USERNAME).
+            # authentication from the mounted NAME-patroni-api Secret (``with_credentials``).
             "listen": f"0.0.0.0:{RESTAPI_PORT}",
             # HTTPS with the cluster's certificate; SIGHUP reloads a renewed one.
             "certfile": TLS_CERT,
@@ -249,15 +266,15 @@ def configuration(
         },
         "bootstrap": bootstrap_configuration(cluster),
         "postgresql": {
-            # connect_address from PATRONI_POSTGRESQL_CONNECT_ADDRESS; credentials from
-            # PATRONI_SUPERUSER_* and PATRONI_REPLICATION_* (Secrets, never this file).
+            # connect_address from PATRONI_POSTGRESQL_CONNECT_ADDRESS; credentials from the
+            # mounted Secrets at start (``with_credentials``), never this ConfigMap.
             "listen": f"0.0.0.0:{POSTGRES_PORT}",
             "data_dir": DATA_DIR,
             "bin_dir": bin_dir(cluster.spec.major_version),
             "pgpass": PGPASS_FILE,
             "use_unix_socket": True,
             "pg_hba": list(PG_HBA),
-            # Merged with PATRONI_<USER>_USERNAME/_PASSWORD from the environment: every
+            # Merged with each user's name and password at start (``with_credentials``): every
             # connection a member makes to another is TLS, the server checked against the CA.
             "authentication": {
                 user: {
@@ -317,3 +334,20 @@ def dump(document: Mapping[str, Any]) -> str:
 
 
 _DUMPER: type[yaml.SafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+def with_credentials(
+    document: Mapping[str, Any], credentials: Mapping[str, tuple[str, str]]
+) -> dict[str, Any]:
+    """``document`` (Patroni's configuration) with each of :data:`CREDENTIALS`' username and
+    password, ``credentials[name] = (username, password)``, at its place; a deep copy."""
+    merged: dict[str, Any] = copy.deepcopy(dict(document))
+    for name, path in CREDENTIALS.items():
+        username, password = credentials[name]
+        node = merged
+        for key in path:
+            if not isinstance(node.get(key), dict):
+                node[key] = {}
+            node = node[key]
+        node.update({"username": username, "password": password})
+    return merged

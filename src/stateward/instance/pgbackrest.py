@@ -2,10 +2,12 @@
 ``info`` says.
 
 pgBackRest reads every option from ``PGBACKREST_*`` environment variables as well as from
-its configuration file; the instance pods set them (the S3 keys from the credentials
-Secret), so no file holds a secret and ``pgbackrest`` works the same from Patroni's
-``archive_command``, from ``kubectl exec`` and from the backup Job's exec. The stanza is the
-cluster's name, the repository its ``spec.backup`` (repo1).
+its configuration files; the instance pods set the options as variables and the S3 keys as a
+file (:data:`INCLUDE_DIR`, written at start by ``stateward-instance run`` from the mounted
+credentials Secret, mode 0600), so ``pgbackrest`` works the same from Patroni's
+``archive_command``, from ``kubectl exec`` and from the backup Job's exec, and no process's
+environment holds a key. The stanza is the cluster's name, the repository its
+``spec.backup`` (repo1).
 """
 
 from __future__ import annotations
@@ -20,8 +22,11 @@ CA_DIR: Final = "/etc/stateward/backup"
 CA_FILE_NAME: Final = "ca.crt"
 CA_FILE: Final = f"{CA_DIR}/{CA_FILE_NAME}"
 LOCK_PATH: Final = "/tmp/pgbackrest"  # noqa: S108 - the container's private emptyDir
-KEY_ENV: Final = "PGBACKREST_REPO1_S3_KEY"
-KEY_SECRET_ENV: Final = "PGBACKREST_REPO1_S3_KEY_SECRET"  # noqa: S105 - a variable name
+KEY_FILE: Final = f"{CA_DIR}/s3-key"
+KEY_SECRET_FILE: Final = f"{CA_DIR}/s3-key-secret"
+"""The S3 keys as the instance container mounts them (from the repository's Secret)."""
+INCLUDE_DIR: Final = "/tmp/pgbackrest-conf.d"  # noqa: S108 - the container's private tmpfs
+"""``PGBACKREST_CONFIG_INCLUDE_PATH``: :func:`keys_conf` is written here at start."""
 ACCESS_KEY_KEY: Final = "accessKeyId"
 SECRET_KEY_KEY: Final = "secretAccessKey"  # noqa: S105 - a key name
 COMPRESS_TYPE: Final = "lz4"
@@ -31,6 +36,14 @@ IO_TIMEOUT_SECONDS: Final = 20
 ARCHIVE_DISABLED: Final = "/bin/true"
 """The archive_command of a cluster without a repository: archive_mode stays on for every
 cluster (turning it on later would need a restart), and WAL is recycled as without it."""
+
+
+def keys_conf(key: str, secret: str) -> str:
+    """pgBackRest's configuration with the repository's S3 keys, and nothing else."""
+    for value in (key, secret):
+        if not value or any(c in value for c in "\r\n"):
+            raise ValueError("an S3 key is empty or spans lines")
+    return f"[global]\nrepo1-s3-key={key}\nrepo1-s3-key-secret={secret}\n"
 
 
 def archive_command(cluster: v1alpha1.PostgresCluster) -> str:

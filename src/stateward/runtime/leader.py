@@ -9,7 +9,8 @@ holder's ``renewTime``: a candidate takes over only after it has watched the Lea
 unchanged for a whole ``leaseDurationSeconds``. The holder, in turn, counts itself leader
 only while its last successful renew is younger than ``renew_deadline`` (shorter than the
 lease duration), so after any pause — a stalled process, a partition — it stops writing
-before anyone else may have started.
+before anyone else may have started. A renew's age counts from when it was sent, and
+:meth:`LeaderElector.term_left` says how long the Lease surely stays ours.
 """
 
 from __future__ import annotations
@@ -69,6 +70,17 @@ class LeaderElector:
             and self.clock() - self._last_renew < self.renew_deadline
         )
 
+    def term_left(self) -> float:
+        """Seconds for which no other candidate can hold the Lease (0 unless leader).
+
+        A candidate takes over only after it has seen the Lease unchanged for a whole
+        ``leaseDurationSeconds``, and it can have seen our last renew no earlier than we sent
+        it: until that send plus the duration, the Lease is ours. What must not outlive the
+        term (a failover statement to a database server) is given a deadline inside it."""
+        if not self.is_leader() or self._last_renew is None:
+            return 0.0
+        return max(0.0, int(self.lease_duration) - (self.clock() - self._last_renew))
+
     def reset(self) -> None:
         """Back to candidate after a lost term (called once the term's work has stopped)."""
         self._last_renew = None
@@ -78,6 +90,7 @@ class LeaderElector:
     async def run(self, stop: asyncio.Event) -> None:
         """Campaign and renew until ``stop`` is set; ``acquired``/``lost`` mark each term."""
         while not stop.is_set():
+            sent = self.clock()  # a term counts from when its renew was sent, not answered
             try:
                 renewed = await asyncio.wait_for(self._try_acquire_or_renew(), self.retry_period)
             except (ApiError, OSError, TimeoutError) as error:
@@ -89,7 +102,7 @@ class LeaderElector:
             if renewed and self.lost.is_set():
                 renewed = False  # the old term is still being torn down; renew after reset()
             if renewed:
-                self._last_renew = self.clock()
+                self._last_renew = sent
                 if not self.acquired.is_set():
                     logger.info("became leader as %s", self.identity)
                     self.acquired.set()

@@ -67,6 +67,7 @@ CHILD_RESOURCES = (
     ("rbac.authorization.k8s.io", "v1", "roles", "Role"),
     ("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
     ("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget"),
+    ("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy"),
     ("batch", "v1", "cronjobs", "CronJob"),
     ("batch", "v1", "jobs", "Job"),
 )
@@ -123,9 +124,17 @@ class Operator:
         )
         self.store = ObjectStore()
         self.reconciler = Reconciler(
-            self.kube, self.store, foreign_repository_paths=options.foreign_repository_paths
+            self.kube,
+            self.store,
+            foreign_repository_paths=options.foreign_repository_paths,
+            operator_namespace=options.namespace,
         )
-        self.databases = DatabaseReconciler(self.kube, self.store)
+        self.databases = DatabaseReconciler(
+            self.kube,
+            self.store,
+            leadership=self.elector.term_left,
+            operator_namespace=options.namespace,
+        )
         self.queue: WorkQueue[Key] = WorkQueue(self._reconcile, workers=options.workers)
         self.kopf_ready = asyncio.Event()
         self.client = client
@@ -438,8 +447,14 @@ class Operator:
             self.kube,
             self.store,
             foreign_repository_paths=self.options.foreign_repository_paths,
+            operator_namespace=self.options.namespace,
         )
-        self.databases = DatabaseReconciler(self.kube, self.store)
+        self.databases = DatabaseReconciler(
+            self.kube,
+            self.store,
+            leadership=self.elector.term_left,
+            operator_namespace=self.options.namespace,
+        )
         self.kopf_ready.clear()
         kopf_stop = asyncio.Event()
         kopf_task = asyncio.create_task(

@@ -7,11 +7,15 @@ Every object is a JSON-ready dict for server-side apply under one field manager:
 from __future__ import annotations
 
 from stateward.api import v1alpha1, validation
-from stateward.specs import backup, config, meta, pdb, rbac, services, statefulset
+from stateward.instance import patroni
+from stateward.specs import backup, config, meta, network, pdb, rbac, services, statefulset
 
 
 def children(
-    cluster: v1alpha1.PostgresCluster, *, patroni_config: config.PatroniConfig
+    cluster: v1alpha1.PostgresCluster,
+    *,
+    patroni_config: config.PatroniConfig,
+    operator_namespace: str = meta.OPERATOR_NAMESPACE,
 ) -> list[meta.Object]:
     """Every owned child desired for ``cluster``, in apply order.
 
@@ -33,6 +37,7 @@ def children(
         services.primary_service(cluster),
         services.replicas_service(cluster),
         pdb.pod_disruption_budget(cluster),
+        *_network_policy(cluster, operator_namespace),
         statefulset.statefulset(cluster, config_hash=patroni_config.hash),
     ]
     if cluster.spec.backup is not None:
@@ -40,6 +45,26 @@ def children(
     if cluster.spec.backup_schedule is not None and cluster.spec.backup is not None:
         objects.append(backup.backup_cronjob(cluster))
     return objects
+
+
+def _network_policy(
+    cluster: v1alpha1.PostgresCluster, operator_namespace: str
+) -> list[meta.Object]:
+    """PostgreSQL to the clients, the members and the operator's namespace (which calls
+    Patroni's REST API, never PostgreSQL); the REST API to the members and the operator."""
+    if not cluster.spec.network_policy.enabled:
+        return []
+    return [
+        network.network_policy(
+            cluster.spec.network_policy,
+            metadata=meta.object_meta(cluster, cluster.name, component=meta.INSTANCE_COMPONENT),
+            selector=meta.selector_labels(cluster),
+            client_ports=[patroni.POSTGRES_PORT],
+            member_ports=[patroni.POSTGRES_PORT, patroni.RESTAPI_PORT],
+            operator_ports=[patroni.RESTAPI_PORT],
+            operator_namespace=operator_namespace,
+        )
+    ]
 
 
 def _fencing(cluster: v1alpha1.PostgresCluster) -> list[meta.Object]:

@@ -165,13 +165,10 @@ def _pod_template(cluster: v1alpha1.PostgresCluster, kind: str) -> meta.Object:
 
 
 def instance_env(cluster: v1alpha1.PostgresCluster) -> list[meta.Object]:
-    """pgBackRest's options for the instance container (none without ``spec.backup``).
-
-    The keys come from the credentials Secret, marked optional: a missing Secret or key
-    must not keep PostgreSQL from starting (archiving fails and the operator reports it)."""
+    """pgBackRest's options for the instance container (none without ``spec.backup``). The
+    keys are files (:func:`instance_volumes`), never variables."""
     if cluster.spec.backup is None:
         return []
-    s3 = cluster.spec.backup.repository.s3
     options = pgbackrest.options(
         cluster,
         data_dir=patroni.DATA_DIR,
@@ -179,29 +176,35 @@ def instance_env(cluster: v1alpha1.PostgresCluster) -> list[meta.Object]:
         port=patroni.POSTGRES_PORT,
     )
     env: list[meta.Object] = [{"name": k, "value": v} for k, v in options.items()]
-    for name, key in (
-        (pgbackrest.KEY_ENV, pgbackrest.ACCESS_KEY_KEY),
-        (pgbackrest.KEY_SECRET_ENV, pgbackrest.SECRET_KEY_KEY),
-    ):
-        ref = pods.secret_env(name, secret=s3.credentials_secret, key=key)
-        ref["valueFrom"]["secretKeyRef"]["optional"] = True
-        env.append(ref)
+    env.append({"name": "PGBACKREST_CONFIG_INCLUDE_PATH", "value": pgbackrest.INCLUDE_DIR})
     return env
 
 
 def instance_volumes(cluster: v1alpha1.PostgresCluster) -> list[meta.Object]:
-    """The store's CA certificate, when ``caKey`` names one."""
+    """The repository's Secret as files: the S3 keys (``stateward-instance run`` hands them
+    to pgBackRest in a private file) and the store's CA certificate when ``caKey`` names one.
+    Optional: a missing Secret or key must not keep PostgreSQL from starting (archiving
+    fails and the operator reports it). Readable by the postgres group only."""
     backup = cluster.spec.backup
-    if backup is None or backup.repository.s3.ca_key is None:
+    if backup is None:
         return []
     s3 = backup.repository.s3
+    directory = pgbackrest.CA_DIR + "/"
+    items = [
+        {"key": pgbackrest.ACCESS_KEY_KEY, "path": pgbackrest.KEY_FILE.removeprefix(directory)},
+        {"key": pgbackrest.SECRET_KEY_KEY,
+         "path": pgbackrest.KEY_SECRET_FILE.removeprefix(directory)},
+    ]  # fmt: skip
+    if s3.ca_key is not None:
+        items.append({"key": s3.ca_key, "path": pgbackrest.CA_FILE_NAME})
     return [
         {
             "name": CA_VOLUME,
             "secret": {
                 "secretName": s3.credentials_secret,
-                "items": [{"key": s3.ca_key, "path": pgbackrest.CA_FILE_NAME}],
+                "items": items,
                 "optional": True,
+                "defaultMode": 0o440,
             },
         }
     ]

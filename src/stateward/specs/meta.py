@@ -37,6 +37,8 @@ APPLIED_HASH_ANNOTATION: Final = "stateward.io/applied-hash"
 setting is noticed (containment alone cannot see a removal) and server-side apply prunes it."""
 
 APP_NAME: Final = "postgresql"
+OPERATOR_NAMESPACE: Final = "stateward-system"
+"""Where the operator runs unless told otherwise (``stateward operator --namespace``)."""
 MANAGER: Final = "stateward"
 INSTANCE_COMPONENT: Final = "instance"
 """Database pods and what exists only for them (StatefulSet, volumes, PDB)."""

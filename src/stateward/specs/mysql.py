@@ -15,7 +15,7 @@ import hashlib
 from typing import Final
 
 from stateward.api import v1alpha1
-from stateward.specs import meta, pods, tls
+from stateward.specs import meta, network, pods, tls
 
 PORT: Final = 3306
 PORT_NAME: Final = "mysql"
@@ -30,6 +30,9 @@ TMP_VOLUME: Final = "tmp"
 CONFIG_DIR: Final = "/etc/stateward"
 TLS_VOLUME: Final = "tls"
 TLS_DIR: Final = "/etc/stateward/tls"
+CREDENTIALS_VOLUME: Final = "credentials"
+CREDENTIALS_DIR: Final = "/etc/stateward/credentials"
+"""The passwords as files (``_credentials_volume``); the scripts read them from here."""
 """MariaDB: the serving certificate, the CA and the replication client certificate
 (``NAME-tls``, issued by the operator)."""
 DATA_MOUNT: Final = "/var/lib/mysql"
@@ -124,6 +127,11 @@ MARIADB_ENTRYPOINT = """\
 # (the operator chooses the primary) with a server id from the pod's ordinal, and serves
 # copies of its data to new replicas on the clone port.
 set -euo pipefail
+# The credentials are files (never the container's environment, which mariadbd and every
+# child would carry): read into variables this script does not export.
+ROOT_PASSWORD=$(< /etc/stateward/credentials/root-password)
+REPLICATION_PASSWORD=$(< /etc/stateward/credentials/replication-password)
+APP_PASSWORD=$(< /etc/stateward/credentials/app-password)
 ordinal="${HOSTNAME##*-}"
 datadir=/var/lib/mysql/data
 config=/etc/stateward/my.cnf
@@ -234,9 +242,11 @@ MARIADB_SERVE_CLONE = """\
 # primary copies: a new server must start from the primary's data, never a lagging or
 # diverged replica's.
 read -r -t 5 token || exit 1
-[ "$token" = "${REPLICATION_PASSWORD}" ] || { echo "clone: wrong password" >&2; exit 1; }
+[ "$token" = "$(< /etc/stateward/credentials/replication-password)" ] \
+  || { echo "clone: wrong password" >&2; exit 1; }
 read -r -t 5 request || exit 1
-export MYSQL_PWD="${ROOT_PASSWORD}"
+MYSQL_PWD=$(< /etc/stateward/credentials/root-password)
+export MYSQL_PWD  # for the local client below only
 read_only=$(mariadb --socket=/run/mysqld/mysqld.sock --user=root --batch --skip-column-names \\
   -e 'SELECT @@read_only') || exit 1
 if [ "$request" = role ]; then
@@ -264,7 +274,8 @@ before these rules gets on its next start."""
 MARIADB_READY = """\
 #!/bin/bash
 # Ready: the primary (writable), or a replica whose two replication threads both run.
-export MYSQL_PWD="${ROOT_PASSWORD}"
+MYSQL_PWD=$(< /etc/stateward/credentials/root-password)
+export MYSQL_PWD  # for the local client below only
 client=(mariadb --socket=/run/mysqld/mysqld.sock --user=root --batch)
 read_only=$("${client[@]}" --skip-column-names -e 'SELECT @@read_only') || exit 1
 [ "$read_only" = 0 ] && exit 0
@@ -275,7 +286,8 @@ grep -q 'Slave_IO_Running: Yes' <<<"$status" && grep -q 'Slave_SQL_Running: Yes'
 MYSQL_READY = """\
 #!/bin/bash
 # Ready: the primary (writable), or a replica whose two replication threads both run.
-export MYSQL_PWD="${ROOT_PASSWORD}"
+MYSQL_PWD=$(< /etc/stateward/credentials/root-password)
+export MYSQL_PWD  # for the local client below only
 client=(mysql --socket=/run/mysqld/mysqld.sock --user=root --batch)
 read_only=$("${client[@]}" --skip-column-names -e 'SELECT @@read_only') || exit 1
 [ "$read_only" = 0 ] && exit 0
@@ -286,10 +298,12 @@ grep -q 'Replica_IO_Running: Yes' <<<"$status" && grep -q 'Replica_SQL_Running: 
 MYSQL_INIT = """\
 #!/bin/bash
 # Run once by the official image's entrypoint on an empty data directory: the replication
-# user (the root and application users come from its MYSQL_* variables).
-mysql --protocol=socket -uroot -p"${MYSQL_ROOT_PASSWORD}" <<SQL
+# user (the root and application users come from its MYSQL_*_FILE variables).
+MYSQL_PWD=$(< /etc/stateward/credentials/root-password)
+export MYSQL_PWD  # for the local client below only
+mysql --protocol=socket -uroot <<SQL
 SET sql_log_bin = 0;
-CREATE USER 'replicator'@'%' IDENTIFIED BY '${REPLICATION_PASSWORD}';
+CREATE USER 'replicator'@'%' IDENTIFIED BY '$(< /etc/stateward/credentials/replication-password)';
 GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO 'replicator'@'%';
 SQL
 """
@@ -488,15 +502,16 @@ def _pod_template(database: v1alpha1.Database, config_hash: str) -> meta.Object:
                 "fsGroupChangePolicy": "OnRootMismatch",
                 "seccompProfile": {"type": "RuntimeDefault"},
             },
+            # One server per node, required: a node lost to a fault must never take the
+            # primary and a replica together (a replica may hold the only copy of commits it
+            # acknowledged; cut off with the primary, the failover must wait for it). A
+            # server re-made while its node is away waits for it rather than doubling up.
             "affinity": {
                 "podAntiAffinity": {
-                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                    "requiredDuringSchedulingIgnoredDuringExecution": [
                         {
-                            "weight": 100,
-                            "podAffinityTerm": {
-                                "labelSelector": {"matchLabels": selector_labels(database)},
-                                "topologyKey": "kubernetes.io/hostname",
-                            },
+                            "labelSelector": {"matchLabels": selector_labels(database)},
+                            "topologyKey": "kubernetes.io/hostname",
                         }
                     ]
                 }
@@ -506,10 +521,32 @@ def _pod_template(database: v1alpha1.Database, config_hash: str) -> meta.Object:
                 {"name": CONFIG_VOLUME, "configMap": {"name": database.config_map_name}},
                 pods.empty_dir(RUN_VOLUME),
                 pods.empty_dir(TMP_VOLUME),
+                _credentials_volume(database),
                 *_tls_volumes(database),
             ],
         },
     }
+
+
+def _credentials_volume(database: v1alpha1.Database) -> meta.Object:
+    """The passwords as files under :data:`CREDENTIALS_DIR` (a projected volume: memory-backed,
+    root-owned, readable by the mysql group only): ``root-password`` and
+    ``replication-password`` from ``NAME-credentials``, ``app-password`` from ``NAME-app``."""
+    return {
+        "name": CREDENTIALS_VOLUME,
+        "projected": {
+            "defaultMode": 0o440,
+            "sources": [
+                {"secret": {"name": database.credentials_secret_name, "items": [
+                    {"key": ROOT_PASSWORD_KEY, "path": "root-password"},
+                    {"key": REPLICATION_PASSWORD_KEY, "path": "replication-password"},
+                ]}},
+                {"secret": {"name": database.app_secret_name, "items": [
+                    {"key": APP_PASSWORD_KEY, "path": "app-password"},
+                ]}},
+            ],
+        },
+    }  # fmt: skip
 
 
 def _tls_volumes(database: v1alpha1.Database) -> list[meta.Object]:
@@ -531,18 +568,14 @@ def _tls_volumes(database: v1alpha1.Database) -> list[meta.Object]:
 
 
 def _container(database: v1alpha1.Database) -> meta.Object:
-    credentials = database.credentials_secret_name
-    env = [
-        pods.secret_env("ROOT_PASSWORD", secret=credentials, key=ROOT_PASSWORD_KEY),
-        pods.secret_env("REPLICATION_PASSWORD", secret=credentials, key=REPLICATION_PASSWORD_KEY),
-        pods.secret_env("APP_PASSWORD", secret=database.app_secret_name, key=APP_PASSWORD_KEY),
-    ]
+    env: list[meta.Object] = []  # credentials are files (CREDENTIALS_DIR), never variables
     mounts: list[meta.Object] = [
         {"name": DATA_VOLUME, "mountPath": DATA_MOUNT},
         {"name": RUN_VOLUME, "mountPath": RUN_DIR},
         {"name": TMP_VOLUME, "mountPath": "/tmp"},  # noqa: S108 - an emptyDir
     ]
     mounts.append({"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True})
+    mounts.append({"name": CREDENTIALS_VOLUME, "mountPath": CREDENTIALS_DIR, "readOnly": True})
     ports = [{"name": PORT_NAME, "containerPort": PORT}]
     if database.spec.engine is v1alpha1.Engine.MARIADB:
         command = ["bash", f"{CONFIG_DIR}/entrypoint.sh"]
@@ -567,12 +600,11 @@ def _container(database: v1alpha1.Database) -> meta.Object:
             " --datadir=/var/lib/mysql/data --server-id=$(( ${HOSTNAME##*-} + 1 ))",
         ]
         env += [
-            pods.secret_env("MYSQL_ROOT_PASSWORD", secret=credentials, key=ROOT_PASSWORD_KEY),
+            # The official entrypoint reads each *_FILE variable's file.
+            {"name": "MYSQL_ROOT_PASSWORD_FILE", "value": f"{CREDENTIALS_DIR}/root-password"},
             {"name": "MYSQL_DATABASE", "value": APP_DATABASE},
             {"name": "MYSQL_USER", "value": APP_USER},
-            pods.secret_env(
-                "MYSQL_PASSWORD", secret=database.app_secret_name, key=APP_PASSWORD_KEY
-            ),
+            {"name": "MYSQL_PASSWORD_FILE", "value": f"{CREDENTIALS_DIR}/app-password"},
         ]
         mounts += [
             {"name": CONFIG_VOLUME, "mountPath": "/etc/mysql/conf.d/my.cnf", "subPath": "my.cnf",
@@ -605,12 +637,34 @@ def _exec_probe(command: list[str], *, period: int, failures: int) -> meta.Objec
     }
 
 
-def children(database: v1alpha1.Database) -> list[meta.Object]:
+def network_policy(database: v1alpha1.Database, operator_namespace: str) -> list[meta.Object]:
+    """The SQL port to the clients, the servers and the operator's namespace; MariaDB's clone
+    port to the servers only."""
+    if not database.spec.network_policy.enabled:
+        return []
+    members = [PORT, CLONE_PORT] if database.spec.engine is v1alpha1.Engine.MARIADB else [PORT]
+    return [
+        network.network_policy(
+            database.spec.network_policy,
+            metadata=_meta(database, database.name),
+            selector=selector_labels(database),
+            client_ports=[PORT],
+            member_ports=members,
+            operator_ports=[PORT],
+            operator_namespace=operator_namespace,
+        )
+    ]
+
+
+def children(
+    database: v1alpha1.Database, *, operator_namespace: str = meta.OPERATOR_NAMESPACE
+) -> list[meta.Object]:
     """Every applied child, in apply order (the Secrets are created once, apart)."""
     files = config_files(database)
     return [
         config_map(database, files),
         *services(database),
         pod_disruption_budget(database),
+        *network_policy(database, operator_namespace),
         statefulset(database, config_hash=config_hash(files)),
     ]

@@ -13,6 +13,7 @@ SOCKET_VOLUME = "run"
 TMP_VOLUME = "tmp"
 SHM_VOLUME = "shm"
 TLS_VOLUME = "tls"
+CREDENTIALS_VOLUME = "credentials"
 TLS_FILE_MODE = 0o440
 """Read-only for the owner (root) and the pod's fsGroup (postgres): PostgreSQL accepts a key
 file owned by root and readable by its group, and refuses one anyone else can read."""
@@ -69,7 +70,9 @@ def _pod_template(cluster: v1alpha1.PostgresCluster, *, config_hash: str) -> met
             "volumes": [
                 {"name": CONFIG_VOLUME, "configMap": {"name": cluster.patroni_config_map_name}},
                 pods.empty_dir(SOCKET_VOLUME),
-                pods.empty_dir(TMP_VOLUME),
+                # Memory-backed: Patroni's configuration with the credentials and its pgpass.
+                pods.empty_dir(TMP_VOLUME, memory=True),
+                _credentials_volume(cluster),
                 # The runtime's default /dev/shm (64 MiB) is too small for parallel queries.
                 pods.empty_dir(SHM_VOLUME, memory=True),
                 {
@@ -108,6 +111,11 @@ def _postgres_container(cluster: v1alpha1.PostgresCluster) -> meta.Object:
                 {"name": TMP_VOLUME, "mountPath": patroni.TMP_DIR},
                 {"name": SHM_VOLUME, "mountPath": SHM_MOUNT},
                 {"name": TLS_VOLUME, "mountPath": patroni.TLS_DIR, "readOnly": True},
+                {
+                    "name": CREDENTIALS_VOLUME,
+                    "mountPath": patroni.CREDENTIALS_DIR,
+                    "readOnly": True,
+                },
                 *backup.instance_mounts(cluster),
             ],
             # Until the REST API answers (Patroni start-up); Patroni's loop keeps running
@@ -139,29 +147,51 @@ def _env(cluster: v1alpha1.PostgresCluster) -> list[meta.Object]:
             "name": "PATRONI_POSTGRESQL_CONNECT_ADDRESS",
             "value": f"{pod_ip}:{patroni.POSTGRES_PORT}",
         },
-        # Patroni's credentials, each a basic-auth Secret: PATRONI_<ROLE>_USERNAME/_PASSWORD.
-        *_basic_auth_env("PATRONI_SUPERUSER", cluster.superuser_secret_name),
-        *_basic_auth_env("PATRONI_REPLICATION", cluster.replication_secret_name),
-        *_basic_auth_env("PATRONI_RESTAPI", cluster.restapi_secret_name),
+        # Credentials are files (CREDENTIALS_VOLUME), never variables.
         # The application role and database, made once by `stateward-instance post-bootstrap`.
         {"name": patroni.APP_DATABASE_ENV, "value": cluster.spec.bootstrap.database},
         {"name": patroni.APP_OWNER_ENV, "value": cluster.spec.bootstrap.owner},
-        pods.secret_env(
-            patroni.APP_PASSWORD_ENV, secret=cluster.app_secret_name, key=secrets.PASSWORD_KEY
-        ),
-        # `patronictl` in the pod (kubectl exec) finds the configuration without flags.
-        {"name": "PATRONICTL_CONFIG_FILE", "value": patroni.CONFIG_FILE},
+        # `patronictl` in the pod (kubectl exec) finds the configuration (credentials
+        # included, for the REST API) without flags.
+        {"name": "PATRONICTL_CONFIG_FILE", "value": patroni.RUNTIME_CONFIG_FILE},
         # pgBackRest (archive_command, the backup Jobs' exec): the repository's options.
         *backup.instance_env(cluster),
     ]
 
 
-def _basic_auth_env(prefix: str, secret: str) -> list[meta.Object]:
-    """``PREFIX_USERNAME`` and ``PREFIX_PASSWORD`` from a basic-auth Secret."""
-    return [
-        pods.secret_env(f"{prefix}_USERNAME", secret=secret, key=secrets.USERNAME_KEY),
-        pods.secret_env(f"{prefix}_PASSWORD", secret=secret, key=secrets.PASSWORD_KEY),
+def _credentials_volume(cluster: v1alpha1.PostgresCluster) -> meta.Object:
+    """The credential Secrets as files under ``patroni.CREDENTIALS_DIR``: ``ROLE/username``
+    and ``ROLE/password`` of Patroni's users, ``app/password`` for the post-bootstrap hook.
+    A projected volume is memory-backed; root-owned, readable by the postgres group only."""
+    basic_auth = {
+        "superuser": cluster.superuser_secret_name,
+        "replication": cluster.replication_secret_name,
+        "restapi": cluster.restapi_secret_name,
+    }
+    sources: list[meta.Object] = [
+        {
+            "secret": {
+                "name": secret,
+                "items": [
+                    {"key": key, "path": f"{role}/{key}"}
+                    for key in (secrets.USERNAME_KEY, secrets.PASSWORD_KEY)
+                ],
+            }
+        }
+        for role, secret in basic_auth.items()
     ]
+    sources.append(
+        {
+            "secret": {
+                "name": cluster.app_secret_name,
+                "items": [{"key": secrets.PASSWORD_KEY, "path": "app/password"}],
+            }
+        }
+    )
+    return {
+        "name": CREDENTIALS_VOLUME,
+        "projected": {"sources": sources, "defaultMode": TLS_FILE_MODE},
+    }
 
 
 def _resources(cluster: v1alpha1.PostgresCluster) -> meta.Object:

@@ -1,0 +1,65 @@
+"""The NetworkPolicy of a cluster's database pods (a PostgresCluster's instances, a MariaDB or
+MySQL Database's servers): who may reach which port.
+
+Three groups of ports, three rules, and nothing else in (ingress only; what the pods reach
+out to — the object store, the API server — is not restricted):
+
+* the database port, to the ``clients`` of ``spec.networkPolicy`` (by default every pod in
+  the cluster's namespace);
+* every port the members use among themselves (replication, Patroni's REST API, MariaDB's
+  clone port), to the cluster's own pods only;
+* what the operator calls (Patroni's REST API; MariaDB's SQL port), to the operator's
+  namespace.
+
+Kubelet probes come from the node, which NetworkPolicy implementations let through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from stateward.api import v1alpha1
+from stateward.specs import meta
+
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+"""Every namespace carries its own name under this label (set by the API server)."""
+
+
+def network_policy(
+    spec: v1alpha1.NetworkPolicySpec,
+    *,
+    metadata: meta.Object,
+    selector: Mapping[str, str],
+    client_ports: Sequence[int],
+    member_ports: Sequence[int],
+    operator_ports: Sequence[int],
+    operator_namespace: str,
+) -> meta.Object:
+    """The policy named in ``metadata`` for the pods ``selector`` picks."""
+    clients: list[meta.Object] = (
+        [{"podSelector": {}}]  # every pod of the owner's namespace
+        if spec.clients is None
+        else [peer.model_dump(by_alias=True, exclude_none=True) for peer in spec.clients]
+    )
+    members = [{"podSelector": {"matchLabels": dict(selector)}}]
+    operator = [{"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: operator_namespace}}}]
+    rules = [
+        {"from": members, "ports": _ports(member_ports)},
+        {"from": operator, "ports": _ports(operator_ports)},
+    ]
+    if clients:  # [] : no client rule at all (an empty "from" would admit everyone)
+        rules.insert(0, {"from": clients, "ports": _ports(client_ports)})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata,
+        "spec": {
+            "podSelector": {"matchLabels": dict(selector)},
+            "policyTypes": ["Ingress"],
+            "ingress": rules,
+        },
+    }
+
+
+def _ports(ports: Sequence[int]) -> list[meta.Object]:
+    return [{"protocol": "TCP", "port": port} for port in sorted(set(ports))]

@@ -1,0 +1,134 @@
+"""The local cluster's NetworkPolicy enforcement, as the nftables it writes per node: what a
+guarded pod admits, from whom, on which ports; pods no policy selects are left alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from stateward import specs
+from stateward.local import netpol
+from stateward.specs import config
+from tests.support import clusters
+
+pytestmark = pytest.mark.unit
+
+
+def pod(name: str, ns: str, ip: str, node: str, **labels: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": ns, "labels": labels},
+        "spec": {"nodeName": node},
+        "status": {"podIP": ip},
+    }
+
+
+def namespace(name: str, **labels: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": {"kubernetes.io/metadata.name": name, **labels}}}
+
+
+NAMESPACES = [namespace("shop"), namespace("other", team="web"), namespace("stateward-system")]
+
+
+def shipped(**spec: Any) -> dict[str, Any]:
+    """The policy the operator ships for a PostgresCluster ``demo`` in ``shop``."""
+    cluster = clusters.make_cluster(**spec)
+    children = specs.children(cluster, patroni_config=config.patroni_config(cluster))
+    (policy,) = [o for o in children if o["kind"] == "NetworkPolicy"]
+    return {**policy, "metadata": {**policy["metadata"], "namespace": "shop"}}
+
+
+def instance(name: str, ip: str, node: str) -> dict[str, Any]:
+    labels = shipped()["spec"]["podSelector"]["matchLabels"]
+    return pod(name, "shop", ip, node, **labels)
+
+
+PODS = [
+    instance("demo-0", "10.244.1.2", "node-1"),
+    instance("demo-1", "10.244.2.2", "node-2"),
+    pod("app", "shop", "10.244.1.3", "node-1", app="web"),
+    pod("intruder", "other", "10.244.2.9", "node-2"),
+    pod("operator", "stateward-system", "10.244.3.4", "node-3"),
+]
+
+
+def lines(script: str) -> list[str]:
+    return [line.strip() for line in script.splitlines()]
+
+
+def test_the_shipped_policy_guards_the_instance_with_a_drop_after_its_rules() -> None:
+    script = netpol.scripts(["node-1"], PODS, NAMESPACES, [shipped()])["node-1"]
+    rules = lines(script)
+    guarded = [r for r in rules if r.startswith("ip daddr 10.244.1.2")]
+    assert guarded == [
+        # The namespace to PostgreSQL; the members to PostgreSQL and Patroni; the operator's
+        # namespace to Patroni; nothing else.
+        "ip daddr 10.244.1.2 ip saddr { 10.244.1.2, 10.244.1.3, 10.244.2.2 } tcp dport 5432 accept",
+        "ip daddr 10.244.1.2 ip saddr { 10.244.1.2, 10.244.2.2 } tcp dport 5432 accept",
+        "ip daddr 10.244.1.2 ip saddr { 10.244.1.2, 10.244.2.2 } tcp dport 8008 accept",
+        "ip daddr 10.244.1.2 ip saddr { 10.244.3.4 } tcp dport 8008 accept",
+        "ip daddr 10.244.1.2 drop",
+    ]
+    # Replies and the host (operator and tests run there) pass first; the app is not guarded.
+    assert rules.index("ct state established,related accept") < rules.index(guarded[0])
+    assert "ip saddr { 10.250.0.1 } accept" in rules
+    assert not [r for r in rules if "10.244.1.3 drop" in r]
+    # The script replaces the table as a whole, and works when there is none yet.
+    assert rules[:3] == [
+        "table inet stateward-policy",
+        "delete table inet stateward-policy",
+        "table inet stateward-policy {",
+    ]
+
+
+def test_each_node_guards_only_the_pods_it_forwards_to() -> None:
+    found = netpol.scripts(["node-1", "node-2", "node-3"], PODS, NAMESPACES, [shipped()])
+    assert (
+        "ip daddr 10.244.1.2 drop" in found["node-1"] and "10.244.2.2 drop" not in found["node-1"]
+    )
+    assert "ip daddr 10.244.2.2 drop" in found["node-2"]
+    assert " drop" not in found["node-3"]
+    only = netpol.scripts(["node-1"], PODS, NAMESPACES, [shipped()], only=["other"])
+    assert " drop" not in only["node-1"], "--namespace other: shop's pods are left alone"
+
+
+def test_peers_by_namespace_labels_expressions_and_ip_blocks() -> None:
+    clients = [
+        {"namespaceSelector": {"matchLabels": {"team": "web"}}},
+        {"podSelector": {"matchExpressions": [{"key": "app", "operator": "In",
+                                               "values": ["web", "api"]}]}},
+        {"ipBlock": {"cidr": "10.8.0.0/16", "except": ["10.8.9.0/24"]}},
+    ]  # fmt: skip
+    script = netpol.scripts(["node-1"], PODS, NAMESPACES, [shipped(networkPolicy={
+        "clients": clients})])["node-1"]  # fmt: skip
+    rules = lines(script)
+    assert "ip daddr 10.244.1.2 ip saddr { 10.244.2.9 } tcp dport 5432 accept" in rules
+    assert "ip daddr 10.244.1.2 ip saddr { 10.244.1.3 } tcp dport 5432 accept" in rules
+    assert (
+        "ip daddr 10.244.1.2 ip saddr 10.8.0.0/16 ip saddr != { 10.8.9.0/24 } tcp dport 5432"
+        " accept" in rules
+    )
+
+
+def test_selector_semantics() -> None:
+    labels = {"app": "web", "tier": "front"}
+    assert netpol._matches({}, labels) and netpol._matches(None, labels)
+    assert netpol._matches({"matchLabels": {"app": "web"}}, labels)
+    assert not netpol._matches({"matchLabels": {"app": "db"}}, labels)
+    for operator, values, expected in (
+        ("In", ["web"], True), ("In", ["db"], False), ("NotIn", ["web"], False),
+        ("NotIn", ["db"], True), ("Exists", [], True), ("DoesNotExist", [], False),
+    ):  # fmt: skip
+        expression = {"key": "app", "operator": operator, "values": values}
+        assert netpol._matches({"matchExpressions": [expression]}, labels) is expected
+
+
+def test_a_rule_without_from_or_ports_admits_everyone_or_every_port() -> None:
+    policy = {
+        "metadata": {"name": "open", "namespace": "shop"},
+        "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "ingress": [{}]},
+    }
+    rules = lines(netpol.scripts(["node-1"], PODS, NAMESPACES, [policy])["node-1"])
+    assert "ip daddr 10.244.1.3 accept" in rules and "ip daddr 10.244.1.3 drop" in rules
+    egress_only = {**policy, "spec": {**policy["spec"], "policyTypes": ["Egress"]}}
+    assert " drop" not in netpol.scripts(["node-1"], PODS, NAMESPACES, [egress_only])["node-1"]
