@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import math
 import ssl
 import time
 from collections.abc import Callable
@@ -76,7 +75,7 @@ class DatabaseReconciler:
         store: ObjectStore,
         *,
         clock: Callable[[], float] = time.monotonic,
-        leadership: Callable[[], float] = lambda: math.inf,
+        leadership: Callable[[], float] = servers.always_leader,
         operator_namespace: str = meta.OPERATOR_NAMESPACE,
     ) -> None:
         self.kube = kube
@@ -90,9 +89,9 @@ class DatabaseReconciler:
         self._silent_since: dict[tuple[str, str], tuple[str, float]] = {}
         """Per Database: the primary that stopped answering while its pod looked ready, and
         since when (in memory: an operator restart waits the grace again, never less)."""
-        self._tls: dict[tuple[str, str], tuple[str, ssl.SSLContext]] = {}
-        """Per MariaDB Database: the operator's TLS context and the resourceVersion of the
-        Secret it was made from."""
+        self._tls: dict[tuple[str, str], tuple[dict[str, str], ssl.SSLContext]] = {}
+        """Per MariaDB Database: the operator's TLS context and the Secret data it was made
+        from."""
 
     def forget(self, namespace: str, name: str) -> None:
         """Free what is kept in memory for a Database that is gone (its credentials)."""
@@ -220,7 +219,7 @@ class DatabaseReconciler:
             unproven = _may_hold_more(decided, observed, _claims(scope, pods))
             if unproven:
                 names = ", ".join(unproven)
-                claims = " ".join(f"{mysql_spec.DATA_VOLUME}-{name}" for name in unproven)
+                claims = " ".join(_claim_name(server) for server in unproven)
                 message = (
                     f"not failing over from {decided.failover_from}: {names} cannot be asked"
                     " what it holds and may hold acknowledged writes no other server has;"
@@ -378,10 +377,9 @@ class DatabaseReconciler:
         if data is None or not wanted <= set(data):
             return None
         key = (scope.namespace, scope.name)
-        version = str((scope.observed("Secret", name) or {"metadata": {}})["metadata"].get(
-            "resourceVersion", ""))  # fmt: skip
         cached = self._tls.get(key)
-        if cached is None or cached[0] != version:
+        # The secret cache hands out the same data while the Secret is unchanged.
+        if cached is None or cached[0] is not data:
             try:
                 context = pki.client_context(
                     ca=data[tls.CA_CERT_KEY].encode(),
@@ -395,7 +393,7 @@ class DatabaseReconciler:
                     " delete it and Stateward issues it again",
                 )
                 return None
-            self._tls[key] = cached = (version, context)
+            self._tls[key] = cached = (data, context)
         return cached[1]
 
 
@@ -432,8 +430,7 @@ def _claims(scope: Scope, pods: list[Body]) -> dict[str, Body | None]:
     names = {f"{scope.name}-{ordinal}" for ordinal in range(size)}
     names |= {pod["metadata"]["name"] for pod in pods}
     return {
-        name: scope.observed("PersistentVolumeClaim", f"{mysql_spec.DATA_VOLUME}-{name}")
-        for name in sorted(names)
+        name: scope.observed("PersistentVolumeClaim", _claim_name(name)) for name in sorted(names)
     }
 
 
@@ -498,9 +495,13 @@ def _switchover_target(observed: list[servers.Server], primary: str, below: int)
     return max(candidates, key=lambda s: (sum(s.position.values()), -servers.ordinal(s.pod))).pod
 
 
+def _claim_name(server: str) -> str:
+    """The data volume claim the StatefulSet makes for its pod ``server``."""
+    return f"{mysql_spec.DATA_VOLUME}-{server}"
+
+
 def _claim_of(pod: Body) -> str:
-    """The data volume claim the StatefulSet made for ``pod``."""
-    return f"{mysql_spec.DATA_VOLUME}-{pod['metadata']['name']}"
+    return _claim_name(pod["metadata"]["name"])
 
 
 DIVERGED_FROM_LABEL = "stateward.io/diverged-from"

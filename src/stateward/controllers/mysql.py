@@ -357,7 +357,8 @@ def dialect(engine: v1alpha1.Engine) -> Dialect:
     return MARIADB if engine is v1alpha1.Engine.MARIADB else MYSQL
 
 
-def _forever() -> float:
+def always_leader() -> float:
+    """Leadership without a Lease (a single operator replica, or tests): never runs out."""
     return math.inf
 
 
@@ -369,11 +370,13 @@ class Credentials:
     """MariaDB: the operator's client certificate and the Database's CA. The operator then
     logs in as its own account (``tls.MARIADB_OPERATOR_USERNAME``), which only that
     certificate opens; servers are addressed by IP, so the chain is checked, not the name."""
-    leadership: Callable[[], float] = dataclasses.field(default=_forever, repr=False)
+    leadership: Callable[[], float] = dataclasses.field(default=always_leader, repr=False)
     """Seconds for which no other operator replica can hold the leader Lease (0: this one
-    does not hold it). Every replication change is sent only while it exceeds the time the
-    statement may take (:data:`STATEMENT_TIMEOUT`): no failover or promotion statement is
-    sent by a replica that lost, or may be about to lose, leadership."""
+    does not hold it). A replication change is sent only while at least
+    :data:`MIN_CHANGE_WINDOW` is left, and its deadline is cut to end
+    :data:`CHANGE_MARGIN` before the term does (at most :data:`STATEMENT_TIMEOUT`): no
+    failover or promotion statement runs on a server after this replica may have lost
+    leadership."""
 
 
 class SQLError(Exception):

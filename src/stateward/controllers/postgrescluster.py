@@ -297,11 +297,17 @@ async def ensure_secrets(scope: Scope) -> str | None:
     def app_secret(cluster: PostgresCluster, *, password: str) -> Body:
         return secrets.app_secret(cluster, password=password, ca_cert=ca_cert.encode())
 
-    names = (cluster.superuser_secret_name, cluster.replication_secret_name,
-             cluster.app_secret_name, cluster.restapi_secret_name)  # fmt: skip
+    wanted = (
+        (cluster.superuser_secret_name, secrets.superuser_secret, True),
+        (cluster.replication_secret_name, secrets.replication_secret, True),
+        (cluster.app_secret_name, app_secret, True),
+        # No data depends on it: a cluster made before it existed gets one (its pods then
+        # roll onto it), and so does a cluster whose copy was deleted.
+        (cluster.restapi_secret_name, secrets.restapi_secret, False),
+    )
     stale = [
         name
-        for name in names
+        for name, _, _ in wanted
         if core.controlled_by_another(scope.observed("Secret", name), cluster.uid)
     ]
     if stale:
@@ -312,14 +318,7 @@ async def ensure_secrets(scope: Scope) -> str | None:
         scope.halted = True
         return f"waiting for the previous cluster's {', '.join(stale)} to be garbage-collected"
 
-    for name, build, held_by_data in (
-        (cluster.superuser_secret_name, secrets.superuser_secret, True),
-        (cluster.replication_secret_name, secrets.replication_secret, True),
-        (cluster.app_secret_name, app_secret, True),
-        # No data depends on it: a cluster made before it existed gets one (its pods then
-        # roll onto it), and so does a cluster whose copy was deleted.
-        (cluster.restapi_secret_name, secrets.restapi_secret, False),
-    ):
+    for name, build, held_by_data in wanted:
         if scope.observed("Secret", name) is not None:
             continue
         if held_by_data and _data_volumes(scope):
