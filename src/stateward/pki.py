@@ -32,6 +32,7 @@ __all__ = [
     "fingerprint",
     "key_matches",
     "not_after",
+    "pem_chain",
     "rsa_key",
     "subject_alt_names",
 ]
@@ -62,11 +63,17 @@ def _name(common_name: str, groups: tuple[str, ...] = ()) -> x509.Name:
     return x509.Name(attributes)
 
 
-class Authority:
-    """A self-signed CA (EC P-256) held in memory."""
+_SigningKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
 
-    def __init__(self, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> None:
-        self.certificate, self._key = cert, key
+
+class Authority:
+    """A CA held in memory: a self-signed one of our own (EC P-256), or one loaded from PEM
+    (EC or RSA, self-signed or an intermediate)."""
+
+    def __init__(
+        self, cert: x509.Certificate, key: _SigningKey, chain: bytes | None = None
+    ) -> None:
+        self.certificate, self._key, self._chain = cert, key, chain
 
     @classmethod
     def new(cls, common_name: str, *, now: datetime.datetime | None = None) -> Authority:
@@ -103,10 +110,62 @@ class Authority:
 
     @classmethod
     def load(cls, cert: bytes, key: bytes) -> Authority:
-        private = serialization.load_pem_private_key(key, password=None)
-        if not isinstance(private, ec.EllipticCurvePrivateKey):
-            raise ValueError("a CA key must be an EC key")
-        return cls(x509.load_pem_x509_certificate(cert), private)
+        """The CA whose certificate is the first in ``cert`` (PEM; a chain may follow) and
+        whose unencrypted private key is ``key``. ValueError, saying what is wrong, unless
+        the certificate may sign certificates and the key is its own."""
+        # The parsers' own messages are replaced: they may be long, and they never help.
+        try:
+            private = serialization.load_pem_private_key(key, password=None)
+        except TypeError:
+            raise ValueError("the key is encrypted") from None
+        except ValueError:
+            raise ValueError("the key is not a PEM private key") from None
+        if not isinstance(private, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
+            raise ValueError("the CA key must be an EC or RSA key")
+        try:
+            certificate = x509.load_pem_x509_certificate(cert)
+        except ValueError:
+            raise ValueError("the certificate is not a PEM certificate") from None
+        try:
+            constraints = certificate.extensions.get_extension_for_class(x509.BasicConstraints)
+            is_ca = constraints.value.ca
+        except x509.ExtensionNotFound:
+            is_ca = False
+        if not is_ca:
+            raise ValueError("the certificate is not a CA's (basicConstraints CA:TRUE)")
+        try:
+            usage = certificate.extensions.get_extension_for_class(x509.KeyUsage).value
+        except x509.ExtensionNotFound:
+            usage = None
+        if usage is not None and not usage.key_cert_sign:
+            raise ValueError("the CA certificate may not sign certificates (keyCertSign)")
+        encoding, form = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        if certificate.public_key().public_bytes(encoding, form) != private.public_key(
+        ).public_bytes(encoding, form):  # fmt: skip
+            raise ValueError("the key is not the CA certificate's")
+        return cls(certificate, private, pem_chain(cert))
+
+    @property
+    def not_after(self) -> datetime.datetime:
+        return self.certificate.not_valid_after_utc
+
+    @property
+    def intermediates_pem(self) -> bytes:
+        """The certificates a verifier that trusts only the root needs beside what this CA
+        signs: those of its chain that a root did not issue to itself (none for our own)."""
+        if not self._chain:
+            return b""
+        return b"".join(
+            cert.public_bytes(serialization.Encoding.PEM)
+            for cert in x509.load_pem_x509_certificates(self._chain)
+            if cert.subject != cert.issuer
+        )
+
+    @property
+    def trusted_pem(self) -> bytes:
+        """What verifiers of its certificates trust: the CA's certificate and the chain it
+        was loaded with (an intermediate's root)."""
+        return self._chain or self.cert_pem
 
     @property
     def cert_pem(self) -> bytes:
@@ -166,6 +225,24 @@ class Authority:
 def rsa_key() -> bytes:
     """A new RSA-2048 private key, PEM (service-account token signing)."""
     return _key_pem(rsa.generate_private_key(public_exponent=65537, key_size=2048))
+
+
+def pem_chain(*pems: bytes) -> bytes:
+    """The certificates of ``pems`` (PEM, each any number), in order, each once: one PEM
+    bundle. ValueError when there is none, or a block is not a certificate."""
+    seen: set[bytes] = set()
+    out: list[bytes] = []
+    for pem in pems:
+        if not pem.strip():
+            continue
+        for cert in x509.load_pem_x509_certificates(pem):
+            der = cert.public_bytes(serialization.Encoding.DER)
+            if der not in seen:
+                seen.add(der)
+                out.append(cert.public_bytes(serialization.Encoding.PEM))
+    if not out:
+        raise ValueError("no certificate")
+    return b"".join(out)
 
 
 def fingerprint(cert: bytes) -> str:

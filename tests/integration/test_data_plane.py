@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import serialization
 from lightkube import ApiError, Client
 from lightkube.resources.core_v1 import Pod, Secret
 from lightkube.types import PatchType
@@ -28,6 +29,7 @@ from stateward.cli.run import (
 )
 from stateward.local.cluster import LocalCluster
 from tests.integration.conftest import get_pgc, metric
+from tests.support import certificates
 from tests.support.dataplane import (
     CONNECT_AS_AN_APPLICATION,
     PATCH_CONFIG_AS_AN_ATTACKER,
@@ -157,6 +159,36 @@ def test_a_single_instance_bootstraps_to_a_writable_primary(
     trusting_new_ca = ssl.create_default_context(cafile=str(ca_file))
     trusting_new_ca.check_hostname = False  # by IP, as the operator and the members call it
     rest = http.client.HTTPSConnection(address, 8008, context=trusting_new_ca, timeout=30)
+    rest.request("GET", "/patroni")
+    assert rest.getresponse().status == 200
+    pod = client.get(Pod, "solo-0", namespace=ns)
+    statuses = pod.status.containerStatuses or []  # type: ignore[union-attr]
+    assert statuses and all(c.restartCount == 0 for c in statuses)
+
+    # The organisation's own CA (spec.tls.caSecretName: the Secret cert-manager writes for a
+    # CA Certificate, an intermediate under a root): the instance serves a certificate it
+    # signed, with the intermediate beside it, so a client that trusts only the root gets
+    # in — over PostgreSQL and over Patroni's REST API, still without a restart.
+    corp, root = certificates.cert_manager_ca()
+    client.create(
+        Secret.from_dict(
+            {
+                "metadata": {"name": "corp-ca"},
+                "type": "kubernetes.io/tls",
+                "data": {k: base64.b64encode(v).decode() for k, v in corp.items()},
+            }
+        ),
+        namespace=ns,
+    )
+    client.patch(
+        PostgresClusterResource, "solo", {"spec": {"tls": {"caSecretName": "corp-ca"}}},
+        namespace=ns, patch_type=PatchType.MERGE,
+    )  # fmt: skip
+    ca_file.write_bytes(root.public_bytes(serialization.Encoding.PEM))
+    wait_for(served_by_new_ca, what="PostgreSQL to serve a certificate of corp-ca", timeout=240)
+    trusting_root = ssl.create_default_context(cafile=str(ca_file))
+    trusting_root.check_hostname = False
+    rest = http.client.HTTPSConnection(address, 8008, context=trusting_root, timeout=30)
     rest.request("GET", "/patroni")
     assert rest.getresponse().status == 200
     pod = client.get(Pod, "solo-0", namespace=ns)

@@ -90,6 +90,11 @@ def owned_by(obj: Any, database: dict[str, Any]) -> bool:
         ({"storage": {"size": "10GB"}}, "spec.storage.size"),
         ({"storage": {"size": "0Gi"}}, "spec.storage.size must be a positive size"),
         ({"storage": {}}, "spec.storage.size"),
+        (
+            {"engine": "mysql", "version": "8.4", "tls": {"caSecretName": "corp-ca"}},
+            "spec.tls.caSecretName: MySQL servers serve no TLS yet",
+        ),
+        ({"tls": {"caSecretName": "Corp_CA"}}, "spec.tls.caSecretName"),
     ],
 )
 def test_invalid_databases_are_refused_with_the_field_named(

@@ -37,6 +37,7 @@ from lightkube.types import PatchType
 from stateward import pki
 from stateward.cli.run import OperatorProcess, PostgresClusterResource
 from stateward.local.cluster import LocalCluster
+from stateward.specs import tls
 from tests.integration.conftest import (
     AuditLog,
     assert_no_writes_at_rest,
@@ -48,7 +49,7 @@ from tests.integration.conftest import (
     wait_condition,
     wait_phase,
 )
-from tests.support import clusters
+from tests.support import certificates, clusters
 from tests.support.kwok import SIMULATED_FAILURE_SUFFIX
 from tests.support.waiting import wait_for
 
@@ -942,3 +943,119 @@ def test_each_cluster_gets_its_own_ca_and_a_serving_certificate_for_its_names(
         lambda: any("CertificateIssued" in e for e in events(kube, namespace, name)),
         what="the CertificateIssued Event",
     )
+
+
+def test_a_users_ca_signs_the_certificates_and_its_renewal_and_removal_are_followed(
+    kube: Client, namespace: str, make_cluster: MakeCluster, operator: OperatorProcess
+) -> None:
+    """spec.tls.caSecretName, with the Secret cert-manager writes for a CA Certificate (an
+    RSA intermediate under a root): the servers' certificates chain to it, clients trust the
+    intermediate and the root; a renewed CA is followed within the resync interval; unset,
+    the cluster gets a CA of its own again."""
+
+    def put_ca() -> dict[str, bytes]:
+        secret, _ = certificates.cert_manager_ca()
+        body = {
+            "metadata": {"name": "corp-ca"},
+            "type": "kubernetes.io/tls",
+            "data": {k: base64.b64encode(v).decode() for k, v in secret.items()},
+        }
+        kube.apply(Secret.from_dict(body), namespace=namespace, field_manager="cert-manager")
+        return secret
+
+    def data(secret: str) -> dict[str, bytes]:
+        found = kube.get(Secret, secret, namespace=namespace).data or {}
+        return {key: base64.b64decode(value) for key, value in found.items()}
+
+    def chained_to(signer: bytes) -> dict[str, bytes] | None:
+        """NAME-tls and NAME-app once they chain to ``signer``."""
+        try:
+            served, app = data(f"{name}-tls"), data(f"{name}-app")
+        except ApiError:
+            return None
+        if pki.fingerprint(served.get("ca.crt", b"")) != pki.fingerprint(signer):
+            return None
+        return served if app.get("ca.crt") == served["ca.crt"] else None
+
+    # Named before it exists: the cluster waits, saying which Secret to create.
+    name = make_cluster(tls={"caSecretName": "corp-ca"})
+    missing = wait_condition(kube, name, namespace, "Degraded", "CertificateAuthorityMissing")
+    assert "spec.tls.caSecretName names Secret corp-ca" in condition(missing, "Degraded")["message"]
+    # Nothing that would hold data is made before the certificates and passwords are.
+    assert [s.metadata.name for s in kube.list(StatefulSet, namespace=namespace)] == []  # type: ignore[union-attr]
+
+    first = put_ca()
+    served = wait_for(
+        lambda: chained_to(first["tls.crt"]), what="certificates signed by corp-ca", timeout=90
+    )
+    intermediate = x509.load_pem_x509_certificate(first["tls.crt"])
+    x509.load_pem_x509_certificate(served["tls.crt"]).verify_directly_issued_by(intermediate)
+    # The intermediate travels with the certificate, for clients that trust only the root.
+    assert x509.load_pem_x509_certificates(served["tls.crt"])[1:] == [intermediate]
+    x509.load_pem_x509_certificate(served["replication.crt"]).verify_directly_issued_by(
+        intermediate
+    )
+    # What clients trust: the intermediate and cert-manager's root beside it.
+    assert x509.load_pem_x509_certificates(served["ca.crt"]) == [
+        intermediate,
+        x509.load_pem_x509_certificate(first["ca.crt"]),
+    ]
+    assert tls.ca_source(kube.get(Secret, f"{name}-ca", namespace=namespace).to_dict()) == (
+        f"corp-ca/{kube.get(Secret, 'corp-ca', namespace=namespace).metadata.resourceVersion}"  # type: ignore[union-attr]
+    )
+    wait_phase(kube, name, namespace, "Ready", timeout=90)
+
+    # cert-manager renews the CA (a new key): followed at the next resync at the latest.
+    second = put_ca()
+    renewed = wait_for(
+        lambda: chained_to(second["tls.crt"]), what="certificates of the renewed CA", timeout=60
+    )
+    x509.load_pem_x509_certificate(renewed["tls.crt"]).verify_directly_issued_by(
+        x509.load_pem_x509_certificate(second["tls.crt"])
+    )
+    assert any("CertificateAuthorityCopied" in e for e in events(kube, namespace, name))
+
+    # Unset: a CA of the cluster's own again, and certificates it signed.
+    patch_cluster(kube, name, namespace, {"spec": {"tls": {"caSecretName": None}}})
+
+    def own_ca() -> bytes | None:
+        ca = kube.get(Secret, f"{name}-ca", namespace=namespace).to_dict()
+        return None if tls.ca_source(ca) else data(f"{name}-ca")["ca.crt"]
+
+    own = wait_for(own_ca, what="a CA of the cluster's own", timeout=30)
+    assert x509.load_pem_x509_certificate(own).subject != intermediate.subject
+    wait_for(lambda: chained_to(own), what="certificates signed by the cluster's own CA")
+    # The user's Secret is theirs: never changed, never deleted.
+    assert data("corp-ca") == second
+    # No private key reaches status, Events or the operator's log.
+    visible = str(get_pgc(kube, name, namespace)) + " ".join(events(kube, namespace, name))
+    visible += operator.log.read_text()
+    for key in (first["tls.key"], second["tls.key"]):
+        assert b"".join(key.splitlines()[1:-1]).decode()[:40] not in visible
+
+
+def test_an_unusable_users_ca_is_a_condition_naming_the_secret_and_the_fix(
+    kube: Client, namespace: str, make_cluster: MakeCluster
+) -> None:
+    own = pki.Authority.new("not a CA's certificate")
+    leaf_key = own.issue(common_name="server", server=True)
+    kube.create(
+        Secret.from_dict(
+            {
+                "metadata": {"name": "leaf"},
+                "data": {
+                    "tls.crt": base64.b64encode(leaf_key.cert).decode(),
+                    "tls.key": base64.b64encode(leaf_key.key).decode(),
+                },
+            }
+        ),
+        namespace=namespace,
+    )
+    name = make_cluster(tls={"caSecretName": "leaf"})
+    found = wait_condition(kube, name, namespace, "Degraded", "CertificateAuthorityInvalid")
+    message = condition(found, "Degraded")["message"]
+    assert "Secret leaf (spec.tls.caSecretName) holds no usable CA" in message
+    assert "not a CA's" in message
+    # Nothing was issued with it.
+    with pytest.raises(ApiError):
+        kube.get(Secret, f"{name}-tls", namespace=namespace)

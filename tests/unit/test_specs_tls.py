@@ -87,9 +87,12 @@ def test_the_ca_secret_holds_the_ca_and_its_fingerprint() -> None:
     assert body["metadata"]["ownerReferences"][0]["name"] == "demo"
     assert pki.Authority.load(data["ca.crt"], data["ca.key"]).cert_pem == authority.cert_pem
     assert body["metadata"]["annotations"] == {
-        "stateward.io/ca-fingerprint": pki.fingerprint(authority.cert_pem)
+        "stateward.io/ca-fingerprint": pki.fingerprint(authority.cert_pem),
+        "stateward.io/not-after": authority.not_after.strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     assert tls.recorded_ca_fingerprint(body) == pki.fingerprint(authority.cert_pem)
+    assert tls.recorded_not_after(body) == authority.not_after.replace(microsecond=0)
+    assert tls.ca_source(body) is None
 
 
 @pytest.mark.parametrize(

@@ -707,6 +707,15 @@ DATABASE_EXTRAS: dict[str, dict[str, Any]] = {
             ),
             _engine_versions_rule(),
             Rule(
+                rule="self.engine != 'mysql' || !has(self.tls) || !has(self.tls.caSecretName)",
+                message=(
+                    "spec.tls.caSecretName: MySQL servers serve no TLS yet; remove it, or use"
+                    " engine mariadb or postgres"
+                ),
+                field_path=".tls.caSecretName",
+                reason="FieldValueForbidden",
+            ),
+            Rule(
                 rule=(
                     "self.engine != oldSelf.engine || (self.engine == 'postgres' ? "
                     "self.version.split('.')[0] == oldSelf.version.split('.')[0] : "

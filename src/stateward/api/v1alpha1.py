@@ -209,6 +209,24 @@ class NetworkPolicySpec(_Model):
     ``[]``: nobody but the cluster's own pods and the operator."""
 
 
+SECRET_NAME_PATTERN = "^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"  # noqa: S105 - a pattern
+"""A Secret's name (a DNS subdomain)."""
+
+
+class TLSSpec(_Model):
+    """The certificates the servers serve and the clients of the cluster's own roles show.
+    By default the cluster has its own CA (``NAME-ca``, made by the operator)."""
+
+    ca_secret_name: str | None = Field(default=None, max_length=253, pattern=SECRET_NAME_PATTERN)
+    """Sign with your CA instead: a Secret in the cluster's namespace holding a CA
+    certificate and its key, as ``tls.crt`` and ``tls.key`` (what cert-manager writes for a
+    Certificate with ``isCA: true``; its ``ca.crt``, the root, is trusted beside it) or as
+    ``ca.crt`` and ``ca.key``. RSA or EC. The operator copies it into ``NAME-ca``, signs the
+    servers' and clients' certificates with it (never beyond its expiry), and picks up a
+    renewed or replaced CA within the resync interval, reloading the servers without a
+    restart."""
+
+
 class Bootstrap(_Model):
     """What is created when the cluster is first initialized (immutable afterwards)."""
 
@@ -353,6 +371,9 @@ class PostgresClusterSpec(_Model):
 
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
     """Who may reach the instances over the network; a NetworkPolicy by default."""
+
+    tls: TLSSpec = Field(default_factory=TLSSpec)
+    """The CA that signs the instances' certificates; the cluster's own by default."""
 
     @property
     def major_version(self) -> int:
@@ -653,6 +674,11 @@ class PostgresCluster(_Resource):
     spec: PostgresClusterSpec
     status: PostgresClusterStatus = Field(default_factory=PostgresClusterStatus)
 
+    @property
+    def user_ca_secret_name(self) -> str | None:
+        """The user's CA Secret (``spec.tls.caSecretName``) that ``NAME-ca`` copies, if any."""
+        return self.spec.tls.ca_secret_name
+
     # --- names of the children; every builder and controller takes them from here --------
 
     @property
@@ -803,6 +829,11 @@ class DatabaseSpec(_Model):
     """Who may reach the servers over the network; a NetworkPolicy by default. (A postgres
     Database hands it to its PostgresCluster.)"""
 
+    tls: TLSSpec = Field(default_factory=TLSSpec)
+    """The CA that signs the servers' certificates; the Database's own by default. PostgreSQL
+    and MariaDB (a postgres Database hands it to its PostgresCluster); MySQL serves no TLS
+    yet and refuses it."""
+
 
 class DatabasePhase(enum.StrEnum):
     PENDING = "Pending"
@@ -874,6 +905,11 @@ class Database(_Resource):
     kind: str = DATABASE_KIND
     spec: DatabaseSpec
     status: DatabaseStatus = Field(default_factory=DatabaseStatus)
+
+    @property
+    def user_ca_secret_name(self) -> str | None:
+        """The user's CA Secret (``spec.tls.caSecretName``) that ``NAME-ca`` copies, if any."""
+        return self.spec.tls.ca_secret_name
 
     @property
     def major(self) -> str:

@@ -13,7 +13,7 @@ from lightkube import ApiError
 
 from stateward import pki
 from stateward.controllers import core
-from stateward.controllers.kube import Ref
+from stateward.controllers.kube import Body, Ref
 from stateward.specs import tls
 
 RECHECK: Final = 2.0
@@ -21,56 +21,80 @@ RECHECK: Final = 2.0
 
 
 async def ensure(scope: core.Scope, cluster: tls.Served) -> str | None:
-    """The cluster's CA, made once, and the serving certificate it signs, (re)issued when
+    """The cluster's CA — its own, made once, or a copy of the user's
+    (``spec.tls.caSecretName``) — and the serving certificate it signs, (re)issued when
     ``tls.renewal_reason`` says so: missing, near its end, other names, another CA. Both
     decisions read only metadata the store keeps; the CA's key is read (and dropped) only to
-    issue."""
+    issue, or to copy the user's CA when that Secret changed."""
     notes: list[str] = []
     authority: pki.Authority | None = None
     ca = scope.observed("Secret", cluster.ca_secret_name)
-    if ca is None:
+    if cluster.user_ca_secret_name is not None:
+        copied = await _copy_user_ca(scope, cluster, cluster.user_ca_secret_name, ca)
+        if copied is None:
+            return None
+        ca, authority, note = copied
+        notes += [note] if note else []
+    elif ca is None or tls.ca_source(ca) is not None:
+        # None yet, or a copy of a user's CA that spec.tls no longer names: our own.
+        replacing = ca is not None
         authority = pki.Authority.new(tls.ca_common_name(cluster))
+        body = tls.ca_secret(cluster, cert=authority.cert_pem, key=authority.key_pem)
         try:
-            ca = await scope.kube.create(
-                tls.ca_secret(cluster, cert=authority.cert_pem, key=authority.key_pem)
-            )
+            ca = await (scope.kube.apply(body) if replacing else scope.kube.create(body))
         except ApiError as error:
             if error.status.code != 409:
                 raise
             scope.requeue(RECHECK)  # made a moment ago: the store sees it shortly
             return None
         scope.store.observe(ca)
-        notes.append(f"created {cluster.ca_secret_name}")
+        notes.append(f"{'replaced' if replacing else 'created'} {cluster.ca_secret_name}")
+        if replacing:
+            await scope.event(
+                "CertificateAuthorityReplaced",
+                f"spec.tls.caSecretName is unset: Secret {cluster.ca_secret_name} holds a new"
+                " CA of the cluster's own; every certificate is reissued with it",
+            )
     fingerprint = tls.recorded_ca_fingerprint(ca)
+    ca_not_after = tls.recorded_not_after(ca)
     if not fingerprint:  # a CA Secret someone made by hand
         authority = authority or await _authority(scope, cluster)
         if authority is None:
             return None
-        fingerprint = pki.fingerprint(authority.cert_pem)
+        fingerprint, ca_not_after = pki.fingerprint(authority.cert_pem), authority.not_after
+    now = datetime.datetime.now(datetime.UTC)
+    expiring = tls.ca_expiry_problem(cluster.ca_secret_name, ca_not_after, now)
+    if expiring is not None:
+        await scope.degrade("CertificateAuthorityExpiring", expiring)
     served = scope.observed("Secret", cluster.tls_secret_name)
     reason = tls.renewal_reason(
-        cluster, served, ca_fingerprint=fingerprint, now=datetime.datetime.now(datetime.UTC)
+        cluster, served, ca_fingerprint=fingerprint, now=now, ca_not_after=ca_not_after
     )
     if reason is not None:
         authority = authority or await _authority(scope, cluster)
         if authority is None:
             return None
+        validity = tls.validity_under(authority.not_after, now)
         issued = authority.issue(
             common_name=f"{cluster.primary_service_name}.{cluster.namespace}.svc",
             hosts=tls.server_names(cluster),
             server=True,
+            validity=validity,
         )
+        # Each certificate file carries the chain up to the root (a user's intermediate CA):
+        # clients that trust only their organisation's root verify the servers too.
+        chain = authority.intermediates_pem
         clients = {
-            stem: (client.cert, client.key)
+            stem: (client.cert + chain, client.key)
             for stem, user in tls.clients_of(cluster).items()
-            for client in (authority.issue(common_name=user),)
+            for client in (authority.issue(common_name=user, validity=validity),)
         }
         applied = await scope.kube.apply(
             tls.server_secret(
                 cluster,
-                cert=issued.cert,
+                cert=issued.cert + chain,
                 key=issued.key,
-                ca_cert=authority.cert_pem,
+                ca_cert=authority.trusted_pem,
                 clients=clients,
             )
         )
@@ -86,6 +110,62 @@ async def ensure(scope: core.Scope, cluster: tls.Served) -> str | None:
     return "; ".join(notes) or None
 
 
+USER_CA_RECHECK: Final = 30.0
+"""While the user's CA Secret is missing or unusable: look again this soon (it is not
+watched; once usable, the resync interval picks up its renewals)."""
+
+
+async def _copy_user_ca(
+    scope: core.Scope, cluster: tls.Served, name: str, ca: Body | None
+) -> tuple[Body, pki.Authority | None, str | None] | None:
+    """``NAME-ca`` as a copy of the user's CA Secret ``name``, copied again when that Secret
+    changed (its resourceVersion; one GET per reconcile). Returns the CA Secret, the CA when
+    it was just loaded (None when the copy was current), and a note. None, with Degraded
+    saying what to fix, while the Secret is missing or holds no usable CA: the servers keep
+    the certificates they have."""
+    found = await scope.kube.get("v1", "Secret", scope.namespace, name)
+    field = "spec.tls.caSecretName"
+    if found is None:
+        scope.requeue(USER_CA_RECHECK)
+        await scope.degrade(
+            "CertificateAuthorityMissing",
+            f"{field} names Secret {name}, which does not exist in namespace"
+            f" {scope.namespace}: create it (a CA's tls.crt and tls.key, e.g. from a"
+            " cert-manager Certificate with isCA: true) or unset it; the servers keep their"
+            " current certificates",
+        )
+        return None
+    source = f"{name}/{found['metadata'].get('resourceVersion', '')}"
+    if ca is not None and tls.ca_source(ca) == source:
+        return ca, None, None
+    data: dict[str, bytes] = {}
+    for key, value in (found.get("data") or {}).items():
+        try:
+            data[key] = base64.b64decode(value)
+        except ValueError:
+            continue
+    try:
+        chain, key = tls.user_ca(data)
+        authority = pki.Authority.load(chain, key)
+    except ValueError as problem:  # says what is wrong, never quoting the data
+        scope.requeue(USER_CA_RECHECK)
+        await scope.degrade(
+            "CertificateAuthorityInvalid",
+            f"Secret {name} ({field}) holds no usable CA: {problem}. Put a CA certificate"
+            " (basicConstraints CA:TRUE) and its unencrypted RSA or EC key in tls.crt and"
+            " tls.key (or ca.crt and ca.key); the servers keep their current certificates",
+        )
+        return None
+    copied = await scope.kube.apply(tls.ca_secret(cluster, cert=chain, key=key, source=source))
+    scope.store.observe(copied)
+    await scope.event(
+        "CertificateAuthorityCopied",
+        f"Copied the CA of Secret {name} ({field}) into {cluster.ca_secret_name};"
+        " certificates it did not sign are reissued",
+    )
+    return copied, authority, f"copied {name} into {cluster.ca_secret_name}"
+
+
 async def _authority(scope: core.Scope, cluster: tls.Served) -> pki.Authority | None:
     """The cluster's CA with its key, read for one issue and not kept; None (and Degraded)
     when the Secret does not hold a usable CA."""
@@ -98,8 +178,9 @@ async def _authority(scope: core.Scope, cluster: tls.Served) -> pki.Authority | 
         )
     except (KeyError, ValueError, TypeError):
         message = (
-            f"Secret {name} holds no usable CA ({tls.CA_CERT_KEY} and an EC {tls.CA_KEY_KEY},"
-            " PEM); delete it and Stateward makes a new one and reissues the certificate"
+            f"Secret {name} holds no usable CA ({tls.CA_CERT_KEY} and its {tls.CA_KEY_KEY},"
+            " PEM); delete it and Stateward makes a new one (or copies spec.tls.caSecretName"
+            " again) and reissues the certificates"
         )
         await scope.degrade("CertificateAuthorityInvalid", message)
         return None

@@ -723,6 +723,10 @@ async def ensure_tls(scope: Scope) -> str | None:
     ca_pem = await certificates.ca_cert(scope, database)
     if ca_pem is not None:
         await certificates.refresh_ca_copy(scope, database, database.app_secret_name, ca_pem)
+    if scope.observed("Secret", database.tls_secret_name) is None:
+        # No certificate to serve yet (the user's CA, spec.tls.caSecretName, is not there):
+        # servers made now could not start. Degraded already says what to do.
+        raise _Stop(f"waiting for {database.tls_secret_name}")
     return note
 
 

@@ -291,7 +291,11 @@ async def ensure_secrets(scope: Scope) -> str | None:
     made: list[str] = []
     ca_cert = await certificates.ca_cert(scope, cluster)
     if ca_cert is None:
+        # No CA yet (the user's, spec.tls.caSecretName, not there yet): nothing else is made
+        # either. Instances made now would leave data volumes that the passwords generated
+        # afterwards would not open.
         scope.requeue(ROLL_RECHECK)
+        scope.halted = True
         return f"waiting for {cluster.ca_secret_name}"
 
     def app_secret(cluster: PostgresCluster, *, password: str) -> Body:

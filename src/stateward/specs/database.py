@@ -1,7 +1,7 @@
 """A Database with ``engine: postgres`` is a simpler face on a PostgresCluster: it owns one
-of the same name, with its version, replicas and storage, and every other choice left to the
-PostgresCluster's defaults (synchronous replication, the ``app`` database and owner, no
-backups). Pure: the model in, the child out."""
+of the same name, with its version, replicas, storage, network policy and CA, and every
+other choice left to the PostgresCluster's defaults (synchronous replication, the ``app``
+database and owner, no backups). Pure: the model in, the child out."""
 
 from __future__ import annotations
 
@@ -22,6 +22,15 @@ def postgres_cluster(database: v1alpha1.Database) -> meta.Object:
     }
     if database.spec.storage.storage_class_name is not None:
         spec["storageClassName"] = database.spec.storage.storage_class_name
+    # Only what the user set: a PostgresCluster made before these fields existed stays as
+    # it is.
+    for field, value in (
+        ("networkPolicy", database.spec.network_policy),
+        ("tls", database.spec.tls),
+    ):
+        chosen = value.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+        if chosen:
+            spec[field] = chosen
     return {
         "apiVersion": v1alpha1.API_VERSION,
         "kind": v1alpha1.KIND,

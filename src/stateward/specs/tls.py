@@ -38,6 +38,9 @@ CA_FINGERPRINT_ANNOTATION: Final = "stateward.io/ca-fingerprint"
 """On the CA Secret: its certificate's SHA-256; on the serving Secret and the app Secret:
 the CA they were made with (a different one means: reissue, or update ``ca.crt``)."""
 NOT_AFTER_ANNOTATION: Final = "stateward.io/not-after"
+CA_SOURCE_ANNOTATION: Final = "stateward.io/ca-source"
+"""On ``NAME-ca`` copied from the user's CA Secret (``spec.tls.caSecretName``): that Secret's
+``NAME/resourceVersion``; a different one means: copy again."""
 NAMES_ANNOTATION: Final = "stateward.io/names-digest"
 """SHA-256 over the names the certificate covers and the client identities beside it: a change
 of either (a Secret made before the clients existed) reissues."""
@@ -74,6 +77,9 @@ class Served(meta.Owner, Protocol):
 
     @property
     def tls_secret_name(self) -> str: ...
+
+    @property
+    def user_ca_secret_name(self) -> str | None: ...
 
 
 def clients_of(owner: Served) -> Mapping[str, str]:
@@ -125,9 +131,13 @@ def ca_common_name(cluster: Served) -> str:
     return f"{cluster.name}.{cluster.namespace} CA (Stateward)"
 
 
-def ca_secret(cluster: Served, *, cert: bytes, key: bytes) -> meta.Object:
-    """``NAME-ca``: the CA's certificate and key. No data depends on it: if it is deleted,
-    the operator makes a new CA and reissues the serving certificate."""
+def ca_secret(
+    cluster: Served, *, cert: bytes, key: bytes, source: str | None = None
+) -> meta.Object:
+    """``NAME-ca``: the CA's certificate (first; a chain to the root may follow: everything
+    that peers and clients trust) and key. No data depends on it: if it is deleted, the
+    operator makes a new CA (or copies the user's again) and reissues the serving
+    certificate. ``source``: the user's Secret it copies, as :func:`ca_source` names it."""
     body: meta.Object = {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -135,8 +145,40 @@ def ca_secret(cluster: Served, *, cert: bytes, key: bytes) -> meta.Object:
         "type": "Opaque",
         "data": {CA_CERT_KEY: _b64(cert), CA_KEY_KEY: _b64(key)},
     }
-    body["metadata"]["annotations"] = {CA_FINGERPRINT_ANNOTATION: pki.fingerprint(cert)}
+    annotations = {
+        CA_FINGERPRINT_ANNOTATION: pki.fingerprint(cert),
+        NOT_AFTER_ANNOTATION: _stamp(pki.not_after(cert)),
+    }
+    if source is not None:
+        annotations[CA_SOURCE_ANNOTATION] = source
+    body["metadata"]["annotations"] = annotations
     return body
+
+
+def ca_source(secret: meta.Object | None) -> str | None:
+    """The user's Secret ``NAME/resourceVersion`` a ``NAME-ca`` was copied from; None for
+    the cluster's own CA."""
+    if secret is None:
+        return None
+    return (secret["metadata"].get("annotations") or {}).get(CA_SOURCE_ANNOTATION) or None
+
+
+def user_ca(data: Mapping[str, bytes]) -> tuple[bytes, bytes]:
+    """The CA certificate chain and key in a user's CA Secret (decoded data): ``tls.crt``
+    and ``tls.key`` as cert-manager writes them, whose ``ca.crt`` (the root) is trusted
+    beside them, or else ``ca.crt`` and ``ca.key``. The chain starts with the signing
+    certificate, each certificate once. ValueError naming the keys when neither pair is
+    there (the message carries no data)."""
+    if data.get(CERT_KEY) and data.get(KEY_KEY):
+        chain, key = [data[CERT_KEY], data.get(CA_CERT_KEY, b"")], data[KEY_KEY]
+    elif data.get(CA_CERT_KEY) and data.get(CA_KEY_KEY):
+        chain, key = [data[CA_CERT_KEY]], data[CA_KEY_KEY]
+    else:
+        raise ValueError(
+            f"holds neither {CERT_KEY} and {KEY_KEY} (cert-manager's CA Certificate) nor"
+            f" {CA_CERT_KEY} and {CA_KEY_KEY}"
+        )
+    return pki.pem_chain(*chain), key
 
 
 def recorded_ca_fingerprint(secret: meta.Object | None) -> str | None:
@@ -173,7 +215,7 @@ def server_secret(
     }
     body["metadata"]["annotations"] = {
         CA_FINGERPRINT_ANNOTATION: pki.fingerprint(ca_cert),
-        NOT_AFTER_ANNOTATION: pki.not_after(cert).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        NOT_AFTER_ANNOTATION: _stamp(pki.not_after(cert)),
         NAMES_ANNOTATION: names_digest(server_names(cluster), wanted),
     }
     return body
@@ -185,10 +227,13 @@ def renewal_reason(
     *,
     ca_fingerprint: str,
     now: datetime.datetime,
+    ca_not_after: datetime.datetime | None = None,
 ) -> str | None:
     """Why the serving certificate must be (re)issued, or None while it is good: missing,
     made with another CA, covering other names, or within :data:`RENEW_BEFORE` of its end
-    (or of unknown end: a Secret someone replaced by hand)."""
+    (or of unknown end: a Secret someone replaced by hand) — unless the CA ends no later than
+    it does (``ca_not_after``): a new certificate could not last longer, so it is not issued
+    again and again (:func:`ca_expiry_problem` says what to do)."""
     if observed is None:
         return "it does not exist"
     metadata = observed.get("metadata")
@@ -199,15 +244,65 @@ def renewal_reason(
         server_names(cluster), clients_of(cluster)
     ):
         return "the names it must cover changed"
-    try:
-        not_after = datetime.datetime.strptime(
-            str(annotations.get(NOT_AFTER_ANNOTATION)), "%Y-%m-%dT%H:%M:%SZ"
-        ).replace(tzinfo=datetime.UTC)
-    except ValueError:
+    not_after = _parse_stamp(annotations.get(NOT_AFTER_ANNOTATION))
+    if not_after is None:
         return "its expiry is unknown"
     if not_after - now <= RENEW_BEFORE:
+        if ca_not_after is not None and ca_not_after <= not_after + CA_END_SLACK:
+            return None
         return f"it expires at {not_after:%Y-%m-%dT%H:%M:%SZ}"
     return None
+
+
+CA_END_SLACK: Final = datetime.timedelta(hours=1)
+"""A certificate that ends within this of its CA's end already lasts as long as it can."""
+
+
+def validity_under(ca_not_after: datetime.datetime, now: datetime.datetime) -> datetime.timedelta:
+    """How long a certificate issued now may be valid: a year (``pki.VALIDITY``), but never
+    past the end of the CA that signs it (a chain is only as valid as its CA)."""
+    return max(min(pki.VALIDITY, ca_not_after - now), datetime.timedelta(0))
+
+
+def ca_expiry_problem(
+    ca_name: str, ca_not_after: datetime.datetime | None, now: datetime.datetime
+) -> str | None:
+    """A message for Degraded when the CA comes within :data:`RENEW_BEFORE` of its end (the
+    certificates it signed end with it); None otherwise."""
+    if ca_not_after is None or ca_not_after - now > RENEW_BEFORE:
+        return None
+    stamp = _stamp(ca_not_after)
+    if ca_not_after <= now:
+        return (
+            f"the CA in Secret {ca_name} expired at {stamp}: no client can verify the servers;"
+            " renew the CA (cert-manager renews its Certificate), or delete it when it is the"
+            " cluster's own, and every certificate is reissued"
+        )
+    return (
+        f"the CA in Secret {ca_name} expires at {stamp}, and the servers' certificates with it:"
+        " renew the CA (cert-manager renews its Certificate), or delete it when it is the"
+        " cluster's own, and every certificate is reissued"
+    )
+
+
+def recorded_not_after(secret: meta.Object | None) -> datetime.datetime | None:
+    """The end of validity a Secret records in its annotation (None: unrecorded)."""
+    if secret is None:
+        return None
+    return _parse_stamp((secret["metadata"].get("annotations") or {}).get(NOT_AFTER_ANNOTATION))
+
+
+def _parse_stamp(value: object) -> datetime.datetime | None:
+    try:
+        return datetime.datetime.strptime(str(value), "%Y-%m-%dT%H:%M:%SZ").replace(
+            tzinfo=datetime.UTC
+        )
+    except ValueError:
+        return None
+
+
+def _stamp(moment: datetime.datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _b64(value: bytes) -> str:

@@ -1,0 +1,69 @@
+"""Certificates as another PKI makes them (cert-manager, an enterprise CA), for tests of a
+user's own CA (``spec.tls.caSecretName``)."""
+
+from __future__ import annotations
+
+import datetime
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import NameOID
+
+NOW = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+Key = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
+
+
+def pem_key(key: Key) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def certificate(
+    name: str,
+    key: Key,
+    *,
+    issuer: tuple[x509.Certificate, Key] | None = None,
+    ca: bool = True,
+    sign: bool = True,
+    days: int = 3650,
+) -> x509.Certificate:
+    """A certificate as another PKI (cert-manager, an enterprise CA) would make it."""
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    signer_cert, signer_key = issuer if issuer else (None, key)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(signer_cert.subject if signer_cert else subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(NOW - datetime.timedelta(days=1))
+        .not_valid_after(NOW + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if ca:
+        builder = builder.add_extension(
+            x509.KeyUsage(
+                digital_signature=True, content_commitment=False, key_encipherment=False,
+                data_encipherment=False, key_agreement=False, key_cert_sign=sign,
+                crl_sign=sign, encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )  # fmt: skip
+    return builder.sign(signer_key, hashes.SHA256())
+
+
+def pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def cert_manager_ca(days: int = 3650) -> tuple[dict[str, bytes], x509.Certificate]:
+    """What cert-manager writes for a Certificate with isCA: true issued by a root CA
+    issuer (RSA, its default): tls.crt the intermediate, tls.key its key, ca.crt the root."""
+    root_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    root = certificate("Example Root", root_key)
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    intermediate = certificate("Example DB CA", key, issuer=(root, root_key), days=days)
+    secret = {"tls.crt": pem(intermediate), "tls.key": pem_key(key), "ca.crt": pem(root)}
+    return secret, root
