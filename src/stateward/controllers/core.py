@@ -15,9 +15,10 @@ import base64
 import dataclasses
 import datetime
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from decimal import Decimal
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from lightkube import ApiError
 
@@ -90,6 +91,53 @@ class SecretCache:
             del self._data[key]
 
 
+PROGRESS_FIELDS: Final = frozenset({"readyReplicas", "replicaPods", "instances"})
+"""Status fields that follow the pods (how many are ready, each member's state and lag) —
+and the conditions' messages, which count them. A change of these alone is progress."""
+STATUS_PACE: Final = 10.0
+"""Progress is written at most this often per object: one patch per pod change while a
+cluster comes up, and per Patroni heartbeat under writes (lag), told users nothing they
+acted on. Everything else — phase, primary, a condition's status or reason, a failover,
+a switchover, backups — is written at once, with the progress that came with it."""
+
+
+class StatusPacer:
+    """When each object's status was last written (in memory: after an operator restart the
+    first change is written at once)."""
+
+    def __init__(
+        self, *, pace: float = STATUS_PACE, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.pace, self.clock = pace, clock
+        self._written: dict[tuple[str, str], float] = {}
+
+    def wait_left(self, namespace: str, name: str) -> float:
+        """Seconds until progress may be written again (0: now)."""
+        last = self._written.get((namespace, name))
+        return 0.0 if last is None else max(0.0, last + self.pace - self.clock())
+
+    def wrote(self, namespace: str, name: str) -> None:
+        self._written[(namespace, name)] = self.clock()
+
+    def forget(self, namespace: str, name: str) -> None:
+        self._written.pop((namespace, name), None)
+
+
+def only_progress(current: Body, desired: Body) -> bool:
+    """Whether ``desired`` differs from ``current`` in :data:`PROGRESS_FIELDS` and condition
+    messages alone (a condition's time moves only with its status)."""
+
+    def decisive(status: Body) -> Body:
+        kept = {k: v for k, v in status.items() if k not in PROGRESS_FIELDS and v is not None}
+        kept["conditions"] = sorted(
+            (str(c.get("type")), str(c.get("status")), str(c.get("reason")))
+            for c in status.get("conditions") or []
+        )
+        return kept
+
+    return decisive(current) == decisive(desired)
+
+
 def controlled_by_another(body: Body | None, uid: str | None) -> bool:
     """Whether ``body`` has a controller that is not the object ``uid`` — a child of a
     previous object of the same name, which garbage collection is about to delete."""
@@ -115,6 +163,8 @@ class Scope:
     progressing: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     secrets: SecretCache = dataclasses.field(default_factory=SecretCache)
     """Shared by one reconciler's scopes, so a Secret is read once per change."""
+    status_pacer: StatusPacer = dataclasses.field(default_factory=StatusPacer)
+    """Shared by one reconciler's scopes: when each object's status was last written."""
     operator_namespace: str = meta.OPERATOR_NAMESPACE
     """Where the operator runs: its namespace may reach the database pods (NetworkPolicy)."""
 
@@ -359,14 +409,22 @@ async def expand_volumes(scope: Scope, claims: Iterable[Body], size: str) -> str
 
 
 async def patch_status(scope: Scope, status: dict[str, Any]) -> None:
-    """Make ``status`` the object's status with one patch, and none when it already is."""
+    """Make ``status`` the object's status with one patch, and none when it already is. A
+    change that is only progress waits out :data:`STATUS_PACE` since the last write (the
+    reconcile is requeued for then, and writes what it observes then)."""
     status = {k: v for k, v in status.items() if v is not None}
     current = dict(scope.body.get("status") or {})
     if status == {k: v for k, v in current.items() if k in status} and set(current) <= set(status):
         return
+    if only_progress(current, status):
+        wait = scope.status_pacer.wait_left(scope.namespace, scope.name)
+        if wait > 0:
+            scope.requeue(wait)
+            return
     patch = {"status": replacing_patch(current, status)}
     patched = await scope.kube.patch(Ref.of(scope.body), patch, status=True)
     scope.store.observe(patched)
+    scope.status_pacer.wrote(scope.namespace, scope.name)
 
 
 def replacing_patch(current: Body, desired: Body) -> Body:

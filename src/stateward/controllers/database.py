@@ -85,6 +85,7 @@ class DatabaseReconciler:
         """Seconds this operator replica surely keeps the leader Lease (``LeaderElector.
         term_left``): no replication change is sent to a server past it."""
         self.secret_cache = core.SecretCache()
+        self.status_pacer = core.StatusPacer()
         self.clock = clock
         self._silent_since: dict[tuple[str, str], tuple[str, float]] = {}
         """Per Database: the primary that stopped answering while its pod looked ready, and
@@ -96,6 +97,7 @@ class DatabaseReconciler:
     def forget(self, namespace: str, name: str) -> None:
         """Free what is kept in memory for a Database that is gone (its credentials)."""
         self.secret_cache.forget(namespace, name)
+        self.status_pacer.forget(namespace, name)
         self._silent_since.pop((namespace, name), None)
         self._tls.pop((namespace, name), None)
 
@@ -116,6 +118,7 @@ class DatabaseReconciler:
             body=body,
             kube=self.kube,
             secrets=self.secret_cache,
+            status_pacer=self.status_pacer,
             operator_namespace=self.operator_namespace,
             store=self.store,
             now=core.now(),

@@ -153,6 +153,7 @@ class Reconciler:
         """The operator's administrator lets repository paths leave their namespace."""
         self.data_plane = DataPlane()
         self.secret_cache = core.SecretCache()
+        self.status_pacer = core.StatusPacer()
         self.credentials_checked: dict[tuple[str, str], tuple[int, float]] = {}
         """Per cluster: the generation whose backup credentials were last found complete,
         and when (monotonic). Freed with the cluster."""
@@ -162,6 +163,7 @@ class Reconciler:
         at its DELETED event, not at a reconcile that may never come."""
         self.data_plane.forget((namespace, name))
         self.secret_cache.forget(namespace, name)
+        self.status_pacer.forget(namespace, name)
         self.credentials_checked.pop((namespace, name), None)
 
     async def reconcile(self, key: tuple[str, str]) -> Outcome:
@@ -183,6 +185,7 @@ class Reconciler:
             kube=self.kube,
             store=self.store,
             secrets=self.secret_cache,
+            status_pacer=self.status_pacer,
             operator_namespace=self.operator_namespace,
             credentials_checked=self.credentials_checked,
             now=core.now(),

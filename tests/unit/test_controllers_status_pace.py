@@ -1,0 +1,133 @@
+"""Status writes: progress (ready counts, members' states and lag, condition messages) is
+written at most every STATUS_PACE per object; everything users act on is written at once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from stateward.controllers import core
+from stateward.controllers.store import ObjectStore
+
+pytestmark = pytest.mark.unit
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class StatusKube:
+    def __init__(self) -> None:
+        self.patches: list[dict[str, Any]] = []
+
+    async def patch(self, ref: Any, patch: dict[str, Any], *, status: bool = False) -> Any:
+        assert status
+        self.patches.append(patch["status"])
+        return {"kind": "PostgresCluster", "metadata": {"name": "pg", "namespace": "db"}}
+
+
+def ready(status: str, reason: str, message: str) -> dict[str, Any]:
+    return {"type": "Ready", "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": "t"}  # fmt: skip
+
+
+STARTING = {
+    "phase": "Creating",
+    "readyReplicas": 1,
+    "conditions": [ready("False", "InstancesNotReady", "1/3 ready")],
+}
+
+
+def scope_with(status: dict[str, Any], kube: StatusKube, pacer: core.StatusPacer) -> core.Scope:
+    return core.Scope(
+        body={"kind": "PostgresCluster", "apiVersion": "stateward.io/v1alpha1",
+              "metadata": {"name": "pg", "namespace": "db"}, "status": status},
+        kube=kube,  # type: ignore[arg-type]
+        store=ObjectStore(),
+        now="t",
+        conditions=[],
+        status_pacer=pacer,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "progress"),
+    [
+        ({"readyReplicas": 2}, True),
+        ({"replicaPods": ["pg-1"]}, True),
+        ({"instances": [{"name": "pg-0", "lagBytes": 10}]}, True),
+        ({"conditions": [ready("False", "InstancesNotReady", "2/3 ready")]}, True),
+        ({"conditions": [ready("True", "AllInstancesReady", "3/3 ready")]}, False),
+        ({"conditions": [ready("False", "NoPrimary", "1/3 ready")]}, False),
+        ({"phase": "Ready"}, False),
+        ({"primaryPod": "pg-0"}, False),
+        ({"lastFailover": {"fromPod": "pg-0"}}, False),
+        ({"observedGeneration": 2}, False),
+    ],
+)
+def test_what_counts_as_progress(change: dict[str, Any], progress: bool) -> None:
+    assert core.only_progress(STARTING, {**STARTING, **change}) is progress
+
+
+def test_a_field_that_goes_away_is_not_progress_unless_it_is_a_progress_field() -> None:
+    assert not core.only_progress({**STARTING, "switchover": {"phase": "Running"}}, STARTING)
+    assert core.only_progress({**STARTING, "instances": [{"name": "pg-0"}]}, STARTING)
+
+
+async def test_progress_waits_out_the_pace_and_the_reconcile_comes_back_for_it() -> None:
+    clock, kube = Clock(), StatusKube()
+    pacer = core.StatusPacer(clock=clock)
+    # The first write of an object is never held back.
+    scope = scope_with({}, kube, pacer)
+    await core.patch_status(scope, STARTING)
+    assert len(kube.patches) == 1
+    # Progress a moment later: not written; the reconcile is requeued for when it may be.
+    clock.now += 3
+    scope = scope_with(STARTING, kube, pacer)
+    await core.patch_status(scope, {**STARTING, "readyReplicas": 2})
+    assert len(kube.patches) == 1
+    assert scope.requeue_after == pytest.approx(core.STATUS_PACE - 3)
+    # Then it is.
+    clock.now += core.STATUS_PACE
+    scope = scope_with(STARTING, kube, pacer)
+    await core.patch_status(scope, {**STARTING, "readyReplicas": 2})
+    assert kube.patches[-1]["readyReplicas"] == 2 and len(kube.patches) == 2
+
+
+async def test_what_users_act_on_is_written_at_once_with_the_progress_beside_it() -> None:
+    clock, kube = Clock(), StatusKube()
+    pacer = core.StatusPacer(clock=clock)
+    await core.patch_status(scope_with({}, kube, pacer), STARTING)
+    clock.now += 1
+    became_ready = {
+        **STARTING,
+        "phase": "Ready",
+        "readyReplicas": 3,
+        "conditions": [ready("True", "AllInstancesReady", "3/3 ready")],
+    }
+    scope = scope_with(STARTING, kube, pacer)
+    await core.patch_status(scope, became_ready)
+    assert len(kube.patches) == 2
+    assert kube.patches[-1]["phase"] == "Ready" and kube.patches[-1]["readyReplicas"] == 3
+    assert scope.requeue_after is None
+
+
+async def test_each_object_has_its_own_pace_and_a_deleted_one_is_forgotten() -> None:
+    clock = Clock()
+    pacer = core.StatusPacer(clock=clock)
+    pacer.wrote("db", "pg")
+    assert pacer.wait_left("db", "pg") == core.STATUS_PACE
+    assert pacer.wait_left("db", "other") == 0
+    pacer.forget("db", "pg")
+    assert pacer.wait_left("db", "pg") == 0
+
+
+async def test_an_unchanged_status_is_not_written_at_all() -> None:
+    kube = StatusKube()
+    await core.patch_status(scope_with(STARTING, kube, core.StatusPacer()), dict(STARTING))
+    assert kube.patches == []
