@@ -33,6 +33,7 @@ from lightkube.config.kubeconfig import KubeConfig
 from lightkube.resources.core_v1 import Event, Pod
 from lightkube.types import PatchType
 
+from stateward import rfc3339
 from stateward.api import v1alpha1, validation
 from stateward.controllers.kube import PostgresClusterResource
 from stateward.specs import meta, statefulset
@@ -81,8 +82,7 @@ def get_cluster(client: Client, name: str, namespace: str) -> dict[str, Any]:
 def _ago(stamp: str | None, now: datetime.datetime) -> str:
     if not stamp:
         return "-"
-    then = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    seconds = int((now - then).total_seconds())
+    seconds = int(rfc3339.seconds_since(stamp, now))
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
             return f"{seconds // size}{unit} ago"

@@ -11,7 +11,7 @@ from typing import Final
 
 from lightkube import ApiError
 
-from stateward import pki
+from stateward import pki, rfc3339
 from stateward.controllers import core
 from stateward.controllers.kube import Body, Ref
 from stateward.specs import tls
@@ -99,7 +99,7 @@ async def ensure(scope: core.Scope, cluster: tls.Served) -> str | None:
             )
         )
         scope.store.observe(applied)
-        until = pki.not_after(issued.cert).strftime("%Y-%m-%dT%H:%M:%SZ")
+        until = rfc3339.format(pki.not_after(issued.cert))
         await scope.event(
             "CertificateIssued",
             f"Issued the serving certificate in Secret {cluster.tls_secret_name} ({reason});"

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
-import datetime
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -22,6 +21,7 @@ from typing import Any, Final, TypeVar
 
 from lightkube import ApiError
 
+from stateward import rfc3339
 from stateward.api import v1alpha1, validation
 from stateward.controllers import conditions as cond
 from stateward.controllers import diff
@@ -36,17 +36,8 @@ RECONCILE_FAILED = "ReconcileFailed"
 PROGRESS_RECHECK = 5.0
 
 
-def now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def seconds_between(earlier: str, later: str) -> float:
-    """Seconds between two RFC 3339 timestamps as the API server writes them."""
-
-    def parse(stamp: str) -> datetime.datetime:
-        return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-
-    return (parse(later) - parse(earlier)).total_seconds()
+now = rfc3339.now
+seconds_between = rfc3339.seconds_between
 
 
 class SecretCache:

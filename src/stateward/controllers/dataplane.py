@@ -12,7 +12,6 @@ lock, released only on proof that the holder cannot accept writes (``takeover``)
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import hashlib
 import json
 import time
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from lightkube import ApiError
 
+from stateward import rfc3339
 from stateward.api import v1alpha1
 from stateward.controllers import members as m
 from stateward.controllers import takeover
@@ -48,11 +48,6 @@ def _text(value: Any) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
     return str(value)
-
-
-def _seconds_since(stamp: str) -> float:
-    started = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    return (datetime.datetime.now(datetime.UTC) - started).total_seconds()
 
 
 def configuration_patch(cluster: v1alpha1.PostgresCluster, dcs: dict[str, Any]) -> dict[str, Any]:
@@ -364,7 +359,7 @@ class DataPlane:
             await scope.event("SwitchedOver", f"Switched over from {source} to {leader.name}")
             await _consume_request(scope, current)
             return f"switched over from {source} to {leader.name}"
-        if _seconds_since(current["startedAt"]) > SWITCHOVER_TIMEOUT:
+        if rfc3339.seconds_since(current["startedAt"]) > SWITCHOVER_TIMEOUT:
             message = (
                 f"{source} is still the primary {SWITCHOVER_TIMEOUT:.0f}s after the switchover"
                 " started; Patroni's log on the pods says why"
@@ -529,7 +524,7 @@ async def start_switchover(
         reason != REQUESTED
         and last.get("phase") == FAILED
         and last.get("reason") == reason
-        and _seconds_since(last.get("finishedAt") or last["startedAt"]) < RETRY_AFTER
+        and rfc3339.seconds_since(last.get("finishedAt") or last["startedAt"]) < RETRY_AFTER
     ):
         scope.requeue(RETRY_AFTER)
         return f"switchover for {reason} failed recently; retrying shortly"

@@ -9,7 +9,6 @@ Objects are plain dicts on both sides. Two guarantees live in this one place:
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import logging
 import ssl
 import uuid
@@ -22,6 +21,7 @@ from lightkube.core.resource_registry import resource_registry
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.types import CascadeType, PatchType
 
+from stateward import rfc3339
 from stateward.api import v1alpha1
 
 logger = logging.getLogger(__name__)
@@ -261,7 +261,7 @@ def event_body(
 ) -> Body:
     """A core/v1 Event about ``involved`` (pure). Messages never carry secret values."""
     metadata = involved["metadata"]
-    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = rfc3339.now()
     return {
         "apiVersion": "v1",
         "kind": "Event",

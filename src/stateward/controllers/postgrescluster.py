@@ -11,7 +11,6 @@ end, and only if it changed.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
 import logging
 import time
@@ -21,7 +20,7 @@ from typing import Any
 import pydantic
 from lightkube import ApiError
 
-from stateward import specs
+from stateward import rfc3339, specs
 from stateward.api import v1alpha1, validation
 from stateward.api.v1alpha1 import PostgresCluster
 from stateward.controllers import backups, certificates, core
@@ -820,12 +819,7 @@ async def _final_backup(scope: Scope) -> str | None:
         return f"final backup attempt {attempts} failed"
     if job is None:
         if previous is not None and previous.get("reason") == "Failed":
-            failed_at = datetime.datetime.fromisoformat(
-                previous["lastTransitionTime"].replace("Z", "+00:00")
-            )
-            wait = (
-                failed_at + datetime.timedelta(seconds=delay) - datetime.datetime.now(datetime.UTC)
-            ).total_seconds()
+            wait = delay - rfc3339.seconds_since(previous["lastTransitionTime"])
             if wait > 0:
                 scope.requeue(wait)
                 return f"final backup retry in {wait:.0f}s"

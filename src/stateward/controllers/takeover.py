@@ -24,9 +24,10 @@ is released. Pure code; the safety argument is in docs/architecture.md.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 from collections.abc import Mapping
 from typing import Any, Final
+
+from stateward import rfc3339
 
 Body = dict[str, Any]
 
@@ -46,15 +47,7 @@ class Proof:
     message: str
 
 
-def parse_time(value: Any) -> datetime.datetime | None:
-    """An RFC 3339 time as Kubernetes or Patroni writes it (``Z`` or an offset), else None."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo is not None else None
+parse_time = rfc3339.parse
 
 
 def container_status(pod: Body, container: str) -> Body:

@@ -16,6 +16,7 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from stateward import rfc3339
 from stateward.api import v1alpha1
 
 CA_DIR: Final = "/etc/stateward/backup"
@@ -98,8 +99,7 @@ def options(
 def _time(epoch: object) -> str | None:
     if not isinstance(epoch, int | float) or isinstance(epoch, bool):
         return None
-    moment = datetime.datetime.fromtimestamp(epoch, tz=datetime.UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339.format(datetime.datetime.fromtimestamp(epoch, tz=datetime.UTC))
 
 
 def _backup(entry: Mapping[str, Any]) -> dict[str, Any] | None:

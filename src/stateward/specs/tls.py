@@ -23,7 +23,7 @@ import hashlib
 from collections.abc import Mapping
 from typing import Final, Protocol
 
-from stateward import pki
+from stateward import pki, rfc3339
 from stateward.api import v1alpha1
 from stateward.instance import patroni
 from stateward.specs import meta
@@ -147,7 +147,7 @@ def ca_secret(
     }
     annotations = {
         CA_FINGERPRINT_ANNOTATION: pki.fingerprint(cert),
-        NOT_AFTER_ANNOTATION: _stamp(pki.not_after(cert)),
+        NOT_AFTER_ANNOTATION: rfc3339.format(pki.not_after(cert)),
     }
     if source is not None:
         annotations[CA_SOURCE_ANNOTATION] = source
@@ -215,7 +215,7 @@ def server_secret(
     }
     body["metadata"]["annotations"] = {
         CA_FINGERPRINT_ANNOTATION: pki.fingerprint(ca_cert),
-        NOT_AFTER_ANNOTATION: _stamp(pki.not_after(cert)),
+        NOT_AFTER_ANNOTATION: rfc3339.format(pki.not_after(cert)),
         NAMES_ANNOTATION: names_digest(server_names(cluster), wanted),
     }
     return body
@@ -244,13 +244,13 @@ def renewal_reason(
         server_names(cluster), clients_of(cluster)
     ):
         return "the names it must cover changed"
-    not_after = _parse_stamp(annotations.get(NOT_AFTER_ANNOTATION))
+    not_after = rfc3339.parse(annotations.get(NOT_AFTER_ANNOTATION))
     if not_after is None:
         return "its expiry is unknown"
     if not_after - now <= RENEW_BEFORE:
         if ca_not_after is not None and ca_not_after <= not_after + CA_END_SLACK:
             return None
-        return f"it expires at {not_after:%Y-%m-%dT%H:%M:%SZ}"
+        return f"it expires at {rfc3339.format(not_after)}"
     return None
 
 
@@ -271,7 +271,7 @@ def ca_expiry_problem(
     certificates it signed end with it); None otherwise."""
     if ca_not_after is None or ca_not_after - now > RENEW_BEFORE:
         return None
-    stamp = _stamp(ca_not_after)
+    stamp = rfc3339.format(ca_not_after)
     if ca_not_after <= now:
         return (
             f"the CA in Secret {ca_name} expired at {stamp}: no client can verify the servers;"
@@ -289,20 +289,7 @@ def recorded_not_after(secret: meta.Object | None) -> datetime.datetime | None:
     """The end of validity a Secret records in its annotation (None: unrecorded)."""
     if secret is None:
         return None
-    return _parse_stamp((secret["metadata"].get("annotations") or {}).get(NOT_AFTER_ANNOTATION))
-
-
-def _parse_stamp(value: object) -> datetime.datetime | None:
-    try:
-        return datetime.datetime.strptime(str(value), "%Y-%m-%dT%H:%M:%SZ").replace(
-            tzinfo=datetime.UTC
-        )
-    except ValueError:
-        return None
-
-
-def _stamp(moment: datetime.datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339.parse((secret["metadata"].get("annotations") or {}).get(NOT_AFTER_ANNOTATION))
 
 
 def _b64(value: bytes) -> str:
