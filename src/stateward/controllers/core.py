@@ -82,6 +82,53 @@ class SecretCache:
             del self._data[key]
 
 
+IMMUTABLE_STATEFULSET_FIELDS: Final = (
+    ".spec.volumeClaimTemplates",
+    ".spec.selector",
+    ".spec.serviceName",
+    ".spec.podManagementPolicy",
+)
+"""StatefulSet fields the API server refuses to change; a change to any of them is made by
+deleting the StatefulSet with orphan propagation (its pods keep running) and recreating it."""
+
+
+def hold_scale_down(
+    scope: Scope, desired: list[Body], *, wanted: int, primary: str | None, pods: list[Body]
+) -> int | None:
+    """A StatefulSet scales down by removing its highest ordinals: never the primary, and
+    never while the primary is unknown (a failover under way: any running pod above the cut
+    may be it; pods that never ran cannot be, so a cluster whose pods do not fit still scales
+    down). Either way the desired StatefulSet keeps the ordinals up to that pod, and
+    Progressing says why. Returns ``wanted`` when the known primary must move below it first
+    (the caller switches over), None otherwise."""
+    observed = scope.observed("StatefulSet", scope.name)
+    have = int(((observed or {}).get("spec") or {}).get("replicas") or 0)
+    if observed is None or wanted >= have:
+        return None
+    move: int | None = None
+    if primary is not None:
+        if meta.pod_ordinal(primary) < wanted:
+            return None
+        keep, move = meta.pod_ordinal(primary) + 1, wanted
+        waiting = f"the primary {primary} to move below ordinal {wanted}"
+    else:
+        running = sorted(
+            pod["metadata"]["name"]
+            for pod in pods
+            if (pod.get("status") or {}).get("phase") == "Running"
+            and meta.pod_ordinal(pod["metadata"]["name"]) >= wanted
+        )
+        if not running:
+            return None
+        keep = max(meta.pod_ordinal(name) for name in running) + 1
+        waiting = f"a known primary ({', '.join(running)} may be it)"
+    for child in desired:
+        if child["kind"] == "StatefulSet":
+            child["spec"]["replicas"] = min(have, keep)
+    scope.progressing.append(("Scaling", f"scaling to {wanted} waits for {waiting}"))
+    return move
+
+
 PROGRESS_FIELDS: Final = frozenset({"readyReplicas", "replicaPods", "instances"})
 """Status fields that follow the pods (how many are ready, each member's state and lag) —
 and the conditions' messages, which count them. A change of these alone is progress."""

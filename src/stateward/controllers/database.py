@@ -37,12 +37,7 @@ from stateward.specs import mysql as mysql_spec
 logger = logging.getLogger(__name__)
 
 FINALIZER = v1alpha1.FINALIZER
-IMMUTABLE_STATEFULSET_FIELDS = (
-    ".spec.volumeClaimTemplates",
-    ".spec.selector",
-    ".spec.serviceName",
-    ".spec.podManagementPolicy",
-)
+IMMUTABLE_STATEFULSET_FIELDS = core.IMMUTABLE_STATEFULSET_FIELDS
 RECHECK = 5.0
 """Seconds between looks at servers that are not settled yet (SQL state has no watch)."""
 DELETE_RECHECK = 2.0
@@ -185,7 +180,7 @@ class DatabaseReconciler:
         observed = [
             servers.Server(
                 pod=pod["metadata"]["name"],
-                ready=_ready(pod),
+                ready=meta.pod_ready(pod),
                 role=(pod["metadata"].get("labels") or {}).get(meta.ROLE_LABEL),
                 **answer,
             )
@@ -328,7 +323,7 @@ class DatabaseReconciler:
         is gone, going or not ready (Kubernetes' own proof), or it stayed silent for
         :data:`FAILOVER_GRACE`."""
         key = (scope.namespace, scope.name)
-        if pod is None or pod["metadata"].get("deletionTimestamp") or not _ready(pod):
+        if pod is None or pod["metadata"].get("deletionTimestamp") or not meta.pod_ready(pod):
             self._silent_since.pop(key, None)
             return None
         name, now = pod["metadata"]["name"], self.clock()
@@ -742,19 +737,13 @@ async def apply_servers(scope: Scope) -> str | None:
 
 
 def _hold_scale_down(scope: Scope, desired: list[Body]) -> None:
-    """A scale-down removes the highest ordinals; when the primary is among them, keep the
-    current size until a switchover (``replicate``) has moved it below the cut."""
-    wanted = scope.database.spec.replicas
-    if scope.primary is None or servers.ordinal(scope.primary) < wanted:
-        return
-    observed = scope.observed("StatefulSet", scope.name)
-    current = int(((observed or {}).get("spec") or {}).get("replicas") or wanted)
-    for child in desired:
-        if child["kind"] == "StatefulSet":
-            child["spec"]["replicas"] = max(current, servers.ordinal(scope.primary) + 1)
-    scope.switch_below = wanted
-    scope.progressing.append(
-        ("ScaleDownWaiting", f"moving the primary {scope.primary} below ordinal {wanted} first")
+    """``replicate`` moves the primary below the cut (``switch_below``) first."""
+    scope.switch_below = core.hold_scale_down(
+        scope,
+        desired,
+        wanted=scope.database.spec.replicas,
+        primary=scope.primary,
+        pods=_server_pods(scope),
     )
 
 
@@ -932,11 +921,6 @@ def _unschedulable(pods: list[Body]) -> str | None:
         " one node never takes two of them: add nodes, make one schedulable again, or lower"
         " spec.replicas"
     )
-
-
-def _ready(pod: Body) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 def _ip(pod: Body) -> str | None:

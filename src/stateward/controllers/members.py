@@ -75,10 +75,7 @@ def member(pod: Body) -> Member:
         uid=str(metadata.get("uid", "")),
         ordinal=_ordinal(metadata["name"]),
         label_role=(metadata.get("labels") or {}).get(meta.ROLE_LABEL),
-        ready=any(
-            c.get("type") == "Ready" and c.get("status") == "True"
-            for c in status.get("conditions") or []
-        ),
+        ready=meta.pod_ready(pod),
         address=status.get("podIP"),
         state=record.get("state") if isinstance(record.get("state"), str) else None,
         timeline=_int(record.get("timeline")),

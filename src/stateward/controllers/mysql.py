@@ -145,8 +145,7 @@ def host_of(database: v1alpha1.Database, pod: str) -> str:
     return f"{pod}.{database.headless_service_name}.{database.namespace}.svc.cluster.local"
 
 
-def ordinal(pod: str) -> int:
-    return int(pod.rsplit("-", 1)[1])
+ordinal = meta.pod_ordinal
 
 
 def _choose(

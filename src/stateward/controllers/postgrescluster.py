@@ -44,14 +44,7 @@ FINAL_BACKUP_MAX_DELAY = 300.0
 REVISION_LABEL = "controller-revision-hash"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 
-# StatefulSet fields the API server refuses to change; a change to any of them is made by
-# deleting the StatefulSet with orphan propagation (its pods keep running) and recreating it.
-IMMUTABLE_STATEFULSET_FIELDS = (
-    ".spec.volumeClaimTemplates",
-    ".spec.selector",
-    ".spec.serviceName",
-    ".spec.podManagementPolicy",
-)
+IMMUTABLE_STATEFULSET_FIELDS = core.IMMUTABLE_STATEFULSET_FIELDS
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -421,38 +414,14 @@ async def apply_children(scope: Scope) -> str | None:
 
 
 def _hold_scale_down(scope: Scope, desired: list[Body]) -> None:
-    """A StatefulSet scales down by removing its highest ordinals. If the primary is among
-    them, keep the current size until a switchover has moved the primary below the cut."""
-    observed = scope.observed("StatefulSet", scope.cluster.name)
-    if observed is None:
-        return
-    have = int((observed.get("spec") or {}).get("replicas") or 0)
-    want = scope.cluster.spec.replicas
-    if want >= have:
-        return
     leader = next((x for x in scope.members if x.is_primary), None)
-    if leader is not None:
-        if leader.ordinal < want:
-            return
-        scope.scale_down_to = want
-        waiting = f"the primary {leader.name} to switch over"
-    else:
-        # No pod is labelled primary (a failover under way, Patroni not reporting yet): any
-        # running instance above the cut may be the primary. Pods that never ran cannot be,
-        # so a cluster whose pods do not fit still scales down.
-        running = [
-            p["metadata"]["name"]
-            for p in _pods(scope)
-            if (p.get("status") or {}).get("phase") == "Running"
-            and int(p["metadata"]["name"].rsplit("-", 1)[1]) >= want
-        ]
-        if not running:
-            return
-        waiting = f"a known primary ({', '.join(sorted(running))} may be it)"
-    for child in desired:
-        if child["kind"] == "StatefulSet":
-            child["spec"]["replicas"] = have
-    scope.progressing.append(("Scaling", f"scaling to {want} waits for {waiting}"))
+    scope.scale_down_to = core.hold_scale_down(
+        scope,
+        desired,
+        wanted=scope.cluster.spec.replicas,
+        primary=None if leader is None else leader.name,
+        pods=_pods(scope),
+    )
 
 
 async def remove_backup_cronjob(scope: Scope) -> str | None:
@@ -649,13 +618,6 @@ def _role(pod: Body) -> str | None:
     return (pod["metadata"].get("labels") or {}).get(meta.ROLE_LABEL)
 
 
-def _ready(pod: Body) -> bool:
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions") or []
-    )
-
-
 async def roll_pods(scope: Scope) -> str | None:
     """Replace outdated pods one at a time: replicas first, the primary last.
 
@@ -683,7 +645,9 @@ async def roll_pods(scope: Scope) -> str | None:
     before_tls = [p for p in outdated if _labels(p).get(meta.TLS_LABEL) != meta.TLS_GENERATION]
     if before_tls:
         return await _restart_onto_tls(scope, before_tls, revision)
-    everyone_ready = len(pods) == scope.cluster.spec.replicas and all(_ready(p) for p in pods)
+    everyone_ready = len(pods) == scope.cluster.spec.replicas and all(
+        meta.pod_ready(p) for p in pods
+    )
     if not everyone_ready:
         return "rolling update waits for every instance to be ready"
     if scope.switchover is not None and scope.switchover.get("phase") == "Running":

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from stateward import rfc3339
+from stateward.specs import meta
 
 Body = dict[str, Any]
 
@@ -81,12 +82,7 @@ def suspect(pod: Body, container: str) -> bool:
     pod is being deleted, is not Ready, or its instance container is not running."""
     if pod["metadata"].get("deletionTimestamp"):
         return True
-    status = pod.get("status") or {}
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in status.get("conditions") or []
-    )
-    return not ready or termination(pod, container) is not None
+    return not meta.pod_ready(pod) or termination(pod, container) is not None
 
 
 def proof(pod: Body, node: Body | None, lock: Mapping[str, str], *, container: str) -> Proof | None:

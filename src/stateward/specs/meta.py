@@ -120,3 +120,14 @@ def object_meta(
     if owned:
         meta["ownerReferences"] = [owner_reference(cluster)]
     return meta
+
+
+def pod_ordinal(name: str) -> int:
+    """A StatefulSet pod's ordinal, from its name (``NAME-3`` -> 3)."""
+    return int(name.rsplit("-", 1)[1])
+
+
+def pod_ready(pod: Object) -> bool:
+    """Whether the pod's Ready condition is True (as the kubelet last reported it)."""
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
