@@ -1,7 +1,8 @@
 """The embedded local cluster: a real Kubernetes control plane as processes on this machine.
 
 ``up`` starts etcd, kube-apiserver and, unless asked for the API server alone, the
-controller-manager, the scheduler and kwok with a few simulated nodes. Every process is
+controller-manager, the scheduler, kwok with a few simulated nodes and, when asked, real
+nodes that run containers (``nodes``). Every process is
 recorded in ``state.json`` with its pid and its kernel start time, so ``down`` stops exactly
 what ``up`` started (by pid, never by name) and a recycled pid is never mistaken for ours.
 """

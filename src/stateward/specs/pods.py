@@ -37,11 +37,6 @@ def container_security_context() -> meta.Object:
     }
 
 
-def secret_env(name: str, *, secret: str, key: str) -> meta.Object:
-    """An environment variable read from a Secret, never inlined."""
-    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
-
-
 def field_env(name: str, *, field_path: str) -> meta.Object:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}}
 
