@@ -33,7 +33,7 @@ from stateward.cli.run import (
 from stateward.local import binaries, objectstore
 from stateward.local.cluster import LocalCluster
 from tests.integration.conftest import RESYNC_SECONDS, get_pgc, wait_leading
-from tests.support.waiting import wait_for
+from tests.support.waiting import Timeout, wait_for
 
 APP_DATABASE = "app"
 APP_USER = "app"
@@ -97,14 +97,24 @@ def local_repository(client: Client, ns: str, path: str) -> dict[str, Any]:
 
 
 def ready(client: Client, ns: str, name: str, timeout: float = 240) -> dict[str, Any]:
-    return wait_for(
-        lambda: (
-            (obj := get_pgc(client, name, ns)).get("status", {}).get("phase") == "Ready" and obj
-        ),
-        what=f"{ns}/{name} Ready",
-        timeout=timeout,
-        interval=1,
-    )
+    """The cluster once its phase is Ready; on timeout, the failure names what its status
+    said last (phase and conditions), which is where to start looking."""
+    last: dict[str, Any] = {}
+
+    def probe() -> dict[str, Any] | None:
+        obj = get_pgc(client, name, ns)
+        last["status"] = obj.get("status") or {}
+        return obj if last["status"].get("phase") == "Ready" else None
+
+    try:
+        return wait_for(probe, what=f"{ns}/{name} Ready", timeout=timeout, interval=1)
+    except Timeout as error:
+        status = last.get("status") or {}
+        said = "; ".join(
+            f"{c.get('type')}={c.get('status')} {c.get('reason')}: {c.get('message')}"
+            for c in status.get("conditions") or []
+        )
+        raise Timeout(f"{error}; its status said: phase {status.get('phase')}; {said}") from None
 
 
 def sql(real: LocalCluster, ns: str, pod: str, statement: str, database: str = "postgres") -> str:

@@ -114,6 +114,34 @@ def test_a_renewal_within_the_second_of_death_is_not_proof(renewed: str) -> None
     )
 
 
+@pytest.mark.parametrize(
+    ("renewed", "proven"),
+    [
+        ("2026-12-02T10:00:05.4+00:00", True),
+        ("2026-12-02T10:00:05.999999+00:00", True),
+        ("2026-12-02T10:00:06+00:00", False),
+        ("2026-12-02T10:00:07.5+00:00", False),
+    ],
+)
+def test_a_renewal_within_the_second_of_death_is_proof_while_the_container_backs_off(
+    renewed: str, proven: bool
+) -> None:
+    # No instance starts within a second of a death while the kubelet backs off: a renewal
+    # before that second's end was the dead instance's own (Patroni killed as it renewed).
+    waiting = {"waiting": {"reason": "CrashLoopBackOff"}}
+    found = takeover.proof(
+        pod(state=waiting, last=DIED), node(), lock(renewed=renewed), container=C
+    )
+    assert (found is not None) is proven
+
+
+@pytest.mark.parametrize("reason", ["ContainerCreating", "PodInitializing", ""])
+def test_other_waits_keep_the_whole_second_in_doubt(reason: str) -> None:
+    waiting = {"waiting": {"reason": reason} if reason else {}}
+    renewed = lock(renewed="2026-12-02T10:00:05.4+00:00")
+    assert takeover.proof(pod(state=waiting, last=DIED), node(), renewed, container=C) is None
+
+
 def test_an_unreadable_renewal_or_death_time_proves_nothing() -> None:
     assert (
         takeover.proof(pod(state={"terminated": DIED}), node(), lock(renewed="soon"), container=C)

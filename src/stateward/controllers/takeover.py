@@ -24,6 +24,7 @@ is released. Pure code; the safety argument is in docs/architecture.md.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -71,6 +72,11 @@ def termination(pod: Body, container: str) -> Body | None:
     return None
 
 
+def _waiting_reason(pod: Body, container: str) -> str | None:
+    waiting = (container_status(pod, container).get("state") or {}).get("waiting")
+    return str(waiting.get("reason") or "") or None if isinstance(waiting, dict) else None
+
+
 def out_of_service(node: Body | None) -> Body | None:
     """The node's out-of-service taint, if it carries one."""
     taints = ((node or {}).get("spec") or {}).get("taints") or []
@@ -102,7 +108,16 @@ def proof(pod: Body, node: Body | None, lock: Mapping[str, str], *, container: s
     ended = termination(pod, container)
     renewed = parse_time(lock.get(RENEW_ANNOTATION))
     finished = parse_time((ended or {}).get("finishedAt"))
-    if ended is None or renewed is None or finished is None or not renewed < finished:
+    if ended is None or renewed is None or finished is None:
+        return None
+    # The kubelet writes whole seconds: 10:00:05Z may mean 10:00:05.9, so a renewal within
+    # that second may have come from an instance started after the death. Not while the
+    # container waits out a crash-loop backoff, though: no instance of it starts within a
+    # second of a death (the backoff is 10 s, 1 s at its shortest), so a renewal before the
+    # second's end was the dead instance's. (Without this, a Patroni killed in the second it
+    # renewed the lock kept its cluster without a primary until the backoff ended.)
+    backing_off = _waiting_reason(pod, container) == "CrashLoopBackOff"
+    if not renewed < (finished + datetime.timedelta(seconds=1) if backing_off else finished):
         return None
     return Proof(
         CONTAINER_TERMINATED,
