@@ -135,6 +135,12 @@ image: $(STAMP) ## Build the operator image (ghcr.io/stateward/stateward:VERSION
 	@echo "To push it: docker build -f images/stateward/Containerfile -t $(OPERATOR_IMAGE) . && docker push $(OPERATOR_IMAGE)"
 	@echo "  (or buildah bud/push; another registry: helm --set image.repository=REGISTRY/stateward)"
 
+LOCK_FLAGS ?=
+
+.PHONY: lock
+lock: $(STAMP) ## Re-lock what the images take from PyPI after a dependency change: images/*/requirements-SUITE.txt, every package with its sha256 (uv; the image build installs them with pip --require-hashes); LOCK_FLAGS=--upgrade for the newest versions
+	@$(BIN)/stateward local lock $(LOCK_FLAGS)
+
 .PHONY: images
 images: $(STAMP) ## Build the local images (pause, base, instance, operator) without a registry
 	@$(BIN)/stateward local images

@@ -14,6 +14,7 @@ import signal
 import socket
 import stat
 import subprocess
+import sys
 import tarfile
 import time
 import tomllib
@@ -22,11 +23,12 @@ from typing import Any
 
 import pytest
 import yaml
+from packaging.requirements import Requirement
 
 import stateward
 from stateward.api import v1alpha1
 from stateward.instance import patroni
-from stateward.local import images
+from stateward.local import images, piplock
 from stateward.local.errors import LocalClusterError
 from stateward.specs import pods, statefulset
 
@@ -355,6 +357,7 @@ def test_existing_images_keep_their_hashes_and_the_instance_follows_stateward_so
     module.write_text("print(1)\n")
     (source / "src" / "stateward" / "instance" / "__pycache__").mkdir()
     monkeypatch.setenv("STATEWARD_SOURCE_DIR", str(source))
+    monkeypatch.setenv("STATEWARD_IMAGES_DIR", str(REPO_IMAGES))  # the locks
     assert images._package_files(source) == ["pyproject.toml", "src/stateward/instance/cli.py"]
     before = images.input_hash(images.POSTGRES_15)
     base_before = images.input_hash(images.BASE)
@@ -424,6 +427,7 @@ def test_the_operator_image_follows_stateward_sources(
     module = source / "src" / "stateward" / "runtime" / "operator.py"
     module.write_text("print(1)\n")
     monkeypatch.setenv("STATEWARD_SOURCE_DIR", str(source))
+    monkeypatch.setenv("STATEWARD_IMAGES_DIR", str(REPO_IMAGES))
     assert images.stateward_version() == "9.8.7", "the version of the checkout being packed"
     before = images.input_hash(images.OPERATOR)
     base_before = images.input_hash(images.BASE)
@@ -436,41 +440,56 @@ def test_the_operator_image_follows_stateward_sources(
 
 
 def chroot_calls(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, spec: images.ImageSpec
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    spec: images.ImageSpec,
+    *,
+    sources: Path | None = None,
 ) -> tuple[list[list[str]], list[list[str]]]:
-    """What ``spec``'s prepare step and hook run in the chroot (wheel and network faked)."""
+    """What ``spec``'s prepare step and hook run in the chroot (network faked), with its
+    committed lock files (or those in ``sources``); each pip install finds the locks and
+    the stateward tree where its argv says."""
     rootfs = tmp_path / "rootfs"
     (rootfs / "tmp").mkdir(parents=True)
+    (rootfs / "usr" / "bin").mkdir(parents=True)
+    for python in ("python3.11", "python3.13"):
+        (rootfs / "usr" / "bin" / python).write_text("")
     seen: list[list[str]] = []
-
-    def wheel(build: images.Build, dest: Path) -> Path:
-        dest.mkdir(parents=True)
-        (dest / "stateward-1-py3-none-any.whl").write_bytes(b"")
-        return dest / "stateward-1-py3-none-any.whl"
 
     def chroot(
         self: images.Build, argv: list[str], *, what: str, env: dict[str, str] | None = None
     ) -> None:
         seen.append(list(argv))
+        for arg in argv:
+            if arg.startswith(images.BUILD_DIR):
+                assert (rootfs / arg.lstrip("/")).exists(), arg
+        if "--no-deps" in argv:
+            project = rootfs / argv[-1].lstrip("/")
+            assert (project / "pyproject.toml").is_file()
+            assert (project / "src" / "stateward" / "local" / "images.py").is_file()
+            assert (project / "README.md").read_text().startswith("# Stateward\n")
 
-    monkeypatch.setattr(images, "_stateward_wheel", wheel)
     monkeypatch.setattr(images, "_pip_network", lambda _root: (["--cert", "/ca"], {}))
     monkeypatch.setattr(images, "chroot_session", lambda _build: contextlib.nullcontext())
     monkeypatch.setattr(images.Build, "chroot", chroot)
     build = images.Build(
-        spec=spec, rootfs=rootfs, sources=tmp_path, log=tmp_path / "log", progress=lambda _: None
+        spec=spec,
+        rootfs=rootfs,
+        sources=sources or REPO_IMAGES / spec.name,
+        log=tmp_path / "log",
+        progress=lambda _: None,
     )
     assert spec.prepare is not None and spec.hook is not None
     spec.prepare(build)
     prepared = list(seen)
     seen.clear()
     spec.hook(build)
-    assert not (rootfs / "tmp" / "stateward-wheels").exists(), "the wheel is removed"
+    assert not (rootfs / "tmp" / "stateward-build").exists(), "sources and locks are removed"
     return prepared, seen
 
 
 PIP = ["/opt/stateward/bin/pip", "install", "--no-cache-dir", "--disable-pip-version-check"]
-WHEEL = "/tmp/stateward-wheels/stateward-1-py3-none-any.whl"
+HASHED = [*PIP, "--require-hashes", "--only-binary", ":all:"]
 COMPILE = [
     "sh",
     "-c",
@@ -478,6 +497,23 @@ COMPILE = [
     " /usr/lib/python3*/ /usr/lib/python3/dist-packages >/dev/null || true",
 ]
 """Hash-based .pyc files: the packer zeroes mtimes, which would void timestamp-checked ones."""
+
+
+def locked_install(suite: str, *, from_source: tuple[str, ...] = ()) -> list[list[str]]:
+    """The venv, then pip: the build lock, the lock (hashes), stateward (no index, no
+    dependencies), ``pip check``."""
+    no_binary = [arg for name in from_source for arg in ("--no-binary", name)]
+    isolation = ["--no-build-isolation", "--use-pep517"] if from_source else []
+    return [
+        ["python3", "-m", "venv", "/opt/stateward"],
+        [*HASHED, "--cert", "/ca", "-r", f"/tmp/stateward-build/build-requirements-{suite}.txt"],
+        [
+            *HASHED, *no_binary, *isolation, "--cert", "/ca",
+            "-r", f"/tmp/stateward-build/requirements-{suite}.txt",
+        ],
+        [*PIP, "--no-index", "--no-deps", "--no-build-isolation", "/tmp/stateward-build/stateward"],
+        ["/opt/stateward/bin/pip", "check"],
+    ]  # fmt: skip
 
 
 def test_the_operator_image_has_its_user_and_a_smoke_tested_venv(
@@ -493,18 +529,22 @@ def test_the_operator_image_has_its_user_and_a_smoke_tested_venv(
         ],
     ]  # fmt: skip
     assert installed == [
-        ["python3", "-m", "venv", "/opt/stateward"],
-        [*PIP, "--cert", "/ca", WHEEL],
+        *locked_install("bookworm"),
         COMPILE,
         ["/opt/stateward/bin/stateward", "--help"],
         ["/opt/stateward/bin/python", "-c", "import stateward.runtime.operator"],
     ]
 
 
-def test_the_instance_image_installs_as_before(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+@pytest.mark.parametrize(
+    ("spec", "suite"),
+    [(images.POSTGRES_15, "bookworm"), (images.POSTGRES_17, "trixie")],
+    ids=["15-bookworm", "17-trixie"],
+)
+def test_the_instance_image_installs_from_its_suites_locks(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, spec: images.ImageSpec, suite: str
 ) -> None:
-    prepared, installed = chroot_calls(monkeypatch, tmp_path, images.POSTGRES_15)
+    prepared, installed = chroot_calls(monkeypatch, tmp_path, spec)
     assert prepared == [
         ["groupadd", "--system", "--gid", "999", "postgres"],
         [
@@ -514,12 +554,361 @@ def test_the_instance_image_installs_as_before(
         ],
     ]  # fmt: skip
     assert installed == [
-        ["python3", "-m", "venv", "/opt/stateward"],
-        [*PIP, "--cert", "/ca", *images.PATRONI_REQUIREMENTS, WHEEL],
+        *locked_install(suite, from_source=("ydiff",)),
         COMPILE,
         ["/opt/stateward/bin/patroni", "--version"],
         ["/opt/stateward/bin/stateward-instance", "version"],
     ]
+
+
+def test_the_images_with_stateward_lock_what_they_take_from_pypi() -> None:
+    locked = {spec.ref: spec.pip_lock for spec in images.IMAGES if spec.pip_lock is not None}
+    assert locked == {
+        images.POSTGRES_15.ref: piplock.Target(
+            suite="bookworm",
+            requirements=images.PATRONI_REQUIREMENTS,
+            from_source=images.PATRONI_FROM_SOURCE,
+        ),
+        images.POSTGRES_17.ref: piplock.Target(
+            suite="trixie",
+            requirements=images.PATRONI_REQUIREMENTS,
+            from_source=images.PATRONI_FROM_SOURCE,
+        ),
+        images.OPERATOR.ref: piplock.Target(suite="bookworm"),
+    }
+    for spec in (images.POSTGRES_15, images.POSTGRES_17, images.OPERATOR):
+        base = images._lookup(spec.from_image or "", images.IMAGES)
+        assert spec.pip_lock is not None and spec.pip_lock.suite == base.debootstrap
+        assert spec.source_files == spec.pip_lock.files
+        assert spec.identity()["pip_lock"] == dataclasses.asdict(spec.pip_lock)
+    assert "pip_lock" not in images.MARIADB_1011.identity()
+    assert images.MARIADB_1011.source_files == () and images.PAUSE.source_files == ("pause.c",)
+
+
+def test_the_committed_locks_are_current_and_complete() -> None:
+    """What the build checks before it runs pip, and `stateward local lock --check`."""
+    locks = images.lock_files()
+    assert [lock.shown for lock in locks] == [
+        "images/postgres-instance/build-requirements-bookworm.txt",
+        "images/postgres-instance/requirements-bookworm.txt",
+        "images/postgres-instance/build-requirements-trixie.txt",
+        "images/postgres-instance/requirements-trixie.txt",
+        "images/stateward/build-requirements-bookworm.txt",
+        "images/stateward/requirements-bookworm.txt",
+    ]
+    assert [problem for lock in locks for problem in lock.problems()] == []
+    with (REPO / "pyproject.toml").open("rb") as pyproject:
+        project = tomllib.load(pyproject)
+    for lock in locks:
+        pins = piplock.parse(lock.path.read_text()).pins
+        wanted = (
+            project["build-system"]["requires"]
+            if lock.name.startswith("build-")
+            else [*project["project"]["dependencies"], *lock.target.requirements]
+        )
+        for text in wanted:
+            requirement = Requirement(text)
+            pin = pins[piplock.normalize(requirement.name)]
+            assert requirement.specifier.contains(pin.version, prereleases=True), (lock, pin)
+        assert all(pin.hashes for pin in pins.values())
+    [patroni_pin] = [r for r in images.PATRONI_REQUIREMENTS if r.startswith("patroni[")]
+    for lock in locks[1], locks[3]:
+        pins = piplock.parse(lock.path.read_text()).pins
+        assert pins["patroni"].version == patroni_pin.split("==")[1]
+        assert "ydiff" in pins and "psycopg-binary" in pins
+    operator = piplock.parse(locks[5].path.read_text()).pins
+    assert "patroni" not in operator and "kopf" in operator
+
+
+def test_a_lock_that_no_longer_fits_its_inputs_stops_the_build_before_pip(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    sources = tmp_path / "sources"
+    shutil.copytree(REPO_IMAGES / "stateward", sources)
+    lock = sources / "requirements-bookworm.txt"
+    lock.write_text(lock.read_text().replace("# input: kopf>=1.45,<1.46\n", ""))
+    with pytest.raises(LocalClusterError) as raised:
+        chroot_calls(monkeypatch, tmp_path / "a", images.OPERATOR, sources=sources)
+    message = str(raised.value)
+    assert message.startswith(
+        "image stateward: images/stateward/requirements-bookworm.txt: made from other inputs"
+        " (+kopf>=1.45,<1.46)"
+    )
+    assert message.endswith("run `make lock` (and commit the locks)") and "\n" not in message
+    assert not (tmp_path / "a" / "rootfs" / "tmp" / "stateward-build").exists()
+
+    lock.unlink()
+    with pytest.raises(LocalClusterError, match=r"cannot read its pip lock .*run `make lock`"):
+        chroot_calls(monkeypatch, tmp_path / "b", images.OPERATOR, sources=sources)
+
+    shutil.copyfile(REPO_IMAGES / "stateward" / "requirements-bookworm.txt", lock)
+    with (sources / "build-requirements-bookworm.txt").open("a") as build_lock:
+        build_lock.write("six>=1\nseven\n")  # two problems: one named, the count of the rest
+    with pytest.raises(LocalClusterError, match=r"is not a package pinned .* \(and 1 more\)"):
+        chroot_calls(monkeypatch, tmp_path / "c", images.OPERATOR, sources=sources)
+
+
+def test_locks_for_a_python_the_image_lacks_stop_the_build(tmp_path: Path) -> None:
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "usr" / "bin").mkdir(parents=True)
+    (rootfs / "usr" / "bin" / "python3.13").write_text("")
+    build = images.Build(
+        spec=images.OPERATOR,
+        rootfs=rootfs,
+        sources=REPO_IMAGES / "stateward",
+        log=tmp_path / "log",
+        progress=lambda _: None,
+    )
+    with pytest.raises(LocalClusterError, match=r"locks are for Python 3\.11 \(Debian bookworm\)"):
+        images._install_stateward(build, checks=[])
+    assert sorted(p.name for p in rootfs.rglob("*")) == ["bin", "python3.13", "usr"]
+    without = dataclasses.replace(images.OPERATOR, pip_lock=None)
+    with pytest.raises(LocalClusterError, match="image stateward: no pip_lock to install from"):
+        images._install_stateward(dataclasses.replace(build, spec=without), checks=[])
+
+
+def test_the_input_hash_follows_the_lock_files(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    folder = tmp_path / "images"
+    shutil.copytree(REPO_IMAGES, folder)
+    monkeypatch.setenv("STATEWARD_IMAGES_DIR", str(folder))
+    specs = (images.POSTGRES_15, images.POSTGRES_17, images.OPERATOR, images.MARIADB_1011)
+    before = {spec.ref: images.input_hash(spec) for spec in specs}
+    for name, changed in (
+        ("postgres-instance/requirements-bookworm.txt", images.POSTGRES_15),
+        ("postgres-instance/build-requirements-trixie.txt", images.POSTGRES_17),
+        ("stateward/requirements-bookworm.txt", images.OPERATOR),
+    ):
+        with (folder / name).open("a") as lock:
+            lock.write("# relocked\n")
+        after = {spec.ref: images.input_hash(spec) for spec in specs}
+        assert {ref for ref in after if after[ref] != before[ref]} == {changed.ref}, name
+        before = after
+    (folder / "stateward" / "build-requirements-bookworm.txt").unlink()
+    with pytest.raises(
+        LocalClusterError, match=r"image stateward: cannot read its source .*build-req"
+    ):
+        images.input_hash(images.OPERATOR)
+
+
+def test_the_stateward_project_is_a_copy_of_the_hashed_files(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    source = tmp_path / "checkout"
+    (source / "src" / "stateward" / "sub").mkdir(parents=True)
+    (source / "pyproject.toml").write_text("[project]\n")
+    (source / "README.md").write_text("# the long one\n")
+    (source / "src" / "stateward" / "sub" / "m.py").write_text("x = 1\n")
+    (source / "src" / "stateward" / "notes.txt").write_text("not packaged")
+    monkeypatch.setenv("STATEWARD_SOURCE_DIR", str(source))
+    images._stateward_project(tmp_path / "copy")
+    copied = sorted(str(p.relative_to(tmp_path / "copy")) for p in (tmp_path / "copy").rglob("*"))
+    assert copied == [
+        "README.md", "pyproject.toml", "src", "src/stateward", "src/stateward/sub",
+        "src/stateward/sub/m.py",
+    ]  # fmt: skip
+    assert (tmp_path / "copy" / "README.md").read_text().startswith("# Stateward\n\nBuilt from")
+
+
+FAKE_UV = """\
+import json, os, pathlib, re, sys
+args = sys.argv[1:]
+output = pathlib.Path(args[args.index("--output-file") + 1])
+source = pathlib.Path(args[-1])
+with open(os.environ["FAKE_UV_LOG"], "a") as log:
+    before = output.read_text() if output.exists() else None
+    log.write(json.dumps({"args": args, "before": before, "inputs": source.read_text()}) + "\\n")
+mode = os.environ.get("FAKE_UV_MODE", "ok")
+if mode == "fail":
+    print("error: no solution found\\n  because nothing fits", file=sys.stderr)
+    sys.exit(2)
+names = [re.match(r"[A-Za-z0-9._-]+", line).group(0) for line in source.read_text().split()]
+names += [args[i + 1] for i, arg in enumerate(args) if arg == "--no-binary"]
+digest = "" if mode == "nohash" else " \\\\\\n    --hash=sha256:" + "a" * 64
+output.write_text("".join(f"{name.lower()}==1.0{digest}\\n" for name in names))
+"""
+
+
+@pytest.fixture
+def lock_checkout(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A checkout with a small pyproject.toml, an images/ folder and a fake uv (its calls
+    logged to ``uv.log``)."""
+    root = tmp_path / "checkout"
+    (root / "src" / "stateward").mkdir(parents=True)
+    (root / "images").mkdir()
+    (root / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=69", "wheel"]\n'
+        '[project]\nversion = "1"\ndependencies = ["kopf>=1.45,<1.46", "PyYAML>=6"]\n'
+    )
+    (tmp_path / "uv.py").write_text(FAKE_UV)
+    monkeypatch.setenv("STATEWARD_SOURCE_DIR", str(root))
+    monkeypatch.delenv("STATEWARD_IMAGES_DIR", raising=False)
+    monkeypatch.setenv("FAKE_UV_LOG", str(tmp_path / "uv.log"))
+    return root
+
+
+LOCKED = images.ImageSpec(
+    name="db",
+    tag="1",
+    pip_lock=piplock.Target(
+        suite="trixie", requirements=("patroni==4.1.5",), from_source=("ydiff",)
+    ),
+)
+
+
+def uv_calls(tmp_path: Path) -> list[dict[str, Any]]:
+    log = tmp_path / "uv.log"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_write_locks_resolves_each_lock_with_uv_and_writes_it_with_its_header(
+    lock_checkout: Path, tmp_path: Path
+) -> None:
+    uv = [sys.executable, str(tmp_path / "uv.py")]
+    messages: list[str] = []
+    written = images.write_locks(catalog=[LOCKED, images.PAUSE], uv=uv, progress=messages.append)
+    folder = lock_checkout / "images" / "db"
+    assert written == [folder / "build-requirements-trixie.txt", folder / "requirements-trixie.txt"]
+    [build_call, lock_call] = uv_calls(tmp_path)
+    assert build_call["args"] == piplock.compile_command(
+        [],
+        target=LOCKED.pip_lock or piplock.Target(suite="x"),
+        source="requirements.in",
+        output="build-requirements-trixie.txt",
+    )
+    assert build_call["inputs"] == "setuptools>=69\nwheel\n" and build_call["before"] is None
+    assert lock_call["inputs"] == "kopf>=1.45,<1.46\nPyYAML>=6\npatroni==4.1.5\n"
+    assert lock_call["args"][lock_call["args"].index("--no-binary") + 1] == "ydiff"
+    lock = (folder / "requirements-trixie.txt").read_text()
+    assert lock.startswith(
+        "# What the db image's venv takes from PyPI (Python 3.13 of Debian trixie).\n"
+    )
+    assert "# from-source: ydiff\n# input: kopf>=1.45,<1.46\n" in lock
+    assert lock.endswith("ydiff==1.0 \\\n    --hash=sha256:" + "a" * 64 + "\n"), "uv's output"
+    assert set(piplock.parse(lock).pins) == {"kopf", "pyyaml", "patroni", "ydiff"}
+    build_lock = (folder / "build-requirements-trixie.txt").read_text()
+    assert build_lock.startswith("# What builds stateward and ydiff in the db image")
+    assert [p for lock_file in images.lock_files([LOCKED]) for p in lock_file.problems()] == []
+    assert messages[0].startswith(
+        "Locking images/db/build-requirements-trixie.txt: uv pip compile --quiet"
+    )
+    assert "  images/db/requirements-trixie.txt: written, 4 packages" in messages
+    assert not list(folder.glob("*.partial"))
+
+
+def test_write_locks_keeps_the_locked_versions_unless_upgrading(
+    lock_checkout: Path, tmp_path: Path
+) -> None:
+    uv = [sys.executable, str(tmp_path / "uv.py")]
+    images.write_locks(catalog=[LOCKED], uv=uv, progress=lambda _: None)
+    folder = lock_checkout / "images" / "db"
+    first = {path.name: path.read_text() for path in folder.iterdir()}
+    messages: list[str] = []
+    assert images.write_locks(catalog=[LOCKED], uv=uv, progress=messages.append) == []
+    assert "  images/db/requirements-trixie.txt: unchanged, 4 packages" in messages
+    calls = uv_calls(tmp_path)[2:]
+    assert [call["before"] for call in calls] == [
+        first["build-requirements-trixie.txt"],
+        first["requirements-trixie.txt"],
+    ], "uv gets the locked versions as its preferences"
+    assert all("--upgrade" not in call["args"] for call in calls)
+    images.write_locks(catalog=[LOCKED], uv=uv, upgrade=True, progress=lambda _: None)
+    assert all("--upgrade" in call["args"] for call in uv_calls(tmp_path)[4:])
+
+    (lock_checkout / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=69", "wheel"]\n'
+        '[project]\nversion = "1"\ndependencies = ["kopf>=1.45,<1.46", "httpx"]\n'
+    )
+    [problem, *_] = images.lock_files([LOCKED])[1].problems()
+    assert problem == (
+        "images/db/requirements-trixie.txt: made from other inputs (+httpx, -PyYAML>=6)"
+    )
+    written = images.write_locks(catalog=[LOCKED], uv=uv, progress=lambda _: None)
+    assert written == [folder / "requirements-trixie.txt"]
+    assert "httpx==1.0" in written[0].read_text()
+
+
+@pytest.mark.parametrize(
+    ("mode", "message"),
+    [
+        (
+            "fail",
+            r"uv pip compile for images/db/build-requirements-trixie.txt failed \(exit 2\):"
+            r" error: no solution found because nothing fits$",
+        ),
+        (
+            "nohash",
+            r"uv pip compile gave images/db/build-requirements-trixie.txt that does not check:"
+            r" line 12: setuptools has no --hash; line 13: wheel has no --hash$",
+        ),
+    ],
+)
+def test_write_locks_replaces_no_lock_when_uv_fails(
+    lock_checkout: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, message: str
+) -> None:
+    uv = [sys.executable, str(tmp_path / "uv.py")]
+    images.write_locks(catalog=[LOCKED], uv=uv, progress=lambda _: None)
+    folder = lock_checkout / "images" / "db"
+    before = {path.name: path.read_text() for path in folder.iterdir()}
+    monkeypatch.setenv("FAKE_UV_MODE", mode)
+    with pytest.raises(LocalClusterError, match=message):
+        images.write_locks(catalog=[LOCKED], uv=uv, upgrade=True, progress=lambda _: None)
+    assert {path.name: path.read_text() for path in folder.iterdir()} == before
+
+
+def test_uv_is_the_installed_module_or_else_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    found: dict[str, object] = {"uv": object()}
+    monkeypatch.setattr(images.importlib.util, "find_spec", lambda name: found.get(name))
+    assert images._uv() == [sys.executable, "-m", "uv"]
+    found.clear()
+    monkeypatch.setattr(images.shutil, "which", lambda name: f"/usr/local/bin/{name}")
+    assert images._uv() == ["/usr/local/bin/uv"]
+    monkeypatch.setattr(images.shutil, "which", lambda name: None)
+    with pytest.raises(
+        LocalClusterError, match=r"locking needs uv: .* pip install 'uv>=0\.13,<0\.14'"
+    ):
+        images._uv()
+    with (REPO / "pyproject.toml").open("rb") as pyproject:
+        assert (
+            images.UV_REQUIREMENT
+            in tomllib.load(pyproject)["project"]["optional-dependencies"]["dev"]
+        )
+
+
+def test_the_lock_verb_writes_or_checks(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from stateward.cli.main import main
+
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(images, "write_locks", lambda **kwargs: calls.append(kwargs) or [])
+    assert main(["local", "lock"]) == 0 and main(["local", "lock", "--upgrade"]) == 0
+    assert calls == [{"upgrade": False}, {"upgrade": True}]
+    with pytest.raises(SystemExit):
+        main(["local", "lock", "--upgrade", "--check"])
+
+    assert main(["local", "lock", "--check"]) == 0
+    assert capsys.readouterr().out == "the images' pip lock files are current\n"
+    folder = tmp_path / "images"
+    shutil.copytree(REPO_IMAGES, folder)
+    monkeypatch.setenv("STATEWARD_IMAGES_DIR", str(folder))
+    (folder / "stateward" / "build-requirements-bookworm.txt").unlink()
+    lock = folder / "postgres-instance" / "requirements-trixie.txt"
+    lock.write_text(lock.read_text().replace("# python: 3.13", "# python: 3.12"))
+    assert main(["local", "lock", "--check"]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "images/postgres-instance/requirements-trixie.txt: made for python 3.12, not 3.13",
+        "images/stateward/build-requirements-bookworm.txt: missing",
+        "stateward: run `make lock` (stateward local lock)",
+    ]
+
+    def failing(**kwargs: object) -> list[Path]:
+        raise LocalClusterError("uv pip compile for x failed (exit 1): boom")
+
+    monkeypatch.setattr(images, "write_locks", failing)
+    assert main(["local", "lock"]) == 1
+    assert capsys.readouterr().err == "stateward: uv pip compile for x failed (exit 1): boom\n"
 
 
 def test_a_build_prunes_archives_of_the_same_image_unused_for_an_hour(

@@ -103,6 +103,21 @@ def _local_images(args: argparse.Namespace) -> int:
     return 0
 
 
+def _local_lock(args: argparse.Namespace) -> int:
+    """Write the images' pip lock files, or with --check say which are not current."""
+    if not args.check:
+        images.write_locks(upgrade=args.upgrade)
+        return 0
+    problems = [problem for lock in images.lock_files() for problem in lock.problems()]
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if problems:
+        print("stateward: run `make lock` (stateward local lock)", file=sys.stderr)
+        return 1
+    print("the images' pip lock files are current")
+    return 0
+
+
 def _local_build(args: argparse.Namespace) -> int:
     """Everything the local cluster needs before it starts: host packages (real nodes),
     the binaries, the images. Each step is cached; a warm run costs about a second."""
@@ -300,6 +315,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="only these images (a ref, name:tag or name, e.g. stateward); default: all",
     )
     images_verb.set_defaults(handler=_local_images)
+    lock = verbs.add_parser(
+        "lock",
+        help="resolve, with uv, what the images' venvs take from PyPI into hash-locked"
+        " requirements files (images/*/*requirements-SUITE.txt)",
+    )
+    lock_mode = lock.add_mutually_exclusive_group()
+    lock_mode.add_argument(
+        "--upgrade",
+        action="store_true",
+        help="newest versions that fit (default: keep the locked ones that still fit)",
+    )
+    lock_mode.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing, reach no network: exit 1 naming each lock that does not match"
+        " its inputs",
+    )
+    lock.set_defaults(handler=_local_lock)
     node = verbs.add_parser(
         "node",
         parents=[common],

@@ -7,10 +7,10 @@ into an OCI image-layout tar archive with one deterministic layer (:func:`pack`)
 ``ctr images import`` names by its ``io.containerd.image.name`` annotation.
 
 Archives are cached as ``$STATEWARD_CACHE_DIR/images/<name>-<inputhash>.tar``, where the input
-hash covers the spec, the files it reads from ``images/<name>/`` and :data:`PACKER_VERSION`:
-a cache hit costs one small file read and a stat. Builds write a ``.partial`` file and rename
-it into place, so an archive that exists is complete. ``images/*/Containerfile`` describe the
-same images for docker or buildah.
+hash covers the spec, the files it reads from ``images/<name>/`` (its sources and pip lock
+files) and :data:`PACKER_VERSION`: a cache hit costs one small file read and a stat. Builds
+write a ``.partial`` file and rename it into place, so an archive that exists is complete.
+``images/*/Containerfile`` describe the same images for docker or buildah.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import dataclasses
 import fcntl
 import gzip
 import hashlib
+import importlib.util
 import io
 import json
 import os
@@ -35,12 +36,12 @@ import time
 import tomllib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, BinaryIO, Literal
+from typing import IO, Any, BinaryIO, Literal
 
 import stateward
 from stateward.api import v1alpha1
 from stateward.instance import patroni
-from stateward.local import binaries, errors
+from stateward.local import binaries, errors, piplock
 
 # Bump when the packer or the generic build steps change what an archive holds.
 PACKER_VERSION = "1"
@@ -125,7 +126,8 @@ class ImageSpec:
     the input hash, and so are the digests ``inputs`` returns (files elsewhere the hook
     reads, path -> sha256). A hook is identified by its qualified name: change the tag when
     its behaviour changes, or let ``inputs`` cover the hook's own source. The ref is
-    ``repository/name:tag``.
+    ``repository/name:tag``. ``pip_lock`` is what a hook that fills a Python venv installs
+    from PyPI: its lock files under ``images/<name>/`` count as sources.
     """
 
     name: str
@@ -145,6 +147,7 @@ class ImageSpec:
     workdir: str = ""
     ports: tuple[str, ...] = ()
     """Exposed ports, ``PORT/PROTO``: documentation in the OCI config, as EXPOSE is."""
+    pip_lock: piplock.Target | None = None
     on_nodes: bool = True
     """Imported into every real node; False for build stages only other images start from.
     (Not part of the identity: where an image goes does not change what it contains.)"""
@@ -158,6 +161,11 @@ class ImageSpec:
     @property
     def ref(self) -> str:
         return f"{self.repository}/{self.name}:{self.tag}"
+
+    @property
+    def source_files(self) -> tuple[str, ...]:
+        """Every file under ``images/<name>/`` the build reads: ``sources``, then the lock files."""
+        return (*self.sources, *(self.pip_lock.files if self.pip_lock is not None else ()))
 
     def oci_config(self) -> dict[str, object]:
         """The ``config`` object of the OCI image config (empty fields left out)."""
@@ -189,6 +197,8 @@ class ImageSpec:
             identity["repository"] = self.repository
         if self.prepare is not None:
             identity["prepare"] = _qualified_name(self.prepare)
+        if self.pip_lock is not None:
+            identity["pip_lock"] = dataclasses.asdict(self.pip_lock)
         return identity
 
 
@@ -276,8 +286,14 @@ would otherwise allocate the next free system id (about 100)."""
 STATEWARD_VENV = "/opt/stateward"
 """The venv with the stateward wheel (and, in the instance image, Patroni) in both images."""
 BUILD_CA_BUNDLE = "/tmp/stateward-build-ca.crt"  # noqa: S108 - inside the rootfs, build only
+BUILD_DIR = "/tmp/stateward-build"  # noqa: S108 - inside the rootfs, build only
+"""Where the lock files and the stateward source tree are during an image build."""
 PATRONI_REQUIREMENTS = ("patroni[kubernetes,psycopg3]==4.1.5", "psycopg[binary]==3.3.9")
-"""From PyPI into the instance image's venv, with the stateward wheel (Debian's Patroni is 3.0)."""
+"""From PyPI into the instance image's venv, with stateward (Debian's Patroni is 3.0), by way
+of the image's lock files (``make lock``)."""
+PATRONI_FROM_SOURCE = ("ydiff",)
+"""Patroni 4.1 requires ydiff<1.5, which PyPI has only as source: built in the image by the
+build lock's setuptools."""
 _PACKAGE_SUFFIXES = (".py", ".pyi", ".typed", ".yaml")
 """What the stateward wheel takes from ``src/stateward`` (modules and package data)."""
 
@@ -371,33 +387,17 @@ def _prepare_instance(build: Build) -> None:
     _no_main_cluster(build.rootfs / "etc/postgresql-common/createcluster.conf")
 
 
-def _stateward_wheel(build: Build, dest: Path) -> Path:
-    """Build the stateward wheel with the host's pip from a copy of exactly the hashed files
-    (the repository gets no build/ or egg-info; README.md, which only feeds the wheel's
-    description, is a stub so that editing it rebuilds nothing)."""
+def _stateward_project(dest: Path) -> None:
+    """A copy of exactly the hashed files of the stateward sources at ``dest``, which pip in
+    the image builds (the repository gets no build/ or egg-info; README.md, which only feeds
+    the wheel's description, is a stub so that editing it rebuilds nothing)."""
     root = source_dir()
-    dest.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="stateward-wheel-") as scratch:
-        project = Path(scratch) / "stateward"
-        for relative in _package_files(root):
-            (project / relative).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(root / relative, project / relative)
-        (project / "README.md").write_text(
-            "# Stateward\n\nBuilt from a source checkout into a local image.\n"
-        )
-        build.run(
-            [
-                sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check",
-                "--quiet", "-w", str(dest), str(project),
-            ],
-            what="pip wheel stateward",
-        )  # fmt: skip
-    wheels = sorted(dest.glob("stateward-*.whl"))
-    if len(wheels) != 1:
-        raise errors.LocalClusterError(
-            f"{build.spec.name}: pip wheel left {len(wheels)} stateward wheels in {dest}"
-        )
-    return wheels[0]
+    for relative in _package_files(root):
+        (dest / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / relative, dest / relative)
+    (dest / "README.md").write_text(
+        "# Stateward\n\nBuilt from a source checkout into a local image.\n"
+    )
 
 
 def _pip_network(rootfs: Path) -> tuple[list[str], dict[str, str]]:
@@ -422,29 +422,59 @@ def _pip_network(rootfs: Path) -> tuple[list[str], dict[str, str]]:
     return options, proxies
 
 
-def _install_stateward(
-    build: Build, *, requirements: Sequence[str], checks: Sequence[Sequence[str]]
-) -> None:
-    """The venv at :data:`STATEWARD_VENV` (Debian's python3) with the stateward wheel built
-    from this checkout, its dependencies and ``requirements`` from PyPI (reached the way the
-    host reaches it), then each of ``checks`` run in the chroot as smoke tests. The wheel
-    and the build's CA bundle are gone afterwards."""
+def _install_stateward(build: Build, *, checks: Sequence[Sequence[str]]) -> None:
+    """The venv at :data:`STATEWARD_VENV` (Debian's python3) filled from the image's pip lock
+    files (:attr:`ImageSpec.pip_lock`), PyPI reached the way the host reaches it: the build
+    lock, then the lock in hash-checking mode, then stateward built from this checkout's
+    sources with no index and no dependencies, ``pip check``; then each of ``checks`` run in
+    the chroot as smoke tests. A lock that does not match its inputs stops the build before
+    anything runs. The sources, the locks and the build's CA bundle are gone afterwards."""
     started = time.monotonic()
-    rootfs, venv = build.rootfs, STATEWARD_VENV
-    wheels = rootfs / "tmp/stateward-wheels"
-    wheel = _stateward_wheel(build, wheels)
-    pip = [f"{venv}/bin/pip", "install", "--no-cache-dir", "--disable-pip-version-check"]
-    names = [re.split(r"[\[=<>!~;@ ]", requirement)[0] for requirement in requirements]
-    installed = " ".join([*names, "stateward"])
+    spec, rootfs, venv = build.spec, build.rootfs, STATEWARD_VENV
+    target = spec.pip_lock
+    if target is None:
+        raise errors.LocalClusterError(f"image {spec.name}: no pip_lock to install from")
+    locks = lock_files([spec])
+    texts: dict[str, str] = {}
+    for lock in locks:
+        try:
+            texts[lock.name] = (build.sources / lock.name).read_text()
+        except OSError as error:
+            raise errors.LocalClusterError(
+                f"image {spec.name}: cannot read its pip lock {build.sources / lock.name}"
+                f" ({error.strerror}): run `make lock`"
+            ) from error
+    problems = [
+        f"{lock.shown}: {problem}" for lock in locks for problem in lock.check(texts[lock.name])
+    ]
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise errors.LocalClusterError(
+            f"image {spec.name}: {problems[0]}{more}: run `make lock` (and commit the locks)"
+        )
+    if not os.path.lexists(rootfs / f"usr/bin/python{target.python}"):
+        raise errors.LocalClusterError(
+            f"image {spec.name}: its locks are for Python {target.python} (Debian"
+            f" {target.suite}), which the image does not have"
+        )
+    work = rootfs / BUILD_DIR.lstrip("/")
     try:
+        _remove_tree(work)
+        work.mkdir(parents=True)
+        for name, text in texts.items():
+            (work / name).write_text(text)
+        _stateward_project(work / "stateward")
         options, network = _pip_network(rootfs)
         with chroot_session(build):
             build.chroot(["python3", "-m", "venv", venv], what=f"python3 -m venv {venv}")
-            build.chroot(
-                [*pip, *options, *requirements, f"/{wheel.relative_to(rootfs)}"],
-                what=f"pip install {installed}",
-                env=network,
-            )
+            for argv, what in piplock.install_commands(
+                target,
+                pip=f"{venv}/bin/pip",
+                folder=BUILD_DIR,
+                project=f"{BUILD_DIR}/stateward",
+                options=options,
+            ):
+                build.chroot(argv, what=what, env=network)
             # The packer stores every mtime as 0, so timestamp-checked .pyc files would never
             # match their sources and, on a read-only root, every start would compile in
             # memory (the operator's imports took 2.0 s instead of 0.7 s). Hash-based .pyc
@@ -461,10 +491,14 @@ def _install_stateward(
             for check in checks:
                 build.chroot(check, what=" ".join([Path(check[0]).name, *check[1:]]))
     finally:
-        shutil.rmtree(wheels)
+        _remove_tree(work)
         (rootfs / BUILD_CA_BUNDLE.lstrip("/")).unlink(missing_ok=True)
+    locked = len(piplock.parse(texts[target.lock_name]).pins)
     elapsed = time.monotonic() - started
-    build.progress(f"  {build.spec.name}: {installed} installed in {elapsed:.0f}s")
+    build.progress(
+        f"  {spec.name}: {locked} locked packages (pip --require-hashes) and stateward"
+        f" installed in {elapsed:.0f}s"
+    )
 
 
 def _install_instance(build: Build) -> None:
@@ -481,7 +515,6 @@ def _install_instance(build: Build) -> None:
     venv = STATEWARD_VENV
     _install_stateward(
         build,
-        requirements=PATRONI_REQUIREMENTS,
         checks=[
             [f"{venv}/bin/patroni", "--version"],
             [f"{venv}/bin/stateward-instance", "version"],
@@ -511,6 +544,11 @@ def _instance_spec(major: int, base: ImageSpec) -> ImageSpec:
         ),
         inputs=stateward_digest,
         hook=_install_instance,
+        pip_lock=piplock.Target(
+            suite=base.debootstrap or "",
+            requirements=PATRONI_REQUIREMENTS,
+            from_source=PATRONI_FROM_SOURCE,
+        ),
         cmd=("stateward-instance", "run"),
         env=(
             f"PATH={STATEWARD_VENV}/bin:{patroni.bin_dir(major)}:"
@@ -602,7 +640,6 @@ def _install_operator(build: Build) -> None:
     venv = STATEWARD_VENV
     _install_stateward(
         build,
-        requirements=(),
         checks=[
             [f"{venv}/bin/stateward", "--help"],
             [f"{venv}/bin/python", "-c", "import stateward.runtime.operator"],
@@ -619,6 +656,7 @@ OPERATOR = ImageSpec(
     packages=("python3", "python3-venv", "ca-certificates"),
     inputs=stateward_digest,
     hook=_install_operator,
+    pip_lock=piplock.Target(suite=BASE.debootstrap or ""),
     entrypoint=(f"{STATEWARD_VENV}/bin/stateward",),
     cmd=("operator",),
     env=(f"PATH={STATEWARD_VENV}/bin:" + DEFAULT_PATH.removeprefix("PATH="), "LANG=C.UTF-8"),
@@ -651,6 +689,166 @@ class Archive:
     spec: ImageSpec
     path: Path
     ref: str
+
+
+# --------------------------------------------------------------------------------------------
+# Pip lock files (piplock): what the venvs of the images holding stateward take from PyPI
+
+UV_REQUIREMENT = "uv>=0.13,<0.14"
+"""What ``make lock`` resolves with (the dev extra): uv resolves for another Python version
+than the one it runs on, which the trixie image's lock needs."""
+
+
+def _pyproject() -> dict[str, Any]:
+    path = source_dir() / "pyproject.toml"
+    try:
+        with open(path, "rb") as pyproject:
+            return tomllib.load(pyproject)
+    except OSError as error:
+        raise errors.LocalClusterError(_NO_CHECKOUT.format(root=source_dir())) from error
+
+
+@dataclasses.dataclass(frozen=True)
+class LockFile:
+    """One pip lock file of an image and what it is resolved from: ``inputs`` (requirements)
+    with ``from_source`` built from source, for ``spec.pip_lock``'s suite."""
+
+    spec: ImageSpec
+    name: str
+    title: str
+    inputs: tuple[str, ...]
+    from_source: tuple[str, ...] = ()
+
+    @property
+    def target(self) -> piplock.Target:
+        assert self.spec.pip_lock is not None
+        return self.spec.pip_lock
+
+    @property
+    def path(self) -> Path:
+        return images_dir() / self.spec.name / self.name
+
+    @property
+    def shown(self) -> str:
+        """The path as the repository names it."""
+        return f"images/{self.spec.name}/{self.name}"
+
+    def header(self) -> str:
+        return piplock.header(
+            title=self.title, target=self.target, inputs=self.inputs, from_source=self.from_source
+        )
+
+    def check(self, text: str) -> list[str]:
+        """What is wrong with ``text`` as this lock (:func:`piplock.check`); none when current."""
+        return piplock.check(
+            text, target=self.target, inputs=self.inputs, from_source=self.from_source
+        )
+
+    def problems(self) -> list[str]:
+        """What is wrong with the committed file, each sentence prefixed with its path."""
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return [f"{self.shown}: missing"]
+        return [f"{self.shown}: {problem}" for problem in self.check(text)]
+
+
+def lock_files(catalog: Sequence[ImageSpec] = IMAGES) -> list[LockFile]:
+    """The lock files of the images with a ``pip_lock``, build lock first for each, once
+    each: the build lock's inputs are ``pyproject.toml``'s ``build-system.requires`` (which
+    also build ``from_source``), the lock's its ``dependencies`` and the target's own."""
+    project = _pyproject()
+    build_requires = tuple(project["build-system"]["requires"])
+    dependencies = tuple(project["project"]["dependencies"])
+    found: dict[tuple[str, str], LockFile] = {}
+    for spec in catalog:
+        target = spec.pip_lock
+        if target is None:
+            continue
+        python = f"Python {target.python} of Debian {target.suite}"
+        built = " and ".join(("stateward", *target.from_source))
+        for lock in (
+            LockFile(
+                spec=spec,
+                name=target.build_lock_name,
+                title=f"What builds {built} in the {spec.name} image ({python}).",
+                inputs=build_requires,
+            ),
+            LockFile(
+                spec=spec,
+                name=target.lock_name,
+                title=f"What the {spec.name} image's venv takes from PyPI ({python}).",
+                inputs=(*dependencies, *target.requirements),
+                from_source=target.from_source,
+            ),
+        ):
+            found.setdefault((spec.name, lock.name), lock)
+    return list(found.values())
+
+
+def _uv() -> list[str]:
+    if importlib.util.find_spec("uv") is not None:
+        return [sys.executable, "-m", "uv"]
+    found = shutil.which("uv")
+    if found is None:
+        raise errors.LocalClusterError(
+            f"locking needs uv: `make lock` installs it (the dev extra), or pip install"
+            f" '{UV_REQUIREMENT}'"
+        )
+    return [found]
+
+
+def write_locks(
+    *,
+    upgrade: bool = False,
+    progress: Progress = _stderr,
+    catalog: Sequence[ImageSpec] = IMAGES,
+    uv: Sequence[str] | None = None,
+) -> list[Path]:
+    """Resolve every lock file of ``catalog`` with ``uv pip compile`` and write the changed
+    ones; return those. uv keeps the versions a file already has while they fit its inputs,
+    unless ``upgrade``. A lock is replaced only once uv succeeded and the result checks."""
+    command = list(uv) if uv is not None else _uv()
+    written: list[Path] = []
+    for lock in lock_files(catalog):
+        with tempfile.TemporaryDirectory(prefix="stateward-lock-") as scratch:
+            folder = Path(scratch)
+            (folder / "requirements.in").write_text("".join(f"{r}\n" for r in lock.inputs))
+            output = folder / lock.name
+            if lock.path.is_file():
+                shutil.copyfile(lock.path, output)  # its versions are uv's preferences
+            argv = piplock.compile_command(
+                command,
+                target=lock.target,
+                source="requirements.in",
+                output=lock.name,
+                from_source=lock.from_source,
+                upgrade=upgrade,
+            )
+            progress(f"Locking {lock.shown}: uv {' '.join(argv[len(command) :])}")
+            done = subprocess.run(argv, cwd=folder, capture_output=True, text=True)
+            if done.returncode != 0:
+                reason = " ".join(done.stderr.split()) or "no output"
+                raise errors.LocalClusterError(
+                    f"uv pip compile for {lock.shown} failed (exit {done.returncode}): {reason}"
+                )
+            text = lock.header() + output.read_text()
+        problems = lock.check(text)
+        if problems:
+            raise errors.LocalClusterError(
+                f"uv pip compile gave {lock.shown} that does not check: {'; '.join(problems)}"
+            )
+        pins = len(piplock.parse(text).pins)
+        if lock.path.is_file() and lock.path.read_text() == text:
+            progress(f"  {lock.shown}: unchanged, {pins} packages")
+            continue
+        lock.path.parent.mkdir(parents=True, exist_ok=True)
+        partial = lock.path.with_name(lock.path.name + ".partial")
+        partial.write_text(text)
+        partial.rename(lock.path)
+        written.append(lock.path)
+        progress(f"  {lock.shown}: written, {pins} packages")
+    return written
 
 
 # --------------------------------------------------------------------------------------------
@@ -694,10 +892,10 @@ def _lookup(key: str, catalog: Sequence[ImageSpec]) -> ImageSpec:
 
 
 def input_hash(spec: ImageSpec, catalog: Sequence[ImageSpec] = IMAGES) -> str:
-    """16 hex digits over the spec, its source files and ``inputs``, its base image and the
-    packer version."""
+    """16 hex digits over the spec, its source and lock files and ``inputs``, its base image
+    and the packer version."""
     sources: dict[str, str] = {}
-    for relative in spec.sources:
+    for relative in spec.source_files:
         path = images_dir() / spec.name / relative
         try:
             sources[relative] = hashlib.sha256(path.read_bytes()).hexdigest()
