@@ -10,17 +10,10 @@ import pytest
 from stateward.controllers import database
 from stateward.controllers import mysql as servers
 from stateward.controllers.store import ObjectStore
+from tests.support.clock import Clock
 from tests.unit.test_specs_database import make_database
 
 pytestmark = pytest.mark.unit
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def pod(name: str, *, ready: bool = True, deleting: bool = False) -> dict[str, Any]:

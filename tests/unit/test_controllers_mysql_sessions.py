@@ -15,6 +15,7 @@ import pytest
 from stateward.api.v1alpha1 import Engine
 from stateward.controllers import mysql
 from stateward.runtime.leader import LeaderElector
+from tests.support.clock import Clock
 
 pytestmark = pytest.mark.unit
 
@@ -137,20 +138,12 @@ async def test_reading_a_server_needs_no_lease(wire: Recorder) -> None:
     ]
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 async def test_a_term_counts_from_when_its_renew_was_sent_not_answered(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # A renew the API server took 1.5 s to answer may have been committed (and seen by a
     # candidate, who then waits one lease duration) 1.5 s before we heard of it.
-    clock = Clock()
+    clock = Clock(1000.0)
     elector = LeaderElector(
         client=None,  # type: ignore[arg-type]
         namespace="ops",

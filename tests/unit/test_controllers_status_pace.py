@@ -9,16 +9,9 @@ import pytest
 
 from stateward.controllers import core
 from stateward.controllers.store import ObjectStore
+from tests.support.clock import Clock
 
 pytestmark = pytest.mark.unit
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class StatusKube:
