@@ -127,3 +127,74 @@ async def test_a_cluster_made_again_under_a_deleted_one_s_name_waits_for_its_sec
     note = await postgrescluster.ensure_secrets(scope)
     assert note == "waiting for the previous cluster's demo-superuser to be garbage-collected"
     assert scope.halted and scope.requeue_after == postgrescluster.ROLL_RECHECK
+
+
+def claim(name: str, *, deleting: bool) -> dict[str, Any]:
+    metadata: dict[str, Any] = {
+        "name": name, "namespace": "db", "labels": {"stateward.io/cluster": "demo"},
+    }  # fmt: skip
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-12-04T00:00:00Z"
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": metadata}
+
+
+class Creating(Kube):
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.created: list[str] = []
+
+    async def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.created.append(body["metadata"]["name"])
+        return body
+
+
+@pytest.mark.parametrize(
+    ("claims", "outcome"),
+    [
+        # The deleted cluster's volumes, going: wait, make nothing.
+        ([("data-demo-0", True)], "wait"),
+        # This cluster's data is there and its Secret is not: never new passwords.
+        ([("data-demo-0", False)], "refuse"),
+        ([("data-demo-0", True), ("data-demo-1", False)], "refuse"),
+        # Nothing there: a new cluster gets new credentials.
+        ([], "create"),
+    ],
+)
+async def test_missing_secrets_wait_for_a_deleted_clusters_volumes_and_never_override_data(
+    monkeypatch: pytest.MonkeyPatch, claims: list[tuple[str, bool]], outcome: str
+) -> None:
+    cluster = make_cluster(metadata={"uid": "new-uid"})
+    store = ObjectStore()
+    for name, deleting in claims:
+        store.observe(claim(name, deleting=deleting))
+    kube = Creating()
+    scope = postgrescluster.Scope(
+        cluster=cluster,
+        body={"metadata": {"name": "demo", "namespace": "db", "uid": "new-uid"}},
+        kube=kube,  # type: ignore[arg-type]
+        store=store,
+        now="2026-12-04T00:00:00Z",
+        conditions=[],
+    )
+
+    async def ca(*_: Any) -> str:
+        return "CA"
+
+    async def nothing(*_: Any) -> None:
+        return None
+
+    monkeypatch.setattr(postgrescluster.certificates, "ca_cert", ca)
+    monkeypatch.setattr(postgrescluster.certificates, "refresh_ca_copy", nothing)
+    note = await postgrescluster.ensure_secrets(scope)
+    if outcome == "wait":
+        assert note == "waiting for the previous cluster's volumes data-demo-0 to be deleted"
+        assert scope.halted and kube.created == []
+    elif outcome == "refuse":
+        assert not scope.halted
+        assert [reason for reason, _ in scope.degraded] == ["SecretMissing"] * 3
+        assert kube.created == ["demo-patroni-api"]  # no data depends on it
+    else:
+        assert not scope.halted and scope.degraded == []
+        assert set(kube.created) == {
+            "demo-superuser", "demo-replication", "demo-app", "demo-patroni-api",
+        }  # fmt: skip

@@ -317,10 +317,25 @@ async def ensure_secrets(scope: Scope) -> str | None:
         scope.halted = True
         return f"waiting for the previous cluster's {', '.join(stale)} to be garbage-collected"
 
+    claims = _data_volumes(scope)
+    live = [c for c in claims if not c["metadata"].get("deletionTimestamp")]
+    going = sorted(c["metadata"]["name"] for c in claims if c["metadata"].get("deletionTimestamp"))
+    missing = [n for n, _, held in wanted if held and scope.observed("Secret", n) is None]
+    if missing and going and not live:
+        # The volumes of a cluster deleted under this name, on their way out (its finalizer
+        # deletes them and goes; a claim lasts until its pod is gone). They hold no data of
+        # this cluster: wait, making nothing. Taken for this cluster's data, they refused
+        # new passwords, and the StatefulSet applied meanwhile made volumes that then did
+        # hold data — the cluster never came up (found by a clean-clone run of the restore
+        # story).
+        scope.requeue(ROLL_RECHECK)
+        scope.halted = True
+        return f"waiting for the previous cluster's volumes {', '.join(going)} to be deleted"
+
     for name, build, held_by_data in wanted:
         if scope.observed("Secret", name) is not None:
             continue
-        if held_by_data and _data_volumes(scope):
+        if held_by_data and live:
             # The data already holds the old passwords: new ones would lock everyone out.
             message = (
                 f"Secret {name} is missing but the cluster's data volumes exist; restore the"
