@@ -139,9 +139,16 @@ def claim(name: str, *, deleting: bool) -> dict[str, Any]:
 
 
 class Creating(Kube):
-    def __init__(self) -> None:
+    def __init__(self, store: ObjectStore | None = None) -> None:
         super().__init__(None)
         self.created: list[str] = []
+        self.store = store
+
+    async def get(self, *args: Any) -> dict[str, Any] | None:
+        """What the API server holds (the store, unless told the watch missed a delete)."""
+        if self.store is None:
+            return None
+        return self.store.get(args[1], args[2], args[3])
 
     async def create(self, body: dict[str, Any]) -> dict[str, Any]:
         self.created.append(body["metadata"]["name"])
@@ -167,7 +174,7 @@ async def test_missing_secrets_wait_for_a_deleted_clusters_volumes_and_never_ove
     store = ObjectStore()
     for name, deleting in claims:
         store.observe(claim(name, deleting=deleting))
-    kube = Creating()
+    kube = Creating(store)
     scope = postgrescluster.Scope(
         cluster=cluster,
         body={"metadata": {"name": "demo", "namespace": "db", "uid": "new-uid"}},
@@ -198,3 +205,32 @@ async def test_missing_secrets_wait_for_a_deleted_clusters_volumes_and_never_ove
         assert set(kube.created) == {
             "demo-superuser", "demo-replication", "demo-app", "demo-patroni-api",
         }  # fmt: skip
+
+
+async def test_a_volume_whose_deletion_the_watch_missed_is_asked_about_not_waited_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cluster = make_cluster(metadata={"uid": "new-uid"})
+    store = ObjectStore()
+    store.observe(claim("data-demo-0", deleting=True))  # gone on the server: get() says None
+    kube = Creating(None)
+    scope = postgrescluster.Scope(
+        cluster=cluster,
+        body={"metadata": {"name": "demo", "namespace": "db", "uid": "new-uid"}},
+        kube=kube,  # type: ignore[arg-type]
+        store=store,
+        now="2026-12-04T00:00:00Z",
+        conditions=[],
+    )
+
+    async def ca(*_: Any) -> str:
+        return "CA"
+
+    async def nothing(*_: Any) -> None:
+        return None
+
+    monkeypatch.setattr(postgrescluster.certificates, "ca_cert", ca)
+    monkeypatch.setattr(postgrescluster.certificates, "refresh_ca_copy", nothing)
+    await postgrescluster.ensure_secrets(scope)
+    assert not scope.halted and "demo-superuser" in kube.created
+    assert store.get("PersistentVolumeClaim", "db", "data-demo-0") is None

@@ -322,15 +322,23 @@ async def ensure_secrets(scope: Scope) -> str | None:
     going = sorted(c["metadata"]["name"] for c in claims if c["metadata"].get("deletionTimestamp"))
     missing = [n for n, _, held in wanted if held and scope.observed("Secret", n) is None]
     if missing and going and not live:
+        # Asked, not only remembered: a deletion the watch missed would wait forever.
+        for name in list(going):
+            if await scope.kube.get("v1", "PersistentVolumeClaim", scope.namespace, name) is None:
+                scope.forget("PersistentVolumeClaim", name)
+                going.remove(name)
+    if missing and going and not live:
         # The volumes of a cluster deleted under this name, on their way out (its finalizer
         # deletes them and goes; a claim lasts until its pod is gone). They hold no data of
         # this cluster: wait, making nothing. Taken for this cluster's data, they refused
         # new passwords, and the StatefulSet applied meanwhile made volumes that then did
         # hold data — the cluster never came up (found by a clean-clone run of the restore
         # story).
+        message = f"waiting for the previous cluster's volumes {', '.join(going)} to be deleted"
+        scope.progressing.append(("PreviousVolumesGoing", message))
         scope.requeue(ROLL_RECHECK)
         scope.halted = True
-        return f"waiting for the previous cluster's volumes {', '.join(going)} to be deleted"
+        return message
 
     for name, build, held_by_data in wanted:
         if scope.observed("Secret", name) is not None:
