@@ -734,6 +734,25 @@ async def finalize(scope: Scope) -> str | None:
         waiting = await _final_backup(scope)
         if waiting:
             return waiting
+    # The instances stop before their volumes and Patroni's state go: a Patroni still
+    # running (its pod terminating) writes its leader and config ConfigMaps again, and a
+    # cluster made next under this name found them — an initialized cluster led by a member
+    # of its own name — and never bootstrapped (found by the restore story).
+    statefulset = scope.observed("StatefulSet", cluster.name)
+    if statefulset is not None and not statefulset["metadata"].get("deletionTimestamp"):
+        await scope.kube.delete(Ref.of(statefulset))
+    # Not past a pod's deadline, though: one on a lost node never finishes terminating, and
+    # its Patroni, cut off, writes nothing.
+    running = sorted(
+        pod["metadata"]["name"]
+        for pod in scope.owned("Pod")
+        if (pod["metadata"].get("labels") or {}).get(meta.COMPONENT_LABEL)
+        == meta.INSTANCE_COMPONENT
+        and not _overdue(pod)
+    )
+    if running:
+        scope.requeue(ROLL_RECHECK)
+        return f"waiting for the instances {', '.join(running)} to stop"
     removed: list[str] = []
     if cluster.spec.deletion_policy.persistent_volume_claims == v1alpha1.PVCPolicy.DELETE:
         for claim in _data_volumes(scope):
@@ -745,6 +764,15 @@ async def finalize(scope: Scope) -> str | None:
     await _delete_patroni_state(scope)
     await core.remove_finalizer(scope, v1alpha1.FINALIZER)
     return FINALIZER_REMOVED
+
+
+STOP_OVERDUE = 30.0
+"""Seconds past its deletion deadline after which a terminating pod is taken as lost."""
+
+
+def _overdue(pod: Body) -> bool:
+    deadline = pod["metadata"].get("deletionTimestamp")
+    return bool(deadline) and rfc3339.seconds_since(deadline) > STOP_OVERDUE
 
 
 async def _delete_patroni_state(scope: Scope) -> None:
