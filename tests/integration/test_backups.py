@@ -241,7 +241,9 @@ def test_an_unreachable_repository_fails_visibly_and_never_counts_as_a_backup(
         namespace=ns,
         patch_type=PatchType.MERGE,
     )
-    wait_for(lambda: gone(client, ns, "lost"), what="the cluster to go", timeout=120)
+    # Deletion waits for the instance to stop (Patroni's state goes only after it), and a
+    # PostgreSQL whose WAL cannot be archived takes up to its grace period (120 s) to stop.
+    wait_for(lambda: gone(client, ns, "lost"), what="the cluster to go", timeout=300)
 
 
 CHECKSUM = "SELECT count(*) || ':' || md5(string_agg(n::text, ',' ORDER BY n)) FROM t"
