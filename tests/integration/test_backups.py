@@ -179,6 +179,9 @@ def test_scheduled_and_final_backups_are_real_pgbackrest_backups(
     assert {"FinalBackupStarted", "FinalBackupSucceeded"} <= set(event_reasons(client, ns))
 
 
+# A failed backup, a failing final backup, and then deletion, which waits up to the
+# instance's 120 s grace period for a PostgreSQL that cannot archive its WAL to stop.
+@pytest.mark.timeout(600)
 def test_an_unreachable_repository_fails_visibly_and_never_counts_as_a_backup(
     real_cluster: LocalCluster, client: Client, ns: str
 ) -> None:
