@@ -155,6 +155,29 @@ class Creating(Kube):
         return body
 
 
+def secrets_scope(
+    monkeypatch: pytest.MonkeyPatch, kube: Kube, store: ObjectStore
+) -> postgrescluster.Scope:
+    """A new cluster's scope for ensure_secrets, its CA already there."""
+
+    async def ca(*_: Any) -> str:
+        return "CA"
+
+    async def nothing(*_: Any) -> None:
+        return None
+
+    monkeypatch.setattr(postgrescluster.certificates, "ca_cert", ca)
+    monkeypatch.setattr(postgrescluster.certificates, "refresh_ca_copy", nothing)
+    return postgrescluster.Scope(
+        cluster=make_cluster(metadata={"uid": "new-uid"}),
+        body={"metadata": {"name": "demo", "namespace": "db", "uid": "new-uid"}},
+        kube=kube,  # type: ignore[arg-type]
+        store=store,
+        now="2026-12-04T00:00:00Z",
+        conditions=[],
+    )
+
+
 @pytest.mark.parametrize(
     ("claims", "outcome"),
     [
@@ -170,28 +193,11 @@ class Creating(Kube):
 async def test_missing_secrets_wait_for_a_deleted_clusters_volumes_and_never_override_data(
     monkeypatch: pytest.MonkeyPatch, claims: list[tuple[str, bool]], outcome: str
 ) -> None:
-    cluster = make_cluster(metadata={"uid": "new-uid"})
     store = ObjectStore()
     for name, deleting in claims:
         store.observe(claim(name, deleting=deleting))
     kube = Creating(store)
-    scope = postgrescluster.Scope(
-        cluster=cluster,
-        body={"metadata": {"name": "demo", "namespace": "db", "uid": "new-uid"}},
-        kube=kube,  # type: ignore[arg-type]
-        store=store,
-        now="2026-12-04T00:00:00Z",
-        conditions=[],
-    )
-
-    async def ca(*_: Any) -> str:
-        return "CA"
-
-    async def nothing(*_: Any) -> None:
-        return None
-
-    monkeypatch.setattr(postgrescluster.certificates, "ca_cert", ca)
-    monkeypatch.setattr(postgrescluster.certificates, "refresh_ca_copy", nothing)
+    scope = secrets_scope(monkeypatch, kube, store)
     note = await postgrescluster.ensure_secrets(scope)
     if outcome == "wait":
         assert note == "waiting for the previous cluster's volumes data-demo-0 to be deleted"
@@ -210,27 +216,10 @@ async def test_missing_secrets_wait_for_a_deleted_clusters_volumes_and_never_ove
 async def test_a_volume_whose_deletion_the_watch_missed_is_asked_about_not_waited_for(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    cluster = make_cluster(metadata={"uid": "new-uid"})
     store = ObjectStore()
     store.observe(claim("data-demo-0", deleting=True))  # gone on the server: get() says None
     kube = Creating(None)
-    scope = postgrescluster.Scope(
-        cluster=cluster,
-        body={"metadata": {"name": "demo", "namespace": "db", "uid": "new-uid"}},
-        kube=kube,  # type: ignore[arg-type]
-        store=store,
-        now="2026-12-04T00:00:00Z",
-        conditions=[],
-    )
-
-    async def ca(*_: Any) -> str:
-        return "CA"
-
-    async def nothing(*_: Any) -> None:
-        return None
-
-    monkeypatch.setattr(postgrescluster.certificates, "ca_cert", ca)
-    monkeypatch.setattr(postgrescluster.certificates, "refresh_ca_copy", nothing)
+    scope = secrets_scope(monkeypatch, kube, store)
     await postgrescluster.ensure_secrets(scope)
     assert not scope.halted and "demo-superuser" in kube.created
     assert store.get("PersistentVolumeClaim", "db", "data-demo-0") is None
