@@ -94,7 +94,9 @@ def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster
 
 
 @pytest.fixture(scope="session")
-def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+def real_cluster(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[LocalCluster]:
     """Three real nodes (and one tainted kwok node), shared by every test that needs
     processes to run: the node tests, the data-plane tests. Only one cluster with real nodes
     fits a host (they share its bridge), so the e2e stories that start their own run before
@@ -110,8 +112,12 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClus
     try:
         yield cluster
     finally:
-        # STATEWARD_KEEP_LOGS=1 keeps the state directory with every component's log.
-        cluster.down(keep=bool(os.environ.get("STATEWARD_KEEP_LOGS")))
+        # STATEWARD_KEEP_LOGS=1 keeps the whole state directory; a failed test keeps its
+        # logs/ (every component's log, the fault tests' diagnoses) for the next reader.
+        cluster.down(
+            keep=bool(os.environ.get("STATEWARD_KEEP_LOGS")),
+            keep_logs=request.session.testsfailed > 0,
+        )
 
 
 def client_for(cluster: LocalCluster, *, kubeconfig: Path | None = None) -> Client:

@@ -22,7 +22,7 @@ from pathlib import Path
 from lightkube import Client
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Namespace, Pod, Secret
+from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod, Secret
 
 from stateward.cli.run import (
     OPERATOR_NAMESPACE,
@@ -35,7 +35,7 @@ from stateward.local import binaries, nodes
 from stateward.local.cluster import LocalCluster
 from tests.integration.conftest import RESYNC_SECONDS, wait_leading
 from tests.support.dataplane import Writer, create_cluster, sql, status_of
-from tests.support.waiting import wait_for
+from tests.support.waiting import Timeout, wait_for
 
 NAME = "f"
 REPLICAS = 3
@@ -169,6 +169,34 @@ class Lab:
     def sql(self, pod: str, statement: str) -> str:
         return sql(self.real, self.ns, pod, statement)
 
+    def diagnose(self, what: str) -> str:
+        """What a failed wait needs to be understood: the cluster's status, each instance's
+        last log lines and the operator's. Written whole to ``logs/`` of the local cluster
+        (kept when a test failed, see tests/conftest.py); returned short, for the failure."""
+        status = status_of(self.client, self.ns, NAME)
+        parts = [("status", [repr(status)])]
+        for index in range(REPLICAS):
+            pod = f"{NAME}-{index}"
+            done = subprocess.run(
+                [str(binaries.locate().kubectl), "logs", "-n", self.ns, pod, "--tail=80"],
+                env={**os.environ, "KUBECONFIG": str(self.real.kubeconfig)},
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
+            parts.append((pod, (done.stdout + done.stderr).splitlines()))
+        parts.append(("operator", _tail(self.operator.log, 60)))
+        path = self.real.state_dir / "logs" / f"diagnosis-{what}-{int(time.time())}.txt"
+        path.write_text(
+            "".join(f"--- {title} ---\n" + "\n".join(lines) + "\n" for title, lines in parts)
+        )
+        short = "".join(
+            f"--- {title} ---\n" + "\n".join(line[:240] for line in lines[-8:]) + "\n"
+            for title, lines in parts
+        )
+        return f"{short}\n(the whole diagnosis: {path})"
+
 
 @contextlib.contextmanager
 def lab_on(real: LocalCluster, prefix: str) -> Iterator[Lab]:
@@ -221,8 +249,12 @@ def healthy(lab: Lab, timeout: float = 300) -> tuple[str, str]:
             or len({i.get("timeline") for i in instances}) != 1
         ):
             return None
+        primary = str(status["primaryPod"])
         standby = next(n for n, r in roles.items() if r == "sync_standby")
-        return str(status["primaryPod"]), standby
+        # The status may lag Patroni by a few seconds (progress is paced): a fault injected
+        # while the primary has no synchronous standby in Patroni's own record tests nothing
+        # (no replica may be promoted then), so the precondition is also read at the source.
+        return (primary, standby) if patroni_agrees(lab, primary, standby) else None
 
     return wait_for(
         check,
@@ -230,6 +262,22 @@ def healthy(lab: Lab, timeout: float = 300) -> tuple[str, str]:
         timeout=timeout,
         interval=1,
     )
+
+
+def patroni_agrees(lab: Lab, primary: str, standby: str) -> bool:
+    """Patroni's own record names ``primary`` as the leader and ``standby`` as synchronous
+    (the ``NAME-sync`` ConfigMap, what decides who may be promoted), and every replica
+    streams from the primary (``pg_stat_replication``)."""
+    sync = lab.client.get(ConfigMap, f"{NAME}-sync", namespace=lab.ns).metadata
+    annotations = (sync.annotations if sync else None) or {}
+    if annotations.get("leader") != primary:
+        return False
+    if standby not in (annotations.get("sync_standby") or "").split(","):
+        return False
+    streaming = lab.sql(
+        primary, "select count(*) from pg_stat_replication where state = 'streaming'"
+    )
+    return streaming == str(REPLICAS - 1)
 
 
 def new_primary(lab: Lab, old: str, timeout: float = 120) -> str:
@@ -241,7 +289,19 @@ def new_primary(lab: Lab, old: str, timeout: float = 120) -> str:
             return str(current)
         return None
 
-    return wait_for(promoted, what=f"a new primary instead of {old}", timeout=timeout, interval=0.5)
+    try:
+        return wait_for(
+            promoted, what=f"a new primary instead of {old}", timeout=timeout, interval=0.5
+        )
+    except Timeout as timeout_error:
+        raise Timeout(f"{timeout_error}\n{lab.diagnose('new-primary')}") from None
+
+
+def _tail(path: Path, lines: int) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError as error:
+        return [f"(unreadable: {error})"]
 
 
 def verdict(lab: Lab, writer: Writer, fault: str) -> str:

@@ -286,14 +286,14 @@ class LocalCluster:
         progress(f"Local cluster ready in {time.monotonic() - started:.1f}s.")
         progress(f"kubeconfig: {self.kubeconfig}")
 
-    def down(self, *, keep: bool = False) -> list[str]:
+    def down(self, *, keep: bool = False, keep_logs: bool = False) -> list[str]:
         """Stop every recorded process, undo every host change; remove the state unless
-        ``keep``. Returns what stopped."""
+        ``keep`` (all but ``logs/`` with ``keep_logs``). Returns what stopped."""
         records = self._load()
         stopped = self._stop(records)
         problems = self._undo_host()
         if not keep:
-            self._remove_state(keep_logs=False)
+            self._remove_state(keep_logs=keep_logs)
         if problems:
             raise LocalClusterError("could not undo every host change: " + "; ".join(problems))
         return stopped
