@@ -542,7 +542,15 @@ def test_a_rolling_update_switches_over_before_it_replaces_the_primary(
 def test_scaling_3_to_5_to_2_keeps_the_data_and_never_removes_the_primary(
     real_cluster: LocalCluster, client: Client, ns: str
 ) -> None:
-    create_cluster(client, ns, "sc", replicas=3, synchronous={"number": 4})
+    # Five instances on three nodes: they share nodes only because placement allows it.
+    create_cluster(
+        client,
+        ns,
+        "sc",
+        replicas=3,
+        synchronous={"number": 4},
+        placement={"antiAffinity": "Preferred"},
+    )
     ready(client, ns, "sc")
     primary = status_of(client, ns, "sc")["primaryPod"]
     assert sql(real_cluster, ns, primary, "create table t (n int)") == "CREATE TABLE"

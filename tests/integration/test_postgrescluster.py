@@ -283,12 +283,35 @@ def test_backup_schedule_set_changed_cleared(
         )
 
 
-def test_scaling_changes_the_statefulset(
+def test_instances_get_a_node_each_and_share_nodes_only_when_placement_allows(
     kube: Client, namespace: str, make_cluster: MakeCluster
 ) -> None:
     name = make_cluster(replicas=2)
     wait_phase(kube, name, namespace, "Ready", timeout=90)
+    # Four instances, three nodes: the required anti-affinity (the default) places three,
+    # one per node, and the fourth waits, Degraded saying why and what to change.
     patch_cluster(kube, name, namespace, {"spec": {"replicas": 4}})
+    failing = wait_for(
+        lambda: (
+            (obj := get_pgc(kube, name, namespace))["status"].get("readyReplicas") == 3
+            and condition(obj, "Degraded").get("reason") == "NotEnoughNodes"
+            and obj
+        ),
+        what="three instances placed and the fourth reported unplaceable",
+        timeout=90,
+    )
+    message = condition(failing, "Degraded")["message"]
+    assert message.startswith(f"{name}-3 cannot be placed"), message
+    assert "spec.placement.antiAffinity: Preferred" in message
+    placed = [
+        p.spec.nodeName  # type: ignore[union-attr]
+        for p in kube.list(Pod, namespace=namespace, labels={"stateward.io/cluster": name})
+        if p.spec.nodeName  # type: ignore[union-attr]
+    ]
+    assert len(placed) == 3 and len(set(placed)) == 3, placed
+    # Preferred lets them share: the unplaced instance is replaced at once (it never ran),
+    # the others roll, and all four become ready.
+    patch_cluster(kube, name, namespace, {"spec": {"placement": {"antiAffinity": "Preferred"}}})
     ready = wait_for(
         lambda: (
             (obj := get_pgc(kube, name, namespace))["status"].get("readyReplicas") == 4
@@ -296,7 +319,7 @@ def test_scaling_changes_the_statefulset(
             and obj
         ),
         what="4 ready instances",
-        timeout=90,
+        timeout=150,
     )
     assert ready["status"]["replicaPods"] == [f"{name}-1", f"{name}-2", f"{name}-3"]
     patch_cluster(kube, name, namespace, {"spec": {"replicas": 1}})

@@ -1,5 +1,5 @@
 """roll_pods: a cluster made before TLS restarts its members together, any other change
-rolls one pod at a time."""
+rolls one pod at a time; check_instances: an instance the placement keeps off every node."""
 
 from __future__ import annotations
 
@@ -113,6 +113,91 @@ async def test_any_other_change_rolls_one_replica_at_a_time_and_waits_for_readin
     pods[2] = pod("demo-2", revision="old", tls=True, ready=False)
     note = await postgrescluster.roll_pods(scope_with(pods, waiting))
     assert waiting.deleted == [] and note == "rolling update waits for every instance to be ready"
+
+
+async def test_a_pod_never_scheduled_is_replaced_at_once_and_nothing_else() -> None:
+    # The 4th instance could not be placed under the old revision (a required anti-affinity
+    # on 3 nodes); the new one (Preferred) may place it, so it does not wait for readiness
+    # it can never reach. The running instances still roll one at a time afterwards.
+    kube = Kube()
+    pending = pod("demo-3", revision="old", tls=True, ready=False)
+    pending["status"]["conditions"].append(
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+    )
+    pods = [
+        pod("demo-0", revision="old", tls=True, role="primary"),
+        pod("demo-1", revision="old", tls=True),
+        pod("demo-2", revision="old", tls=True),
+        pending,
+    ]
+    note = await postgrescluster.roll_pods(scope_with(pods, kube))
+    assert kube.deleted == ["demo-3"]
+    assert note == "replaced demo-3 (never scheduled) on revision new"
+
+
+async def test_an_instance_kept_out_by_the_older_instances_does_not_hold_their_roll() -> None:
+    # After Required -> Preferred the new demo-3 is refused by the older instances' own
+    # required anti-affinity: rolling them is what makes room, so it goes ahead. Anything
+    # else unscheduled (here: memory) holds the roll, or it would take instance after
+    # instance down.
+    kube = Kube()
+    blocked = unplaced("demo-3", f"0/3 nodes are available: 3 node(s) {EXISTING}.")
+    pods = [
+        pod("demo-0", revision="old", tls=True, role="primary"),
+        pod("demo-1", revision="old", tls=True),
+        pod("demo-2", revision="old", tls=True),
+        blocked,
+    ]
+    scope = scope_with(pods, kube)
+    scope.cluster.spec.replicas = 4
+    await postgrescluster.roll_pods(scope)
+    assert kube.deleted == ["demo-1"]
+    held = Kube()
+    pods[3] = unplaced("demo-3", "0/3 nodes are available: 3 Insufficient memory.")
+    scope = scope_with(pods, held)
+    scope.cluster.spec.replicas = 4
+    note = await postgrescluster.roll_pods(scope)
+    assert held.deleted == [] and note == "rolling update waits for every instance to be ready"
+
+
+EXISTING = "didn't satisfy existing pods anti-affinity rules"
+
+
+def unplaced(name: str, message: str) -> dict[str, Any]:
+    body = pod(name, revision="new", tls=True, ready=False)
+    body["status"]["conditions"].append(
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+    )
+    return body
+
+
+ANTI_AFFINITY = (
+    "0/4 nodes are available: 1 node(s) had untolerated taint {kwok: true},"
+    " 3 node(s) didn't match pod anti-affinity rules."
+)
+
+
+async def test_an_instance_the_required_placement_cannot_place_says_how_to_fix_it() -> None:
+    kube = Kube()
+    scope = scope_with(
+        [pod("demo-0", revision="new", tls=True), unplaced("demo-3", ANTI_AFFINITY)], kube
+    )
+    assert await postgrescluster.check_instances(scope) == "instances cannot run: NotEnoughNodes"
+    ((reason, message),) = scope.degraded
+    assert reason == "NotEnoughNodes"
+    assert message.startswith("demo-3 cannot be placed: spec.placement.antiAffinity is Required")
+    assert "didn't match pod anti-affinity rules" in message
+    assert "spec.placement.antiAffinity: Preferred" in message and "spec.replicas" in message
+    assert kube.events == [("NotEnoughNodes", message)]
+
+
+async def test_an_instance_unplaced_for_another_reason_is_not_blamed_on_the_placement() -> None:
+    scope = scope_with(
+        [unplaced("demo-1", "0/3 nodes are available: 3 Insufficient memory.")], Kube()
+    )
+    await postgrescluster.check_instances(scope)
+    ((reason, message),) = scope.degraded
+    assert reason == "InstancesNotRunning" and "Insufficient memory" in message
 
 
 def scaling(

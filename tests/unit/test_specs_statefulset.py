@@ -106,21 +106,52 @@ def test_pod_spec_basics() -> None:
     assert "restartPolicy" not in spec  # Always is the default
 
 
-def test_preferred_anti_affinity_across_nodes() -> None:
+def test_instances_require_a_node_each_by_default() -> None:
     cluster = make_cluster()
     affinity = pod_spec()["affinity"]
-    assert set(affinity) == {"podAntiAffinity"}
-    assert affinity["podAntiAffinity"] == {
-        "preferredDuringSchedulingIgnoredDuringExecution": [
-            {
-                "weight": 100,
-                "podAffinityTerm": {
+    assert affinity == {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
                     "labelSelector": {"matchLabels": meta.selector_labels(cluster)},
                     "topologyKey": "kubernetes.io/hostname",
-                },
-            }
-        ]
+                }
+            ]
+        }
     }
+
+
+def test_preferred_placement_lets_instances_share_a_node() -> None:
+    placement = {"antiAffinity": "Preferred", "topologyKey": "topology.kubernetes.io/zone"}
+    cluster = make_cluster(placement=placement)
+    affinity = pod_spec(placement=placement)["affinity"]
+    assert affinity == {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 100,
+                    "podAffinityTerm": {
+                        "labelSelector": {"matchLabels": meta.selector_labels(cluster)},
+                        "topologyKey": "topology.kubernetes.io/zone",
+                    },
+                }
+            ]
+        }
+    }
+
+
+@pytest.mark.parametrize(
+    ("placement", "field"),
+    [
+        ({"antiAffinity": "Sometimes"}, "antiAffinity"),
+        ({"topologyKey": "not a key"}, "topologyKey"),
+        ({"topologyKey": "/hostname"}, "topologyKey"),
+        ({"nodes": 3}, "nodes"),
+    ],
+)
+def test_a_bad_placement_is_refused_naming_the_field(placement: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        make_cluster(placement=placement)
 
 
 def test_container_runs_patroni_from_the_cluster_image() -> None:

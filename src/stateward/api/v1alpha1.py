@@ -227,6 +227,36 @@ class TLSSpec(_Model):
     restart."""
 
 
+class AntiAffinity(enum.StrEnum):
+    REQUIRED = "Required"
+    PREFERRED = "Preferred"
+
+
+TOPOLOGY_KEY_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+"""A node label key: an optional DNS-subdomain prefix and a slash, then a name."""
+
+
+class Placement(_Model):
+    """Where the instances run. By default each on a node of its own, required: a node lost
+    to a fault must never take the primary and its synchronous standby together."""
+
+    anti_affinity: AntiAffinity = AntiAffinity.REQUIRED
+    """Required (the default): one instance per ``topologyKey`` value; an instance with no
+    such place left stays Pending and Degraded says so (NotEnoughNodes). Preferred: the
+    scheduler spreads the instances when it can and stacks them when it cannot, for clusters
+    with fewer nodes than instances (one node failing may then take the primary and its
+    standby together). A change restarts the instances one by one."""
+
+    topology_key: str = Field(
+        default="kubernetes.io/hostname", max_length=317, pattern=TOPOLOGY_KEY_PATTERN
+    )
+    """The node label whose values count as separate places: ``kubernetes.io/hostname``
+    (the default, one per node) or ``topology.kubernetes.io/zone`` (one per zone)."""
+
+
 class Bootstrap(_Model):
     """What is created when the cluster is first initialized (immutable afterwards)."""
 
@@ -374,6 +404,9 @@ class PostgresClusterSpec(_Model):
 
     tls: TLSSpec = Field(default_factory=TLSSpec)
     """The CA that signs the instances' certificates; the cluster's own by default."""
+
+    placement: Placement = Field(default_factory=Placement)
+    """Where the instances run; one per node, required, by default."""
 
     @property
     def major_version(self) -> int:

@@ -15,7 +15,7 @@ import dataclasses
 import hashlib
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lightkube import ApiError
 
@@ -24,12 +24,10 @@ from stateward.api import v1alpha1
 from stateward.controllers import members as m
 from stateward.controllers import takeover
 from stateward.controllers.kube import Body, PatroniError, Ref
+from stateward.controllers.pgscope import Scope
 from stateward.instance import patroni
 from stateward.specs import meta
 from stateward.specs.statefulset import CONTAINER_NAME
-
-if TYPE_CHECKING:
-    from stateward.controllers.postgrescluster import Scope
 
 RECHECK = 2.0
 SWITCHOVER_TIMEOUT = 120.0

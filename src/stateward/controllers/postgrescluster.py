@@ -10,12 +10,10 @@ end, and only if it changed.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Final
 
 import pydantic
 from lightkube import ApiError
@@ -26,12 +24,13 @@ from stateward.api.v1alpha1 import PostgresCluster
 from stateward.controllers import backups, certificates, core
 from stateward.controllers import conditions as cond
 from stateward.controllers.dataplane import DataPlane, start_switchover
-from stateward.controllers.kube import Body, Kube, PatroniAccess, Ref
-from stateward.controllers.members import Member, instances, member
+from stateward.controllers.kube import Body, Kube, Ref
+from stateward.controllers.members import instances
+from stateward.controllers.pgscope import Scope, instance_pods, pod_role
 from stateward.controllers.queue import Outcome
 from stateward.controllers.store import ObjectStore
 from stateward.instance import patroni, pgbackrest
-from stateward.specs import backup, meta, secrets, tls
+from stateward.specs import backup, meta, secrets
 from stateward.specs import config as config_spec
 
 logger = logging.getLogger(__name__)
@@ -45,88 +44,6 @@ REVISION_LABEL = "controller-revision-hash"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 
 IMMUTABLE_STATEFULSET_FIELDS = core.IMMUTABLE_STATEFULSET_FIELDS
-
-
-@dataclasses.dataclass(kw_only=True)
-class Scope(core.Scope):
-    """One reconcile's view: the cluster, its observed children, and what was decided."""
-
-    cluster: PostgresCluster
-    final_backup_attempts: int | None = None
-    switchover: dict[str, Any] | None = None
-    """``status.switchover``: read at the start, updated by the switchover phases."""
-    last_failover: dict[str, Any] | None = None
-    """``status.lastFailover``: read at the start, replaced when a failover is seen."""
-    rolling_restart: dict[str, Any] | None = None
-    """``status.rollingRestart``: the restart being rolled for a parameter change."""
-    sync: frozenset[str] = frozenset()
-    """The synchronous standbys, as Patroni last recorded them."""
-    scale_down_to: int | None = None
-    """Set when a scale-down waits for the primary to move below this ordinal."""
-    fenced: list[str] = dataclasses.field(default_factory=list)
-    """The fenced instances the annotation asks for (``["*"]`` for all)."""
-    backups: dict[str, Any] | None = None
-    """``status.backups``: read at the start, updated from the backup pods' reports."""
-    on_demand_backup: dict[str, Any] | None = None
-    """``status.onDemandBackup``: the last ``stateward.io/backup`` request and its outcome."""
-    credentials_checked: dict[tuple[str, str], tuple[int, float]] = dataclasses.field(
-        default_factory=dict
-    )
-    """Shared by one reconciler's scopes: see ``Reconciler.credentials_checked``."""
-    halted: bool = False
-    """Set by a phase after which none may run (the spec must change first)."""
-    _members: list[Member] | None = dataclasses.field(default=None, init=False, repr=False)
-
-    @property
-    def name(self) -> str:
-        return self.cluster.name
-
-    @property
-    def namespace(self) -> str:
-        return self.cluster.namespace
-
-    @property
-    def generation(self) -> int:
-        return self.cluster.generation
-
-    @property
-    def members(self) -> list[Member]:
-        """The instance pods with Patroni's records of them (computed once per reconcile)."""
-        if self._members is None:
-            self._members = [member(pod) for pod in _pods(self)]
-        return self._members
-
-    async def restapi_auth(self) -> PatroniAccess | None:
-        """How to reach Patroni's REST API: its credentials (``NAME-patroni-api``) and the CA
-        its certificate is signed by (``ca.crt`` of ``NAME-tls``, only that key), or None while
-        either is missing or incomplete (``ensure_secrets`` and ``ensure_tls`` make them)."""
-        data = await self.secrets.read(self, self.cluster.restapi_secret_name)
-        if not data or not data.get(secrets.USERNAME_KEY) or not data.get(secrets.PASSWORD_KEY):
-            return None
-        served = await self.secrets.read(
-            self, self.cluster.tls_secret_name, keys=frozenset({tls.CA_CERT_KEY})
-        )
-        if not served or not served.get(tls.CA_CERT_KEY):
-            return None
-        return PatroniAccess(
-            data[secrets.USERNAME_KEY], data[secrets.PASSWORD_KEY], served[tls.CA_CERT_KEY]
-        )
-
-    def forget(self, kind: str, name: str) -> None:
-        """A child this reconcile deleted: gone from the store, and from ``members`` too, so
-        later phases do not act on a pod that is going away."""
-        super().forget(kind, name)
-        if kind == "Pod":
-            self._members = None
-
-    def observe(self, body: Body) -> None:
-        """A child this reconcile changed: the store holds the new body for later phases."""
-        super().observe(body)
-        if body.get("kind") == "Pod":
-            self._members = None
-
-
-Phase = Callable[[Scope], Awaitable[str | None]]
 
 
 class Reconciler:
@@ -190,8 +107,10 @@ class Reconciler:
             on_demand_backup=(body.get("status") or {}).get("onDemandBackup"),
         )
         deleting = bool(body["metadata"].get("deletionTimestamp"))
-        paths: list[Phase] = [] if self.foreign_repository_paths else [check_repository_paths]
-        phases: list[Phase] = (
+        paths: list[core.Phase[Scope]] = (
+            [] if self.foreign_repository_paths else [check_repository_paths]
+        )
+        phases: list[core.Phase[Scope]] = (
             [*paths, finalize]
             if deleting
             else [
@@ -443,7 +362,7 @@ def _hold_scale_down(scope: Scope, desired: list[Body]) -> None:
         desired,
         wanted=scope.cluster.spec.replicas,
         primary=None if leader is None else leader.name,
-        pods=_pods(scope),
+        pods=instance_pods(scope),
     )
 
 
@@ -627,20 +546,6 @@ async def expand_volumes(scope: Scope) -> str | None:
     return await core.expand_volumes(scope, _data_volumes(scope), scope.cluster.spec.storage_size)
 
 
-def _pods(scope: Scope) -> list[Body]:
-    return [
-        pod
-        for pod in scope.owned("Pod")
-        if not pod["metadata"].get("deletionTimestamp")
-        and (pod["metadata"].get("labels") or {}).get(meta.COMPONENT_LABEL)
-        == meta.INSTANCE_COMPONENT
-    ]
-
-
-def _role(pod: Body) -> str | None:
-    return (pod["metadata"].get("labels") or {}).get(meta.ROLE_LABEL)
-
-
 async def roll_pods(scope: Scope) -> str | None:
     """Replace outdated pods one at a time: replicas first, the primary last.
 
@@ -657,7 +562,7 @@ async def roll_pods(scope: Scope) -> str | None:
         "generation"
     ):
         return None
-    pods = _pods(scope)
+    pods = instance_pods(scope)
     outdated = [p for p in pods if p["metadata"].get("labels", {}).get(REVISION_LABEL) != revision]
     if not outdated:
         return None
@@ -665,26 +570,35 @@ async def roll_pods(scope: Scope) -> str | None:
         ("RollingUpdate", f"{len(outdated)} of {len(pods)} instances run an older revision")
     )
     scope.requeue(ROLL_RECHECK)
+    unscheduled = sorted(p["metadata"]["name"] for p in outdated if _unscheduled(p))
+    if unscheduled:
+        # Nothing runs in a pod never placed, and the new revision may be what lets it be
+        # placed (a placement the nodes could not satisfy): replaced at once, not after
+        # every instance is ready — it never would be.
+        for pod in (p for p in outdated if p["metadata"]["name"] in unscheduled):
+            await scope.kube.delete(Ref.of(pod))
+            scope.forget("Pod", pod["metadata"]["name"])
+        return f"replaced {', '.join(unscheduled)} (never scheduled) on revision {revision}"
     before_tls = [p for p in outdated if _labels(p).get(meta.TLS_LABEL) != meta.TLS_GENERATION]
     if before_tls:
         return await _restart_onto_tls(scope, before_tls, revision)
     everyone_ready = len(pods) == scope.cluster.spec.replicas and all(
-        meta.pod_ready(p) for p in pods
+        meta.pod_ready(p) or _kept_out_by_older(p, revision) for p in pods
     )
     if not everyone_ready:
         return "rolling update waits for every instance to be ready"
     if scope.switchover is not None and scope.switchover.get("phase") == "Running":
         return "rolling update waits for the switchover"
-    outdated.sort(key=lambda p: (_role(p) == meta.PRIMARY_ROLE, p["metadata"]["name"]))
+    outdated.sort(key=lambda p: (pod_role(p) == meta.PRIMARY_ROLE, p["metadata"]["name"]))
     victim = outdated[0]
-    if _role(victim) == meta.PRIMARY_ROLE and any(x.streaming for x in scope.members):
+    if pod_role(victim) == meta.PRIMARY_ROLE and any(x.streaming for x in scope.members):
         # Every replica runs the new revision: hand over to the best of them, and the old
         # primary is replaced as a replica in a later pass.
         return await start_switchover(scope, "RollingUpdate")
     name = victim["metadata"]["name"]
     await scope.kube.delete(Ref.of(victim))
     scope.forget("Pod", name)
-    role = _role(victim) or "unknown role"
+    role = pod_role(victim) or "unknown role"
     await scope.event("RollingUpdate", f"Restarting {name} ({role}) on revision {revision}")
     return f"restarted {name} ({role}) for the rolling update"
 
@@ -925,10 +839,9 @@ def pod_problem(pod: Body) -> str | None:
     scheduled (resources, affinity, a volume), or its image cannot be pulled, or its
     container cannot be created or keeps crashing."""
     status = pod.get("status") or {}
-    for condition in status.get("conditions") or []:
-        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
-            reason = condition.get("reason") or "Unschedulable"
-            return f"pod {pod['metadata']['name']} {reason}: {condition.get('message', '')}"
+    if (condition := _unscheduled(pod)) is not None:
+        reason = condition.get("reason") or "Unschedulable"
+        return f"pod {pod['metadata']['name']} {reason}: {condition.get('message', '')}"
     for container in status.get("containerStatuses") or []:
         waiting = (container.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") in WAITING_PROBLEMS:
@@ -939,6 +852,50 @@ def pod_problem(pod: Body) -> str | None:
     return None
 
 
+def _unscheduled(pod: Body) -> Body | None:
+    """The pod's PodScheduled condition while the scheduler cannot place it."""
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return dict(condition)
+    return None
+
+
+def _kept_apart(pod: Body) -> bool:
+    """Whether the scheduler could not place the pod because of the instances' pod
+    anti-affinity (its message counts the nodes that "didn't match pod anti-affinity rules")."""
+    condition = _unscheduled(pod)
+    return condition is not None and "anti-affinity" in str(condition.get("message") or "")
+
+
+EXISTING_ANTI_AFFINITY: Final = "didn't satisfy existing pods anti-affinity rules"
+"""The scheduler's words for a node refused by the anti-affinity of the pods already on it."""
+
+
+def _kept_out_by_older(pod: Body, revision: str) -> bool:
+    """A pod of the current revision that never ran because the instances of the older one
+    keep it out (their required anti-affinity, after ``spec.placement`` was relaxed): it
+    does not hold the roll, which is what makes room for it."""
+    condition = _unscheduled(pod)
+    return (
+        condition is not None
+        and _labels(pod).get(REVISION_LABEL) == revision
+        and EXISTING_ANTI_AFFINITY in str(condition.get("message") or "")
+    )
+
+
+def _not_enough_nodes(cluster: v1alpha1.PostgresCluster, pods: list[Body]) -> str:
+    placement = cluster.spec.placement
+    names = ", ".join(sorted(p["metadata"]["name"] for p in pods))
+    said = str((_unscheduled(pods[0]) or {}).get("message") or "").strip()
+    return (
+        f"{names} cannot be placed: spec.placement.antiAffinity is Required, so each of the"
+        f" {cluster.spec.replicas} instances needs a {placement.topology_key} of its own and"
+        f" the scheduler found none left ({said}). Add nodes, lower spec.replicas, or set"
+        " spec.placement.antiAffinity: Preferred to let instances share a node (one node"
+        " failing may then take the primary and its standby together)"
+    )
+
+
 IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName"})
 
 
@@ -946,7 +903,7 @@ async def check_instances(scope: Scope) -> str | None:
     """Instances that cannot run, and why, in ``Degraded``: an image the nodes do not have
     (``ImageUnavailable``, naming the image and how to get it), a pod that cannot be
     scheduled, a container that cannot be created or keeps crashing (``InstancesNotRunning``)."""
-    problems = [(pod, p) for pod in _pods(scope) if (p := pod_problem(pod))]
+    problems = [(pod, p) for pod in instance_pods(scope) if (p := pod_problem(pod))]
     if not problems:
         return None
     pulls = [
@@ -970,6 +927,11 @@ async def check_instances(scope: Scope) -> str | None:
             " of PostgreSQL 15 and 17; elsewhere push the image to a registry the nodes can"
             " reach, or set spec.image"
         )
+    elif (unplaced := [pod for pod, _ in problems if _kept_apart(pod)]) and (
+        scope.cluster.spec.placement.anti_affinity == v1alpha1.AntiAffinity.REQUIRED
+    ):
+        reason = "NotEnoughNodes"
+        message = _not_enough_nodes(scope.cluster, unplaced)
     else:
         reason = "InstancesNotRunning"
         message = "; ".join(problem for _, problem in problems)
@@ -1083,9 +1045,9 @@ async def write_status(scope: Scope, *, deleting: bool) -> None:
     cluster = scope.cluster
     statefulset = scope.observed("StatefulSet", cluster.name)
     ready = int(((statefulset or {}).get("status") or {}).get("readyReplicas") or 0)
-    pods = _pods(scope)
-    primaries = sorted(p["metadata"]["name"] for p in pods if _role(p) == meta.PRIMARY_ROLE)
-    replicas = sorted(p["metadata"]["name"] for p in pods if _role(p) == meta.REPLICA_ROLE)
+    pods = instance_pods(scope)
+    primaries = sorted(p["metadata"]["name"] for p in pods if pod_role(p) == meta.PRIMARY_ROLE)
+    replicas = sorted(p["metadata"]["name"] for p in pods if pod_role(p) == meta.REPLICA_ROLE)
     _count_progress(scope, statefulset, ready)
     is_ready = _ready_condition(scope, ready, primaries, replicas)
     scope.summarize("the cluster matches its spec")

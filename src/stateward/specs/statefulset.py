@@ -214,17 +214,20 @@ def _probe(path: str, *, period: int, timeout: int, failures: int) -> meta.Objec
 
 
 def _anti_affinity(cluster: v1alpha1.PostgresCluster) -> meta.Object:
-    # Preferred, not required: a cluster larger than the node count still schedules.
+    """One instance per place (``spec.placement``): required by default, so a node lost to a
+    fault cannot take the primary and its synchronous standby together; preferred when the
+    user chose it for a cluster larger than its nodes."""
+    placement = cluster.spec.placement
+    term = {
+        "labelSelector": {"matchLabels": meta.selector_labels(cluster)},
+        "topologyKey": placement.topology_key,
+    }
+    if placement.anti_affinity == v1alpha1.AntiAffinity.REQUIRED:
+        return {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
     return {
         "podAntiAffinity": {
             "preferredDuringSchedulingIgnoredDuringExecution": [
-                {
-                    "weight": 100,
-                    "podAffinityTerm": {
-                        "labelSelector": {"matchLabels": meta.selector_labels(cluster)},
-                        "topologyKey": "kubernetes.io/hostname",
-                    },
-                }
+                {"weight": 100, "podAffinityTerm": term}
             ]
         }
     }

@@ -1,0 +1,107 @@
+"""The scope of one PostgresCluster reconcile: the cluster, its observed children, and what
+the phases decided. Shared by the reconciler's phases (``postgrescluster``) and the data
+plane's (``dataplane``), which import it from here rather than from each other."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from stateward.api.v1alpha1 import PostgresCluster
+from stateward.controllers import core
+from stateward.controllers.kube import Body, PatroniAccess
+from stateward.controllers.members import Member, member
+from stateward.specs import meta, secrets, tls
+
+
+@dataclasses.dataclass(kw_only=True)
+class Scope(core.Scope):
+    """One reconcile's view: the cluster, its observed children, and what was decided."""
+
+    cluster: PostgresCluster
+    final_backup_attempts: int | None = None
+    switchover: dict[str, Any] | None = None
+    """``status.switchover``: read at the start, updated by the switchover phases."""
+    last_failover: dict[str, Any] | None = None
+    """``status.lastFailover``: read at the start, replaced when a failover is seen."""
+    rolling_restart: dict[str, Any] | None = None
+    """``status.rollingRestart``: the restart being rolled for a parameter change."""
+    sync: frozenset[str] = frozenset()
+    """The synchronous standbys, as Patroni last recorded them."""
+    scale_down_to: int | None = None
+    """Set when a scale-down waits for the primary to move below this ordinal."""
+    fenced: list[str] = dataclasses.field(default_factory=list)
+    """The fenced instances the annotation asks for (``["*"]`` for all)."""
+    backups: dict[str, Any] | None = None
+    """``status.backups``: read at the start, updated from the backup pods' reports."""
+    on_demand_backup: dict[str, Any] | None = None
+    """``status.onDemandBackup``: the last ``stateward.io/backup`` request and its outcome."""
+    credentials_checked: dict[tuple[str, str], tuple[int, float]] = dataclasses.field(
+        default_factory=dict
+    )
+    """Shared by one reconciler's scopes: see ``Reconciler.credentials_checked``."""
+    halted: bool = False
+    """Set by a phase after which none may run (the spec must change first)."""
+    _members: list[Member] | None = dataclasses.field(default=None, init=False, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.cluster.name
+
+    @property
+    def namespace(self) -> str:
+        return self.cluster.namespace
+
+    @property
+    def generation(self) -> int:
+        return self.cluster.generation
+
+    @property
+    def members(self) -> list[Member]:
+        """The instance pods with Patroni's records of them (computed once per reconcile)."""
+        if self._members is None:
+            self._members = [member(pod) for pod in instance_pods(self)]
+        return self._members
+
+    async def restapi_auth(self) -> PatroniAccess | None:
+        """How to reach Patroni's REST API: its credentials (``NAME-patroni-api``) and the CA
+        its certificate is signed by (``ca.crt`` of ``NAME-tls``, only that key), or None while
+        either is missing or incomplete (``ensure_secrets`` and ``ensure_tls`` make them)."""
+        data = await self.secrets.read(self, self.cluster.restapi_secret_name)
+        if not data or not data.get(secrets.USERNAME_KEY) or not data.get(secrets.PASSWORD_KEY):
+            return None
+        served = await self.secrets.read(
+            self, self.cluster.tls_secret_name, keys=frozenset({tls.CA_CERT_KEY})
+        )
+        if not served or not served.get(tls.CA_CERT_KEY):
+            return None
+        return PatroniAccess(
+            data[secrets.USERNAME_KEY], data[secrets.PASSWORD_KEY], served[tls.CA_CERT_KEY]
+        )
+
+    def forget(self, kind: str, name: str) -> None:
+        """A child this reconcile deleted: gone from the store, and from ``members`` too, so
+        later phases do not act on a pod that is going away."""
+        super().forget(kind, name)
+        if kind == "Pod":
+            self._members = None
+
+    def observe(self, body: Body) -> None:
+        """A child this reconcile changed: the store holds the new body for later phases."""
+        super().observe(body)
+        if body.get("kind") == "Pod":
+            self._members = None
+
+
+def instance_pods(scope: Scope) -> list[Body]:
+    return [
+        pod
+        for pod in scope.owned("Pod")
+        if not pod["metadata"].get("deletionTimestamp")
+        and (pod["metadata"].get("labels") or {}).get(meta.COMPONENT_LABEL)
+        == meta.INSTANCE_COMPONENT
+    ]
+
+
+def pod_role(pod: Body) -> str | None:
+    return (pod["metadata"].get("labels") or {}).get(meta.ROLE_LABEL)
