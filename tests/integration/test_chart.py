@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -16,15 +17,17 @@ from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.rbac_authorization_v1 import ClusterRole
 
+from stateward import specs
 from stateward.cli.run import PostgresClusterResource
 from stateward.local import binaries, images
 from stateward.local.cluster import LocalCluster
 from stateward.runtime import rbac
 from tests.conftest import client_for
 from tests.integration.test_deploy import CRD_NAME, absent
-from tests.support import incluster
+from tests.support import clusters, incluster
 from tests.support.dataplane import create_cluster, fresh_namespace, ready
 from tests.support.waiting import wait_for
+from tests.unit import test_instance_metrics as instance_metrics
 
 pytestmark = pytest.mark.integration
 
@@ -187,6 +190,61 @@ def test_a_service_monitor_needs_its_kind_and_then_scrapes_the_metrics_port(
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
     assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics",
                                              "interval": "30s"}]  # fmt: skip
+
+
+def test_the_database_metrics_get_a_pod_monitor_and_alerts_when_asked(
+    helm_env: dict[str, str],
+) -> None:
+    refused = helm(
+        helm_env, "template", RELEASE, str(CHART), "--set", "metrics.prometheusRule.enabled=true",
+        "--api-versions", "monitoring.coreos.com/v1/PodMonitor", check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0 and "metrics.prometheusRule.enabled" in refused.stderr
+    out = helm(
+        helm_env, "template", RELEASE, str(CHART), "--namespace", rbac.NAMESPACE,
+        "--api-versions", "monitoring.coreos.com/v1/PodMonitor",
+        "--api-versions", "monitoring.coreos.com/v1/PrometheusRule",
+        "--set", "metrics.podMonitor.enabled=true",
+        "--set", "metrics.prometheusRule.enabled=true",
+        "--set", "metrics.prometheusRule.replicaLagSeconds=30",
+    ).stdout  # fmt: skip
+    documents = [d for d in yaml.safe_load_all(out) if d]
+    monitor = one(documents, "PodMonitor")
+    # Every instance pod, in every namespace, selected as the operator labels them.
+    cluster = clusters.make_cluster()
+    pod_labels = specs.statefulset.statefulset(cluster, config_hash="x")["spec"]["template"][
+        "metadata"
+    ]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert (endpoint["port"], endpoint["path"]) == ("metrics", "/metrics")
+    ports = specs.statefulset.statefulset(cluster, config_hash="x")["spec"]["template"]["spec"][
+        "containers"
+    ][0]["ports"]
+    assert {"name": "metrics", "containerPort": 9187} in ports
+    rules = one(documents, "PrometheusRule")["spec"]["groups"][0]["rules"]
+    alerts = {rule["alert"]: rule for rule in rules}
+    assert set(alerts) == {
+        "StatewardPostgresDown",
+        "StatewardPrimaryMissing",
+        "StatewardReplicaLagging",
+        "StatewardWALArchiveFailing",
+        "StatewardWALArchiveStale",
+        "StatewardVolumeAlmostFull",
+        "StatewardFailoverHappened",
+    }
+    assert alerts["StatewardReplicaLagging"]["expr"].endswith("> 30")
+    # Every series an alert reads is one the instances serve (on a primary or a replica).
+    served = {
+        name
+        for document in (instance_metrics.PRIMARY, instance_metrics.REPLICA)
+        for name, _ in instance_metrics.samples(instance_metrics.scrape(document, (1, 2)))
+    }
+    for rule in rules:
+        used = set(re.findall(r"stateward_postgres_[a-z_]+", rule["expr"]))
+        assert used and used <= served, (rule["alert"], used - served)
+        assert "{{ $labels." in rule["annotations"]["summary"], "Prometheus templates survive Helm"
 
 
 @pytest.mark.parametrize(

@@ -45,6 +45,7 @@ from tests.support.dataplane import (
     ready,
     roles,
     run_in_pod,
+    scrape,
     sql,
     status_of,
     switchover_done,
@@ -196,7 +197,7 @@ def test_a_single_instance_bootstraps_to_a_writable_primary(
     assert statuses and all(c.restartCount == 0 for c in statuses)
 
 
-def test_postgresql_17_runs_and_replicates_synchronously(
+def test_postgresql_17_runs_replicates_synchronously_and_its_metrics_move(
     real_cluster: LocalCluster, client: Client, ns: str
 ) -> None:
     create_cluster(client, ns, "pg17", replicas=2, version="17")
@@ -215,6 +216,59 @@ def test_postgresql_17_runs_and_replicates_synchronously(
         lambda: sql(real_cluster, ns, replica, "select count(*) from t") == "1",
         what="the row on the PostgreSQL 17 replica",
     )
+
+    # Each instance serves its metrics (9187): role, timeline, commits, sizes, the volume.
+    on_primary = wait_for(lambda: scrape(real_cluster, ns, primary), what="the primary's metrics")
+    assert on_primary[("stateward_postgres_up", frozenset())] == 1
+    assert on_primary[("stateward_postgres_primary", frozenset())] == 1
+    assert on_primary[("stateward_postgres_timeline", frozenset())] >= 1
+    assert on_primary[("stateward_postgres_volume_capacity_bytes", frozenset())] > 0
+    app = frozenset({("database", "app")})
+    assert on_primary[("stateward_postgres_database_size_bytes", app)] > 0
+    on_replica = wait_for(lambda: scrape(real_cluster, ns, replica), what="the replica's metrics")
+    assert on_replica[("stateward_postgres_primary", frozenset())] == 0
+    commits = frozenset({("database", "postgres"), ("outcome", "commit")})
+    before = on_primary[("stateward_postgres_transactions_total", commits)]
+    assert sql(real_cluster, ns, primary, "insert into t values (2)") == "INSERT 0 1"
+    wait_for(
+        lambda: (
+            scrape(real_cluster, ns, primary)[("stateward_postgres_transactions_total", commits)]
+            > before
+        ),
+        what="the commit counter to count the insert",
+    )
+
+    # Lag rises, as the primary sees it, while the replica's node is frozen (the inserts
+    # commit locally: the synchronous standby cannot answer), and falls back to 0 once thawed.
+    def lag_of_replica() -> float | None:
+        return next(
+            (
+                value
+                for (name, labels), value in scrape(real_cluster, ns, primary).items()
+                if name == "stateward_postgres_replica_lag_bytes" and ("replica", replica) in labels
+            ),
+            None,
+        )
+
+    node = str(client.get(Pod, replica, namespace=ns).spec.nodeName)  # type: ignore[union-attr]
+    real_cluster.node_freeze(node)
+    try:
+        inserted = sql(
+            real_cluster,
+            ns,
+            primary,
+            "set synchronous_commit to local; insert into t select generate_series(3, 5000)",
+        )
+        assert inserted.endswith("INSERT 0 4998"), inserted  # after SET's tag
+        wait_for(
+            lambda: (lag_of_replica() or 0) > 0,
+            what="the primary to report the frozen replica's lag",
+        )
+    finally:
+        real_cluster.node_thaw(node)
+    wait_for(lambda: lag_of_replica() == 0, what="the lag back to 0 once thawed", timeout=90)
+    on_replica = wait_for(lambda: scrape(real_cluster, ns, replica), what="the replica's metrics")
+    assert on_replica[("stateward_postgres_replay_lag_bytes", frozenset())] == 0
 
 
 def test_parameters_are_applied_through_patroni_without_recreating_pods(

@@ -20,6 +20,7 @@ from lightkube.config.kubeconfig import KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event, Namespace, Pod, Secret
 from lightkube.types import PatchType
+from prometheus_client.parser import text_string_to_metric_families
 
 from stateward.api import v1alpha1
 from stateward.cli.run import (
@@ -133,6 +134,30 @@ def sql(real: LocalCluster, ns: str, pod: str, statement: str, database: str = "
         check=False,
     )  # fmt: skip
     return result.stdout.strip() if result.returncode == 0 else ""
+
+
+def scrape(real: LocalCluster, ns: str, pod: str) -> dict[tuple[str, frozenset[Any]], float]:
+    """The instance's metrics as Prometheus would read them, keyed by (name, labels); fetched
+    inside the pod (its metrics port on loopback), {} if it did not answer."""
+    request = (
+        "exec 3<>/dev/tcp/127.0.0.1/9187 && printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' >&3"
+        " && cat <&3"
+    )
+    result = subprocess.run(
+        [str(binaries.locate().kubectl), "exec", "-n", ns, pod, "--", "bash", "-c", request],
+        env={**os.environ, "KUBECONFIG": str(real.kubeconfig)},
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    if result.returncode != 0 or b"\r\n\r\n" not in result.stdout:
+        return {}
+    body = result.stdout.split(b"\r\n\r\n", 1)[1].decode()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(body)
+        for sample in family.samples
+    }
 
 
 def status_of(client: Client, ns: str, name: str) -> dict[str, Any]:

@@ -49,6 +49,8 @@ def test_the_report_tells_the_story_at_a_glance() -> None:
     assert text.startswith("PostgresCluster shop/orders: Ready")
     assert "3/3 instances ready, primary orders-1, synchronous replication Preferred" in text
     assert "orders-2  replica       streaming  2         4096 B" in text
+    placed = "  placed Required: one per kubernetes.io/hostname; metrics on port 9187 of each"
+    assert placed in text
     assert "Switchover: Succeeded (Requested) from orders-0 to orders-1, 2m ago" in text
     assert "Last failover: orders-2 -> orders-0, 1d ago" in text
     assert "Backups: schedule 0 3 * * *, last -" in text

@@ -153,6 +153,8 @@ def test_run_supervises_patroni_with_the_config_and_no_shell(pod: Exec, tmp_path
                 "pod": "orders-0",
                 "port": 8008,
                 "certificate": pod.calls[0][1]["certificate"],
+                # The metrics ask the configured PostgreSQL about the configured data.
+                "metrics_from": (str(tmp_path / "bin" / "psql"), "/var/lib/postgresql/data/pgdata"),
             },
         )
     ]

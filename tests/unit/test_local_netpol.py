@@ -62,11 +62,13 @@ def test_the_shipped_policy_guards_the_instance_with_a_drop_after_its_rules() ->
     guarded = [r for r in rules if r.startswith("ip daddr 10.244.1.2")]
     assert guarded == [
         # The namespace to PostgreSQL; the members to PostgreSQL and Patroni; the operator's
-        # namespace to Patroni; nothing else.
+        # namespace to Patroni; every pod to the metrics; nothing else.
         "ip daddr 10.244.1.2 ip saddr { 10.244.1.2, 10.244.1.3, 10.244.2.2 } tcp dport 5432 accept",
         "ip daddr 10.244.1.2 ip saddr { 10.244.1.2, 10.244.2.2 } tcp dport 5432 accept",
         "ip daddr 10.244.1.2 ip saddr { 10.244.1.2, 10.244.2.2 } tcp dport 8008 accept",
         "ip daddr 10.244.1.2 ip saddr { 10.244.3.4 } tcp dport 8008 accept",
+        "ip daddr 10.244.1.2 ip saddr { 10.244.1.2, 10.244.1.3, 10.244.2.2, 10.244.2.9,"
+        " 10.244.3.4 } tcp dport 9187 accept",
         "ip daddr 10.244.1.2 drop",
     ]
     # Replies and the host (operator and tests run there) pass first; the app is not guarded.

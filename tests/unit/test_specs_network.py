@@ -53,7 +53,8 @@ def test_a_postgres_cluster_admits_its_namespace_to_postgres_and_only_itself_to_
         [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}}],
         [8008],
     ), "the operator calls Patroni's REST API, never PostgreSQL"
-    assert len(found) == 3
+    assert found[3] == ([{"namespaceSelector": {}}], [9187]), "Prometheus, in any namespace"
+    assert len(found) == 4
 
 
 def test_clients_narrow_the_database_port_and_an_empty_list_closes_it() -> None:
@@ -63,7 +64,15 @@ def test_clients_narrow_the_database_port_and_an_empty_list_closes_it() -> None:
     assert found[0] == ([web, office], [5432])
     closed = rules(postgres(networkPolicy={"clients": []}))
     # No client rule at all: an ingress rule with an empty "from" would admit everyone.
-    assert [ports for _, ports in closed] == [[5432, 8008], [8008]]
+    assert [ports for _, ports in closed] == [[5432, 8008], [8008], [9187]]
+
+
+def test_metrics_scrapers_can_be_narrowed_and_an_empty_list_closes_the_port() -> None:
+    prometheus = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "mon"}}}
+    found = rules(postgres(networkPolicy={"metrics": [prometheus]}))
+    assert found[-1] == ([prometheus], [9187])
+    closed = rules(postgres(networkPolicy={"metrics": []}))
+    assert [ports for _, ports in closed] == [[5432], [5432, 8008], [8008]]
 
 
 def test_the_policy_can_be_turned_off_for_clusters_governed_by_another() -> None:

@@ -167,6 +167,7 @@ def test_container_runs_patroni_from_the_cluster_image() -> None:
     assert result["ports"] == [
         {"name": "postgresql", "containerPort": 5432},
         {"name": "patroni", "containerPort": 8008},
+        {"name": "metrics", "containerPort": 9187},
     ]
 
 

@@ -36,6 +36,7 @@ from lightkube.types import PatchType
 from stateward import rfc3339
 from stateward.api import v1alpha1, validation
 from stateward.controllers.kube import PostgresClusterResource
+from stateward.instance import metrics
 from stateward.specs import meta, statefulset
 
 PROGRAM = "kubectl stateward"
@@ -129,6 +130,12 @@ def report(
         lines += _table(rows)
     else:
         lines.append("  none reported yet")
+    placement = spec.get("placement") or {}
+    lines.append(
+        f"  placed {placement.get('antiAffinity', 'Required')}: one per"
+        f" {placement.get('topologyKey', 'kubernetes.io/hostname')}; metrics on port"
+        f" {metrics.PORT} of each (/metrics)"
+    )
     switchover = status.get("switchover")
     if switchover:
         lines += [

@@ -257,7 +257,18 @@ def run(
         pod=os.environ["PATRONI_NAME"],
         port=patroni.RESTAPI_PORT,
         certificate=supervisor.Certificate(cert, key),
+        metrics_from=metrics_sources(document),
     )
+
+
+def metrics_sources(document: dict[str, Any]) -> tuple[str, str] | None:
+    """psql of the configured PostgreSQL and the data directory, for the metrics; None if
+    the configuration names neither (the checks above refuse such a configuration)."""
+    postgresql = document.get("postgresql") or {}
+    bin_dir, data_dir = postgresql.get("bin_dir"), postgresql.get("data_dir")
+    if not bin_dir or not data_dir:
+        return None
+    return os.path.join(str(bin_dir), "psql"), str(data_dir)
 
 
 SCRAM_ITERATIONS: Final = 4096

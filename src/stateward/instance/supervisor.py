@@ -42,6 +42,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from stateward.instance import metrics
+
 FENCING_SUFFIX: Final = "-fencing"
 FENCING_KEY: Final = "instances"
 ALL: Final = "*"
@@ -349,7 +351,15 @@ def supervise(
     pod: str,
     port: int,
     certificate: Certificate | None = None,
+    metrics_from: tuple[str, str] | None = None,
 ) -> int:
+    """Run ``argv`` (Patroni) supervised; with ``metrics_from`` (psql, the data directory)
+    also serve the instance's metrics (:mod:`stateward.instance.metrics`)."""
+    if metrics_from is not None:
+        try:
+            metrics.serve(*metrics_from)
+        except OSError as error:  # the database matters more than its metrics
+            print(f"stateward-instance: metrics not served: {error}", file=sys.stderr)
     source = FencingSource(namespace, cluster, pod, Path("/tmp") / STATE_FILE_NAME)  # noqa: S108
     stop = threading.Event()
     threading.Thread(target=source.run, args=(stop,), daemon=True).start()

@@ -7,7 +7,7 @@ Every object is a JSON-ready dict for server-side apply under one field manager:
 from __future__ import annotations
 
 from stateward.api import v1alpha1, validation
-from stateward.instance import patroni
+from stateward.instance import metrics, patroni
 from stateward.specs import backup, config, meta, network, pdb, rbac, services, statefulset
 
 
@@ -63,6 +63,7 @@ def _network_policy(
             member_ports=[patroni.POSTGRES_PORT, patroni.RESTAPI_PORT],
             operator_ports=[patroni.RESTAPI_PORT],
             operator_namespace=operator_namespace,
+            metrics_ports=[metrics.PORT],
         )
     ]
 

@@ -1,7 +1,7 @@
 """The NetworkPolicy of a cluster's database pods (a PostgresCluster's instances, a MariaDB or
 MySQL Database's servers): who may reach which port.
 
-Three groups of ports, three rules, and nothing else in (ingress only; what the pods reach
+Four groups of ports, four rules, and nothing else in (ingress only; what the pods reach
 out to — the object store, the API server — is not restricted):
 
 * the database port, to the ``clients`` of ``spec.networkPolicy`` (by default every pod in
@@ -9,7 +9,9 @@ out to — the object store, the API server — is not restricted):
 * every port the members use among themselves (replication, Patroni's REST API, MariaDB's
   clone port), to the cluster's own pods only;
 * what the operator calls (Patroni's REST API; MariaDB's SQL port), to the operator's
-  namespace.
+  namespace;
+* a PostgreSQL instance's metrics port, to ``spec.networkPolicy.metrics`` (by default every
+  namespace: Prometheus runs in one of its own).
 
 Kubelet probes come from the node, which NetworkPolicy implementations let through.
 """
@@ -34,6 +36,7 @@ def network_policy(
     member_ports: Sequence[int],
     operator_ports: Sequence[int],
     operator_namespace: str,
+    metrics_ports: Sequence[int] = (),
 ) -> meta.Object:
     """The policy named in ``metadata`` for the pods ``selector`` picks."""
     clients: list[meta.Object] = (
@@ -49,6 +52,13 @@ def network_policy(
     ]
     if clients:  # [] : no client rule at all (an empty "from" would admit everyone)
         rules.insert(0, {"from": clients, "ports": _ports(client_ports)})
+    scrapers: list[meta.Object] = (
+        [{"namespaceSelector": {}}]  # every pod of every namespace
+        if spec.metrics is None
+        else [peer.model_dump(by_alias=True, exclude_none=True) for peer in spec.metrics]
+    )
+    if metrics_ports and scrapers:
+        rules.append({"from": scrapers, "ports": _ports(metrics_ports)})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",

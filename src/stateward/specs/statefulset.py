@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stateward.api import v1alpha1
-from stateward.instance import patroni
+from stateward.instance import metrics, patroni
 from stateward.specs import backup, meta, pods, secrets, services
 
 CONTAINER_NAME = pods.INSTANCE_CONTAINER
@@ -96,6 +96,7 @@ def _postgres_container(cluster: v1alpha1.PostgresCluster) -> meta.Object:
         "ports": [
             {"name": services.POSTGRES_PORT_NAME, "containerPort": patroni.POSTGRES_PORT},
             {"name": services.PATRONI_PORT_NAME, "containerPort": patroni.RESTAPI_PORT},
+            {"name": metrics.PORT_NAME, "containerPort": metrics.PORT},
         ],
         "env": _env(cluster),
     }
