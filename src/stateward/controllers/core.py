@@ -305,6 +305,92 @@ async def report_failure(
 # --- phases every resource shares ---------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class Credential:
+    """A Secret of generated passwords the operator makes once: ``build`` makes it with fresh
+    ones. ``held_by_data``: the data holds these passwords, so while data volumes exist a
+    missing copy is never generated again (that would lock everyone out)."""
+
+    name: str
+    build: Callable[[], Body]
+    held_by_data: bool = True
+
+
+@dataclasses.dataclass
+class Credentials:
+    """What :func:`ensure_credentials` did: the Secrets it made; why it waits (None: it does
+    not); the Secrets that are missing while data holds their passwords (Degraded says so)."""
+
+    made: list[str]
+    waiting: str | None = None
+    unrecoverable: list[str] = dataclasses.field(default_factory=list)
+
+
+async def ensure_credentials(
+    scope: Scope,
+    owner_uid: str | None,
+    wanted: Iterable[Credential],
+    claims: list[Body],
+    *,
+    kind: str,
+) -> Credentials:
+    """Make the generated Secrets that do not exist yet, the same way for every resource.
+
+    ``claims`` are the owner's data volumes; ``kind`` names the owner in messages. Two cases
+    wait, making nothing, because a password generated then would not open the data: Secrets
+    still controlled by a deleted object of the same name (garbage collection is about to
+    take them), and volumes of such an object on their way out while ours do not exist yet
+    (asked of the API server, not only remembered: a deletion the watch missed would wait
+    forever)."""
+    wanted = list(wanted)
+    stale = [
+        c.name for c in wanted if controlled_by_another(scope.observed("Secret", c.name), owner_uid)
+    ]
+    if stale:
+        return Credentials(
+            [], f"waiting for the previous {kind}'s {', '.join(stale)} to be garbage-collected"
+        )
+    live = [c for c in claims if not c["metadata"].get("deletionTimestamp")]
+    going = sorted(c["metadata"]["name"] for c in claims if c["metadata"].get("deletionTimestamp"))
+    missing = [c for c in wanted if c.held_by_data and scope.observed("Secret", c.name) is None]
+    if missing and going and not live:
+        for name in list(going):
+            if await scope.kube.get("v1", "PersistentVolumeClaim", scope.namespace, name) is None:
+                scope.forget("PersistentVolumeClaim", name)
+                going.remove(name)
+    if missing and going and not live:
+        # A deleted object's volumes, going with it: no data of ours. Taken for ours, they
+        # refused new passwords, and the volumes made meanwhile then did hold data that no
+        # password opened (found by a clean-clone run of the restore story).
+        message = f"waiting for the previous {kind}'s volumes {', '.join(going)} to be deleted"
+        scope.progressing.append(("PreviousVolumesGoing", message))
+        return Credentials([], message)
+    result = Credentials([])
+    for credential in wanted:
+        if scope.observed("Secret", credential.name) is not None:
+            continue
+        if credential.held_by_data and live:
+            await scope.degrade(
+                "SecretMissing",
+                f"Secret {credential.name} is missing but the data volumes exist; restore the"
+                " Secret from your backup of it. Stateward does not generate new passwords for"
+                " existing data.",
+            )
+            result.unrecoverable.append(credential.name)
+            continue
+        try:
+            created = await scope.kube.create(credential.build())
+        except ApiError as error:
+            if error.status.code != 409:
+                raise
+            continue
+        scope.observe(created)
+        result.made.append(credential.name)
+    if result.made:
+        await scope.event("SecretCreated", f"Generated credentials in {', '.join(result.made)}")
+    return result
+
+
 async def ensure_finalizer(scope: Scope, finalizer: str) -> str | None:
     finalizers = list(scope.body["metadata"].get("finalizers") or [])
     if finalizer in finalizers:

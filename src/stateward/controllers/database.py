@@ -19,7 +19,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pydantic
-from lightkube import ApiError
 
 from stateward import pki
 from stateward.api import v1alpha1
@@ -662,55 +661,33 @@ async def apply_postgres_cluster(scope: Scope) -> str | None:
 
 async def ensure_secrets(scope: Scope) -> str | None:
     database = scope.database
-    made: list[str] = []
-    builders: tuple[tuple[str, Callable[[], Body]], ...] = (
+    outcome = await core.ensure_credentials(
+        scope,
+        database.uid,
         (
-            database.credentials_secret_name,
-            lambda: mysql_spec.credentials_secret(
-                database,
-                root_password=secrets.generate_password(),
-                replication_password=secrets.generate_password(),
+            core.Credential(
+                database.credentials_secret_name,
+                lambda: mysql_spec.credentials_secret(
+                    database,
+                    root_password=secrets.generate_password(),
+                    replication_password=secrets.generate_password(),
+                ),
+            ),
+            core.Credential(
+                database.app_secret_name,
+                lambda: mysql_spec.app_secret(database, password=secrets.generate_password()),
             ),
         ),
-        (
-            database.app_secret_name,
-            lambda: mysql_spec.app_secret(database, password=secrets.generate_password()),
-        ),
+        _data_volumes(scope),
+        kind="Database",
     )
-    stale = [
-        name
-        for name, _ in builders
-        if core.controlled_by_another(scope.observed("Secret", name), database.uid)
-    ]
-    if stale:
-        # A Database made again under the name of one just deleted: that one's Secrets are
-        # going with it. Nothing is applied until they are gone and ours are made.
+    if outcome.waiting is not None:
         scope.requeue(RECHECK)
-        raise _Stop(
-            f"waiting for the previous Database's {', '.join(stale)} to be garbage-collected"
-        )
-    for name, build in builders:
-        if scope.observed("Secret", name) is not None:
-            continue
-        if _data_volumes(scope):
-            message = (
-                f"Secret {name} is missing but the data volumes exist; restore the Secret from"
-                " your backup of it. Stateward does not generate new passwords for existing data."
-            )
-            await scope.degrade("SecretMissing", message)
-            raise _Stop(message)
-        try:
-            created = await scope.kube.create(build())
-        except ApiError as error:
-            if error.status.code != 409:
-                raise
-            continue
-        scope.observe(created)
-        made.append(name)
-    if made:
-        await scope.event("SecretCreated", f"Generated credentials in {', '.join(made)}")
-        return f"created {', '.join(made)}"
-    return None
+        raise _Stop(outcome.waiting)
+    if outcome.unrecoverable:
+        # Nothing may start on data whose passwords are lost: Degraded says how to recover.
+        raise _Stop(f"Secret {', '.join(outcome.unrecoverable)} missing for existing data")
+    return f"created {', '.join(outcome.made)}" if outcome.made else None
 
 
 async def ensure_tls(scope: Scope) -> str | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, Final
 
 import pydantic
@@ -202,7 +203,6 @@ async def ensure_tls(scope: Scope) -> str | None:
 
 async def ensure_secrets(scope: Scope) -> str | None:
     cluster = scope.cluster
-    made: list[str] = []
     ca_cert = await certificates.ca_cert(scope, cluster)
     if ca_cert is None:
         # No CA yet (the user's, spec.tls.caSecretName, not there yet): nothing else is made
@@ -215,75 +215,31 @@ async def ensure_secrets(scope: Scope) -> str | None:
     def app_secret(cluster: PostgresCluster, *, password: str) -> Body:
         return secrets.app_secret(cluster, password=password, ca_cert=ca_cert.encode())
 
-    wanted = (
-        (cluster.superuser_secret_name, secrets.superuser_secret, True),
-        (cluster.replication_secret_name, secrets.replication_secret, True),
-        (cluster.app_secret_name, app_secret, True),
-        # No data depends on it: a cluster made before it existed gets one (its pods then
-        # roll onto it), and so does a cluster whose copy was deleted.
-        (cluster.restapi_secret_name, secrets.restapi_secret, False),
+    def fresh(build: Callable[..., Body]) -> Callable[[], Body]:
+        return lambda: build(cluster, password=secrets.generate_password())
+
+    outcome = await core.ensure_credentials(
+        scope,
+        cluster.uid,
+        (
+            core.Credential(cluster.superuser_secret_name, fresh(secrets.superuser_secret)),
+            core.Credential(cluster.replication_secret_name, fresh(secrets.replication_secret)),
+            core.Credential(cluster.app_secret_name, fresh(app_secret)),
+            # No data depends on it: a cluster made before it existed gets one (its pods then
+            # roll onto it), and so does a cluster whose copy was deleted.
+            core.Credential(
+                cluster.restapi_secret_name, fresh(secrets.restapi_secret), held_by_data=False
+            ),
+        ),
+        _data_volumes(scope),
+        kind="cluster",
     )
-    stale = [
-        name
-        for name, _, _ in wanted
-        if core.controlled_by_another(scope.observed("Secret", name), cluster.uid)
-    ]
-    if stale:
-        # A cluster made again under the name of one just deleted: that one's Secrets are
-        # still there, going with it (garbage collection). Taken for ours, they would vanish
-        # under the new pods; nothing is applied until they are gone and ours are made.
+    if outcome.waiting is not None:
         scope.requeue(ROLL_RECHECK)
         scope.halted = True
-        return f"waiting for the previous cluster's {', '.join(stale)} to be garbage-collected"
-
-    claims = _data_volumes(scope)
-    live = [c for c in claims if not c["metadata"].get("deletionTimestamp")]
-    going = sorted(c["metadata"]["name"] for c in claims if c["metadata"].get("deletionTimestamp"))
-    missing = [n for n, _, held in wanted if held and scope.observed("Secret", n) is None]
-    if missing and going and not live:
-        # Asked, not only remembered: a deletion the watch missed would wait forever.
-        for name in list(going):
-            if await scope.kube.get("v1", "PersistentVolumeClaim", scope.namespace, name) is None:
-                scope.forget("PersistentVolumeClaim", name)
-                going.remove(name)
-    if missing and going and not live:
-        # The volumes of a cluster deleted under this name, on their way out (its finalizer
-        # deletes them and goes; a claim lasts until its pod is gone). They hold no data of
-        # this cluster: wait, making nothing. Taken for this cluster's data, they refused
-        # new passwords, and the StatefulSet applied meanwhile made volumes that then did
-        # hold data — the cluster never came up (found by a clean-clone run of the restore
-        # story).
-        message = f"waiting for the previous cluster's volumes {', '.join(going)} to be deleted"
-        scope.progressing.append(("PreviousVolumesGoing", message))
-        scope.requeue(ROLL_RECHECK)
-        scope.halted = True
-        return message
-
-    for name, build, held_by_data in wanted:
-        if scope.observed("Secret", name) is not None:
-            continue
-        if held_by_data and live:
-            # The data already holds the old passwords: new ones would lock everyone out.
-            message = (
-                f"Secret {name} is missing but the cluster's data volumes exist; restore the"
-                " Secret from your backup of it. Stateward does not generate new passwords for"
-                " existing data."
-            )
-            await scope.degrade("SecretMissing", message)
-            continue
-        try:
-            created = await scope.kube.create(build(cluster, password=secrets.generate_password()))
-        except ApiError as error:
-            if error.status.code != 409:
-                raise
-            continue
-        scope.store.observe(created)
-        made.append(name)
+        return outcome.waiting
     await certificates.refresh_ca_copy(scope, cluster, cluster.app_secret_name, ca_cert)
-    if made:
-        await scope.event("SecretCreated", f"Generated credentials in {', '.join(made)}")
-        return f"created {', '.join(made)}"
-    return None
+    return f"created {', '.join(outcome.made)}" if outcome.made else None
 
 
 async def check_storage_class(scope: Scope) -> str | None:
