@@ -21,7 +21,7 @@ from stateward import specs
 from stateward.cli.run import PostgresClusterResource
 from stateward.local import binaries, images
 from stateward.local.cluster import LocalCluster
-from stateward.runtime import rbac
+from stateward.runtime import metrics, rbac
 from tests.conftest import client_for
 from tests.integration.test_deploy import CRD_NAME, absent
 from tests.support import clusters, incluster
@@ -233,16 +233,18 @@ def test_the_database_metrics_get_a_pod_monitor_and_alerts_when_asked(
         "StatewardWALArchiveStale",
         "StatewardVolumeAlmostFull",
         "StatewardFailoverHappened",
+        "StatewardBackupTooOld",
     }
     assert alerts["StatewardReplicaLagging"]["expr"].endswith("> 30")
-    # Every series an alert reads is one the instances serve (on a primary or a replica).
+    # Every series an alert reads is one the instances (on a primary or a replica) or the
+    # operator serve.
     served = {
         name
         for document in (instance_metrics.PRIMARY, instance_metrics.REPLICA)
         for name, _ in instance_metrics.samples(instance_metrics.scrape(document, (1, 2)))
-    }
+    } | {family.name for family in metrics.cluster_families([])}
     for rule in rules:
-        used = set(re.findall(r"stateward_postgres_[a-z_]+", rule["expr"]))
+        used = set(re.findall(r"stateward_[a-z_]+", rule["expr"]))
         assert used and used <= served, (rule["alert"], used - served)
         assert "{{ $labels." in rule["annotations"]["summary"], "Prometheus templates survive Helm"
 

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from stateward import rfc3339
+from stateward.api.v1alpha1 import KIND
+from stateward.controllers.store import ObjectStore
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -75,3 +84,54 @@ WEBHOOK_CERT_RELOADS = Counter(
     "Times a changed certificate from the Secret was loaded into the running webhook",
     registry=REGISTRY,
 )
+
+
+class ClusterCollector(Collector):
+    """Per-cluster series from the PostgresClusters in the operator's store, read at scrape
+    time: whether each is Ready, its ready instances, and when its last backup finished
+    (the alert on a backup too old reads it: the age lives in the repository, which only
+    the operator follows). Empty while this replica does not lead (its store is empty)."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], ObjectStore | None] = lambda: None
+
+    def describe(self) -> Iterable[Metric]:
+        return cluster_families([])
+
+    def collect(self) -> Iterable[Metric]:
+        store = self.source()
+        if store is None:
+            return cluster_families([])
+        bodies = (store.get(KIND, ns, name) for ns, name in store.names(KIND))
+        return cluster_families([b for b in bodies if b is not None])
+
+
+def cluster_families(clusters: Iterable[Mapping[str, Any]]) -> list[Metric]:
+    """The per-cluster families of :class:`ClusterCollector` (pure)."""
+    labels = ["namespace", "cluster"]
+    ready = GaugeMetricFamily(
+        "stateward_cluster_ready", "1 while the PostgresCluster is Ready", labels=labels
+    )
+    instances = GaugeMetricFamily(
+        "stateward_cluster_ready_instances", "Ready instances of the PostgresCluster", labels=labels
+    )
+    backup = GaugeMetricFamily(
+        "stateward_cluster_last_backup_timestamp_seconds",
+        "When the PostgresCluster's last successful backup finished (Unix time)",
+        labels=labels,
+    )
+    for body in sorted(
+        clusters, key=lambda b: (b["metadata"].get("namespace", ""), b["metadata"]["name"])
+    ):
+        key = [str(body["metadata"].get("namespace", "")), str(body["metadata"]["name"])]
+        status = body.get("status") or {}
+        ready.add_metric(key, 1 if status.get("phase") == "Ready" else 0)
+        instances.add_metric(key, int(status.get("readyReplicas") or 0))
+        finished = rfc3339.parse(status.get("lastBackupTime"))
+        if finished is not None:
+            backup.add_metric(key, finished.timestamp())
+    return [ready, instances, backup]
+
+
+CLUSTERS = ClusterCollector()
+REGISTRY.register(CLUSTERS)

@@ -123,6 +123,7 @@ class Operator:
             on_event=lambda reason, type: metrics.EVENTS.labels(reason, type).inc(),
         )
         self.store = ObjectStore()
+        metrics.CLUSTERS.source = lambda: self.store
         self.reconciler = Reconciler(
             self.kube,
             self.store,
