@@ -5,6 +5,7 @@ uninstalls the operator on the real nodes."""
 from __future__ import annotations
 
 import copy
+import json
 import os
 import re
 import subprocess
@@ -236,17 +237,41 @@ def test_the_database_metrics_get_a_pod_monitor_and_alerts_when_asked(
         "StatewardBackupTooOld",
     }
     assert alerts["StatewardReplicaLagging"]["expr"].endswith("> 30")
-    # Every series an alert reads is one the instances (on a primary or a replica) or the
-    # operator serve.
-    served = {
-        name
-        for document in (instance_metrics.PRIMARY, instance_metrics.REPLICA)
-        for name, _ in instance_metrics.samples(instance_metrics.scrape(document, (1, 2)))
-    } | {family.name for family in metrics.cluster_families([])}
+    # Every series an alert reads is one the instances or the operator serve.
+    served = served_series()
     for rule in rules:
         used = set(re.findall(r"stateward_[a-z_]+", rule["expr"]))
         assert used and used <= served, (rule["alert"], used - served)
         assert "{{ $labels." in rule["annotations"]["summary"], "Prometheus templates survive Helm"
+
+
+def test_the_dashboard_ships_for_grafanas_sidecar_and_reads_only_served_series(
+    helm_env: dict[str, str],
+) -> None:
+    out = helm(
+        helm_env, "template", RELEASE, str(CHART), "--set", "metrics.grafanaDashboard.enabled=true",
+    ).stdout  # fmt: skip
+    config_map = one([d for d in yaml.safe_load_all(out) if d], "ConfigMap")
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(config_map["data"]["stateward-postgres.json"])
+    assert dashboard["uid"] == "stateward-postgres"
+    expressions = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    served = served_series()
+    for expr in expressions:
+        used = set(re.findall(r"stateward_[a-z_]+", expr))
+        assert used and used <= served, (expr, used - served)
+        assert 'cluster="$cluster"' in expr, expr
+    off = helm(helm_env, "template", RELEASE, str(CHART)).stdout
+    assert "stateward-postgres-dashboard" not in off
+
+
+def served_series() -> set[str]:
+    """Every series the instances (on a primary or a replica) and the operator serve."""
+    return {
+        name
+        for document in (instance_metrics.PRIMARY, instance_metrics.REPLICA)
+        for name, _ in instance_metrics.samples(instance_metrics.scrape(document, (1, 2)))
+    } | {family.name for family in metrics.cluster_families([])}
 
 
 @pytest.mark.parametrize(
