@@ -84,6 +84,12 @@ class DatabaseReconciler:
         self._silent_since: dict[tuple[str, str], tuple[str, float]] = {}
         """Per Database: the primary that stopped answering while its pod looked ready, and
         since when (in memory: an operator restart waits the grace again, never less)."""
+        self._primaries: dict[tuple[str, str], str] = {}
+        """Per Database: the primary this term last decided. The status read at a reconcile's
+        start may not show it yet (the watch delivers our own status patch later); a primary
+        lost seconds after its election must still count as a failover from it, not as a
+        first election (found by a clean-clone run: lastFailover never named it). Made anew
+        each term (the reconciler is), so another leader's decisions are never hidden."""
         self._tls: dict[tuple[str, str], tuple[dict[str, str], ssl.SSLContext]] = {}
         """Per MariaDB Database: the operator's TLS context and the Secret data it was made
         from."""
@@ -93,6 +99,7 @@ class DatabaseReconciler:
         self.secret_cache.forget(namespace, name)
         self.status_pacer.forget(namespace, name)
         self._silent_since.pop((namespace, name), None)
+        self._primaries.pop((namespace, name), None)
         self._tls.pop((namespace, name), None)
 
     async def reconcile(self, key: tuple[str, str]) -> Outcome:
@@ -107,6 +114,7 @@ class DatabaseReconciler:
             logger.warning("%s/%s has an invalid spec: %s", namespace, name, error)
             return Outcome()
         status = body.get("status") or {}
+        key = (namespace, name)
         scope = Scope(
             database=database,
             body=body,
@@ -117,7 +125,10 @@ class DatabaseReconciler:
             store=self.store,
             now=core.now(),
             conditions=[dict(c) for c in status.get("conditions") or []],
-            primary=status.get("primaryPod"),
+            # MariaDB/MySQL: the operator decides the primary (a postgres Database's is
+            # Patroni's, read from its PostgresCluster).
+            primary=(None if database.spec.engine is Engine.POSTGRES else self._primaries.get(key))
+            or status.get("primaryPod"),
             last_failover=status.get("lastFailover"),
             diverged=[dict(v) for v in status.get("divergedVolumes") or []],
         )
@@ -134,15 +145,21 @@ class DatabaseReconciler:
             scope.notes.append(str(stop))
             scope.requeue(UNSATISFIABLE_RECHECK)
         except Exception as error:
+            self._remember_primary(key, scope)
             ended = core.expected_end(error, v1alpha1.DATABASE_PLURAL, namespace, name)
             if ended is not None:
                 return ended
             await core.report_failure(scope, error, lambda: write_status(scope, deleting=deleting))
             raise
+        self._remember_primary(key, scope)
         await write_status(scope, deleting=deleting)
         if scope.notes:
             logger.info("%s/%s: %s", namespace, name, "; ".join(scope.notes))
         return Outcome(requeue_after=scope.requeue_after)
+
+    def _remember_primary(self, key: tuple[str, str], scope: Scope) -> None:
+        if scope.primary and scope.database.spec.engine is not Engine.POSTGRES:
+            self._primaries[key] = scope.primary
 
     def _phases(self, engine: Engine, *, deleting: bool) -> list[core.Phase[Scope]]:
         if deleting:
