@@ -10,9 +10,11 @@ from __future__ import annotations
 import base64
 import http.client
 import os
+import re
 import ssl
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -677,6 +679,9 @@ print("8008:", reach(ip, 8008, float(sys.argv[3])))
 """Connects to PostgreSQL, retrying for argv[2] seconds (a new pod is admitted by the
 enforcer about a second after it has an address), then to Patroni's REST API for argv[3]."""
 
+GUARDING = re.compile(r"\b[1-9][0-9]* pods guarded")
+"""The enforcer's line for a node whose table guards at least one pod."""
+
 
 @pytest.mark.timeout(600)
 def test_the_network_policy_keeps_other_namespaces_and_non_members_out(
@@ -695,7 +700,22 @@ def test_the_network_policy_keeps_other_namespaces_and_non_members_out(
          f"--namespace={ns}"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
+    said: list[str] = []
+
+    def read() -> None:
+        for line in enforcer.stdout or ():
+            said.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
+        # Its first round lists the cluster and writes the nodes' tables: until then nothing
+        # is guarded, and a probe that ran first would find Patroni open.
+        wait_for(
+            lambda: any(GUARDING.search(line) for line in said),
+            what="the enforcer to guard the cluster's pod",
+            timeout=120,
+        )
         neighbour = run_in_pod(
             client, ns, "neighbour", image, ["python3", "-c", PROBE_PORTS, address, "60", "6"]
         )
@@ -712,7 +732,9 @@ def test_the_network_policy_keeps_other_namespaces_and_non_members_out(
         ready(client, ns, "guarded")
     finally:
         enforcer.terminate()
-        output, _ = enforcer.communicate(timeout=60)
+        enforcer.wait(timeout=60)
+        reader.join(timeout=60)
+    output = "".join(said)
     assert "pods guarded" in output, output
     # Stopped, the enforcer leaves no rule behind: the outsider's kind gets in again.
     with fresh_namespace(client) as elsewhere:
