@@ -17,11 +17,13 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from lightkube import ApiError, Client
-from lightkube.resources.core_v1 import Pod, Secret
+from lightkube.resources.core_v1 import ConfigMap, Pod, Secret
 from lightkube.types import PatchType
 
 from stateward.api import v1alpha1
@@ -75,6 +77,7 @@ def ns(client: Client, real_operator: OperatorProcess) -> Iterator[str]:
         yield name
 
 
+@pytest.mark.timeout(600)
 def test_a_single_instance_bootstraps_to_a_writable_primary(
     real_cluster: LocalCluster, client: Client, ns: str, tmp_path: Path
 ) -> None:
@@ -198,11 +201,100 @@ def test_a_single_instance_bootstraps_to_a_writable_primary(
     statuses = pod.status.containerStatuses or []  # type: ignore[union-attr]
     assert statuses and all(c.restartCount == 0 for c in statuses)
 
+    # The organisation's own serving certificate (spec.tls.serverSecretName: the Secret
+    # cert-manager writes for a Certificate from another issuer): served as it is, without a
+    # restart; an application trusting only that issuer's root verifies the Service's name.
+    host = f"solo-primary.{ns}.svc"
+    web, (web_root, web_root_key) = certificates.cert_manager_server((host,))
+    client.create(
+        Secret.from_dict(
+            {
+                "metadata": {"name": "web"},
+                "type": "kubernetes.io/tls",
+                "data": {k: base64.b64encode(v).decode() for k, v in web.items()},
+            }
+        ),
+        namespace=ns,
+    )
+    client.patch(
+        PostgresClusterResource, "solo", {"spec": {"tls": {"serverSecretName": "web"}}},
+        namespace=ns, patch_type=PatchType.MERGE,
+    )  # fmt: skip
+    web_root_file = tmp_path / "web-root.crt"
+    web_root_file.write_bytes(web["ca.crt"])
+    by_name = f"host={host} hostaddr={address} port=5432 sslmode=verify-full"
+    by_name += f" sslrootcert={web_root_file}"
+
+    def served_web_certificate() -> bool:
+        served = ssl.get_server_certificate((address, 8008), timeout=30)
+        done = subprocess.run(
+            ["psql", f"{by_name} dbname=app user=app", "-tAc", "select 1"],
+            env={**os.environ, "PGPASSWORD": app["password"]},
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        leaf = x509.load_pem_x509_certificates(web["tls.crt"])[0]
+        patroni_serves = ssl.PEM_cert_to_DER_cert(served) == leaf.public_bytes(
+            serialization.Encoding.DER
+        )
+        if done.returncode != 0 or not patroni_serves:  # the last one is reported on timeout
+            raise AssertionError(f"Patroni serves web: {patroni_serves}; psql: {done.stderr}")
+        return True
+
+    wait_for(served_web_certificate, what="PostgreSQL and Patroni to serve web", timeout=240)
+    # An attacker whom the same issuer gave a client certificate for "postgres" (a namespace
+    # Issuer will sign anything asked) is not the superuser: client certificates are taken
+    # from the cluster's CA alone.
+    forged, forged_key = certificates.leaf("postgres", (web_root, web_root_key), client=True)
+    forged_file, forged_key_file = tmp_path / "forged.crt", tmp_path / "forged.key"
+    forged_file.write_bytes(certificates.pem(forged))
+    forged_key_file.write_bytes(certificates.pem_key(forged_key))
+    forged_key_file.chmod(0o600)
+    attack = subprocess.run(
+        ["psql", f"{by_name} dbname=postgres user=postgres sslcert={forged_file}"
+         f" sslkey={forged_key_file}", "-tAc", "select current_user"],
+        env={**os.environ, "PGPASSWORD": password("solo-superuser")},
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert attack.returncode != 0 and "postgres" not in attack.stdout, attack
+    pod = client.get(Pod, "solo-0", namespace=ns)
+    statuses = pod.status.containerStatuses or []  # type: ignore[union-attr]
+    assert statuses and all(c.restartCount == 0 for c in statuses)
+
+
+CUSTOM_QUERIES = """\
+tables:
+  query: "select relname as relation, n_tup_ins as inserted from pg_stat_user_tables"
+  primary: true
+  metrics:
+    - relation: {usage: LABEL, description: "Table"}
+    - inserted: {usage: COUNTER, description: "Rows inserted"}
+terminate:
+  query: "select count(pg_terminate_backend(pid)) as killed from pg_stat_activity
+          where backend_type = 'client backend' and pid <> pg_backend_pid()"
+  metrics:
+    - killed: {usage: GAUGE, description: "What a superuser could do"}
+password_hashes:
+  query: "select count(*) as n from pg_authid where rolpassword is not null"
+  metrics:
+    - n: {usage: GAUGE, description: "What only a superuser may read"}
+"""
+"""A user's custom queries (spec.monitoring.customQueriesConfigMap): one a monitoring role
+may run, and two only a superuser could."""
+
 
 def test_postgresql_17_runs_replicates_synchronously_and_its_metrics_move(
     real_cluster: LocalCluster, client: Client, ns: str
 ) -> None:
-    create_cluster(client, ns, "pg17", replicas=2, version="17")
+    client.create(
+        ConfigMap.from_dict(
+            {"metadata": {"name": "queries"}, "data": {"queries.yaml": CUSTOM_QUERIES}}
+        ),
+        namespace=ns,
+    )
+    create_cluster(
+        client, ns, "pg17", replicas=2, version="17",
+        monitoring={"customQueriesConfigMap": [{"name": "queries"}]},
+    )  # fmt: skip
     ready(client, ns, "pg17")
     wait_for(
         lambda: sorted(roles(client, ns, "pg17").values()) == ["primary", "sync_standby"],
@@ -271,6 +363,24 @@ def test_postgresql_17_runs_replicates_synchronously_and_its_metrics_move(
     wait_for(lambda: lag_of_replica() == 0, what="the lag back to 0 once thawed", timeout=90)
     on_replica = wait_for(lambda: scrape(real_cluster, ns, replica), what="the replica's metrics")
     assert on_replica[("stateward_postgres_replay_lag_bytes", frozenset())] == 0
+
+    # The custom queries run as the monitoring role: the table counter is served (on the
+    # primary only, as asked) and counts the inserts; what only a superuser may do — end
+    # the application's sessions, read the password hashes — fails and is counted, and
+    # serves nothing.
+    table = frozenset({("relation", "t")})
+    inserted = "stateward_custom_tables_inserted_total"
+
+    def counted() -> dict[tuple[str, frozenset[Any]], float] | None:
+        got = scrape(real_cluster, ns, primary)
+        return got if got.get((inserted, table), 0) >= 5000 else None
+
+    found = wait_for(counted, what="the custom query to count the inserted rows", timeout=90)
+    for query in ("terminate", "password_hashes"):
+        assert found[("stateward_custom_query_errors_total", frozenset({("query", query)}))] >= 1
+    assert not [name for name, _ in found if name.startswith("stateward_custom_terminate")]
+    assert not [name for name, _ in found if name.startswith("stateward_custom_password")]
+    assert (inserted, table) not in scrape(real_cluster, ns, replica)
 
 
 def test_parameters_are_applied_through_patroni_without_recreating_pods(

@@ -95,6 +95,11 @@ def owned_by(obj: Any, database: dict[str, Any]) -> bool:
             "spec.tls.caSecretName: MySQL servers serve no TLS yet",
         ),
         ({"tls": {"caSecretName": "Corp_CA"}}, "spec.tls.caSecretName"),
+        (
+            {"engine": "mysql", "version": "8.4", "tls": {"serverSecretName": "web"}},
+            "spec.tls.serverSecretName: MySQL servers serve no TLS yet",
+        ),
+        ({"tls": {"serverSecretName": "Web_Cert"}}, "spec.tls.serverSecretName"),
     ],
 )
 def test_invalid_databases_are_refused_with_the_field_named(

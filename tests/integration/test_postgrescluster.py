@@ -1082,3 +1082,90 @@ def test_an_unusable_users_ca_is_a_condition_naming_the_secret_and_the_fix(
     # Nothing was issued with it.
     with pytest.raises(ApiError):
         kube.get(Secret, f"{name}-tls", namespace=namespace)
+
+
+def test_a_users_serving_certificate_is_served_renewed_checked_and_given_back(
+    kube: Client, namespace: str, make_cluster: MakeCluster, operator: OperatorProcess
+) -> None:
+    """spec.tls.serverSecretName, with the Secret cert-manager writes for a serving
+    Certificate: the servers serve it and clients trust its root; a renewal is followed; a
+    certificate for other names is refused and the current one kept; unset, the cluster's CA
+    signs one again. Client certificates stay the cluster CA's, and only that CA is accepted
+    from clients: the user's issuer never makes anyone the superuser."""
+
+    def data(secret: str) -> dict[str, bytes]:
+        try:
+            found = kube.get(Secret, secret, namespace=namespace).data or {}
+        except ApiError:
+            return {}
+        return {key: base64.b64decode(value) for key, value in found.items()}
+
+    def put(hosts: tuple[str, ...]) -> dict[str, bytes]:
+        secret, _ = certificates.cert_manager_server(hosts)
+        body = {
+            "metadata": {"name": "web"},
+            "type": "kubernetes.io/tls",
+            "data": {k: base64.b64encode(v).decode() for k, v in secret.items()},
+        }
+        kube.apply(Secret.from_dict(body), namespace=namespace, field_manager="cert-manager")
+        return secret
+
+    def serving(secret: dict[str, bytes]) -> dict[str, bytes] | None:
+        """NAME-tls once it serves ``secret`` and the app Secret trusts what it trusts."""
+        served, app = data(f"{name}-tls"), data(f"{name}-app")
+        if served.get("tls.crt") != secret["tls.crt"]:
+            return None
+        return served if app.get("ca.crt") == served["ca.crt"] else None
+
+    name = make_cluster(tls={"serverSecretName": "web"})
+    missing = wait_condition(kube, name, namespace, "Degraded", "ServerCertificateMissing")
+    assert "spec.tls.serverSecretName names Secret web" in condition(missing, "Degraded")["message"]
+    assert [s.metadata.name for s in kube.list(StatefulSet, namespace=namespace)] == []  # type: ignore[union-attr]
+
+    host = f"{name}-primary.{namespace}.svc"
+    first = put((host, f"{name}.example.com"))
+    served = wait_for(lambda: serving(first), what="the user's certificate served", timeout=90)
+    ca = data(f"{name}-ca")["ca.crt"]
+    root = x509.load_pem_x509_certificate(first["ca.crt"])
+    assert served["tls.key"] == first["tls.key"]
+    assert x509.load_pem_x509_certificates(served["ca.crt"]) == [
+        root,
+        x509.load_pem_x509_certificate(ca),
+    ]
+    assert served["client-ca.crt"] == ca  # client certificates: the cluster's CA alone
+    x509.load_pem_x509_certificate(served["superuser.crt"]).verify_directly_issued_by(
+        x509.load_pem_x509_certificate(ca)
+    )
+    wait_phase(kube, name, namespace, "Ready", timeout=90)
+
+    # cert-manager renews it: followed at the next resync at the latest.
+    second = put((host,))
+    wait_for(lambda: serving(second), what="the renewed certificate served", timeout=60)
+
+    # A certificate for other names would break every verify-full client: refused, the
+    # servers keep the one they serve, and the condition says what to fix.
+    put(("somewhere.else",))
+    invalid = wait_condition(kube, name, namespace, "Degraded", "ServerCertificateInvalid")
+    message = condition(invalid, "Degraded")["message"]
+    assert f"does not verify for {host}" in message and "Secret web" in message
+    assert data(f"{name}-tls")["tls.crt"] == second["tls.crt"]
+
+    # Unset: a certificate of the cluster's CA again; the user's Secret is left as it is.
+    patch_cluster(kube, name, namespace, {"spec": {"tls": {"serverSecretName": None}}})
+
+    def own() -> dict[str, bytes] | None:
+        served, app = data(f"{name}-tls"), data(f"{name}-app")
+        if tls.server_source(kube.get(Secret, f"{name}-tls", namespace=namespace).to_dict()):
+            return None
+        return served if served["ca.crt"] == app.get("ca.crt") == ca else None
+
+    again = wait_for(own, what="a certificate of the cluster's CA again", timeout=60)
+    x509.load_pem_x509_certificate(again["tls.crt"]).verify_directly_issued_by(
+        x509.load_pem_x509_certificate(ca)
+    )
+    assert "web" in {s.metadata.name for s in kube.list(Secret, namespace=namespace)}  # type: ignore[union-attr]
+    # No private key reaches status, Events or the operator's log.
+    visible = str(get_pgc(kube, name, namespace)) + " ".join(events(kube, namespace, name))
+    visible += operator.log.read_text()
+    for key in (first["tls.key"], second["tls.key"]):
+        assert b"".join(key.splitlines()[1:-1]).decode()[:40] not in visible

@@ -51,6 +51,8 @@ def test_the_report_tells_the_story_at_a_glance() -> None:
     assert "orders-2  replica       streaming  2         4096 B" in text
     placed = "  placed Required: one per kubernetes.io/hostname; metrics on port 9187 of each"
     assert placed in text
+    tls = "  TLS 1.3 only: serving a certificate of the cluster's CA (Secret orders-ca);"
+    assert tls + " client certificates of the cluster's CA (Secret orders-ca)" in text
     assert "Switchover: Succeeded (Requested) from orders-0 to orders-1, 2m ago" in text
     assert "Last failover: orders-2 -> orders-0, 1d ago" in text
     assert "Backups: schedule 0 3 * * *, last -" in text
@@ -106,3 +108,13 @@ def test_backup_waits_by_default_with_a_generous_timeout() -> None:
     assert args.command == "backup" and args.name == "orders"
     assert args.wait is True and args.timeout == 600
     assert plugin.parse(["backup", "orders", "--no-wait"]).wait is False
+
+
+def test_the_report_names_the_users_ca_and_serving_certificate() -> None:
+    body = cluster()
+    body["spec"]["tls"] = {"caSecretName": "corp-ca", "serverSecretName": "web"}  # type: ignore[index]
+    text = "\n".join(plugin.report(body, [], now=NOW))
+    assert (
+        "  TLS 1.3 only: serving your certificate (Secret web); client certificates of your CA"
+        " (Secret corp-ca)"
+    ) in text

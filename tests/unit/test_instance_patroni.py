@@ -174,7 +174,7 @@ def test_managed_parameters_without_user_parameters() -> None:
         "max_wal_senders": "20",
         "password_encryption": "scram-sha-256",
         "ssl": "on",
-        "ssl_ca_file": "/etc/stateward/tls/ca.crt",
+        "ssl_ca_file": "/etc/stateward/tls/client-ca.crt",
         "ssl_cert_file": "/etc/stateward/tls/tls.crt",
         "ssl_key_file": "/etc/stateward/tls/tls.key",
         "ssl_min_protocol_version": "TLSv1.3",

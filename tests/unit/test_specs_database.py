@@ -212,7 +212,7 @@ def _mariadb_pod(database: Database) -> dict[str, Any]:
 def test_a_mariadb_server_takes_tcp_connections_over_tls_13_only() -> None:
     config = mysql_spec.config_files(make_database())["my.cnf"]
     for line in (
-        "ssl-ca = /etc/stateward/tls/ca.crt",
+        "ssl-ca = /etc/stateward/tls/client-ca.crt",
         "ssl-cert = /etc/stateward/tls/tls.crt",
         "ssl-key = /etc/stateward/tls/tls.key",
         "tls-version = TLSv1.3",
@@ -227,7 +227,9 @@ def test_mariadb_servers_mount_their_certificates_but_not_the_operators_key() ->
     assert volume["secret"]["secretName"] == "shop-tls"
     assert volume["secret"]["defaultMode"] == 0o440  # the mysql group (fsGroup) reads them
     paths = {item["path"] for item in volume["secret"]["items"]}
-    assert paths == {"tls.crt", "tls.key", "ca.crt", "replication.crt", "replication.key"}
+    assert paths == {
+        "tls.crt", "tls.key", "ca.crt", "client-ca.crt", "replication.crt", "replication.key"
+    }  # fmt: skip
     mounts = pod["containers"][0]["volumeMounts"]
     assert {"name": "tls", "mountPath": "/etc/stateward/tls", "readOnly": True} in mounts
 

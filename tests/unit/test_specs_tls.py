@@ -65,10 +65,11 @@ def test_the_serving_secret_holds_a_certificate_for_those_names_signed_by_the_ca
     assert body["type"] == "kubernetes.io/tls"
     assert body["metadata"]["name"] == "demo-tls"
     assert set(data) == {
-        "tls.crt", "tls.key", "ca.crt",
+        "tls.crt", "tls.key", "ca.crt", "client-ca.crt",
         "superuser.crt", "superuser.key", "replication.crt", "replication.key",
     }  # fmt: skip
     assert data["ca.crt"] == ca
+    assert data["client-ca.crt"] == ca  # the servers accept client certificates of the CA
     assert pki.key_matches(data["tls.crt"], data["tls.key"])
     assert pki.subject_alt_names(data["tls.crt"]) == set(tls.server_names(make_cluster()))
     cert = x509.load_pem_x509_certificate(data["tls.crt"])

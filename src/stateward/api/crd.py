@@ -716,6 +716,15 @@ DATABASE_EXTRAS: dict[str, dict[str, Any]] = {
                 reason="FieldValueForbidden",
             ),
             Rule(
+                rule="self.engine != 'mysql' || !has(self.tls) || !has(self.tls.serverSecretName)",
+                message=(
+                    "spec.tls.serverSecretName: MySQL servers serve no TLS yet; remove it, or"
+                    " use engine mariadb or postgres"
+                ),
+                field_path=".tls.serverSecretName",
+                reason="FieldValueForbidden",
+            ),
+            Rule(
                 rule=(
                     "self.engine != oldSelf.engine || (self.engine == 'postgres' ? "
                     "self.version.split('.')[0] == oldSelf.version.split('.')[0] : "

@@ -231,6 +231,45 @@ class TLSSpec(_Model):
     renewed or replaced CA within the resync interval, reloading the servers without a
     restart."""
 
+    server_secret_name: str | None = Field(
+        default=None, max_length=253, pattern=SECRET_NAME_PATTERN
+    )
+    """Serve your own certificate instead of one the cluster's CA signs: a
+    ``kubernetes.io/tls`` Secret in the cluster's namespace (what cert-manager writes for a
+    Certificate) holding ``tls.crt`` (the certificate, its chain may follow), ``tls.key`` and
+    ``ca.crt`` (the root that signed it). It must be valid for the primary Service's name
+    (``NAME-primary.NAMESPACE.svc``, the host of the app Secret) and, for a MariaDB Database,
+    for its servers' names under the headless Service (a wildcard), which replicas verify;
+    add any other name your clients use. The operator copies it into
+    ``NAME-tls``, picks up a renewed one within the resync interval and reloads the servers
+    without a restart; renewing it is yours (cert-manager does). The roles that log in only
+    with a client certificate keep certificates of the cluster's CA (or ``caSecretName``'s),
+    and the servers accept client certificates from that CA alone, never from this root."""
+
+
+CONFIG_MAP_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+"""A key of a ConfigMap's data."""
+
+
+class ConfigMapKey(_Model):
+    """One key of a ConfigMap in the cluster's namespace."""
+
+    name: str = Field(max_length=253, pattern=SECRET_NAME_PATTERN)
+    key: str = Field(default="queries.yaml", max_length=253, pattern=CONFIG_MAP_KEY_PATTERN)
+
+
+class Monitoring(_Model):
+    """What each instance's metrics port (9187) serves beyond its own series."""
+
+    custom_queries_config_map: list[ConfigMapKey] = Field(default_factory=list, max_length=8)
+    """ConfigMaps of custom queries (postgres_exporter's and CloudNativePG's format: query
+    name to ``query``, ``metrics`` with a ``usage`` per column — LABEL, GAUGE or COUNTER —
+    and ``primary: true`` to ask only the primary). Served as
+    ``stateward_custom_<query>_<column>``. They run as ``stateward_monitor``, a
+    ``pg_monitor`` role with read-only, time-limited transactions, never as the superuser.
+    Edits are picked up within about a minute; a ConfigMap that does not exist yet serves
+    nothing. Changing this list rolls the instances (their volumes change)."""
+
 
 class AntiAffinity(enum.StrEnum):
     REQUIRED = "Required"
@@ -412,6 +451,9 @@ class PostgresClusterSpec(_Model):
 
     placement: Placement = Field(default_factory=Placement)
     """Where the instances run; one per node, required, by default."""
+
+    monitoring: Monitoring = Field(default_factory=Monitoring)
+    """Custom metric queries beside each instance's own metrics."""
 
     @property
     def major_version(self) -> int:
@@ -700,8 +742,10 @@ class _Resource(_Model):
 
     @property
     def tls_secret_name(self) -> str:
-        """The servers' serving certificate (``tls.crt``, ``tls.key``, ``ca.crt``) and client
-        certificates, signed by the CA and renewed by the operator before they expire."""
+        """The servers' serving certificate (``tls.crt``, ``tls.key``; signed by the CA, or
+        the user's own), what clients trust to verify the servers (``ca.crt``), the CA the
+        servers accept client certificates from (``client-ca.crt``) and the client
+        certificates, renewed by the operator before they expire."""
         return f"{self.name}-tls"
 
 
@@ -716,6 +760,12 @@ class PostgresCluster(_Resource):
     def user_ca_secret_name(self) -> str | None:
         """The user's CA Secret (``spec.tls.caSecretName``) that ``NAME-ca`` copies, if any."""
         return self.spec.tls.ca_secret_name
+
+    @property
+    def user_server_secret_name(self) -> str | None:
+        """The user's serving certificate Secret (``spec.tls.serverSecretName``) that
+        ``NAME-tls`` serves, if any."""
+        return self.spec.tls.server_secret_name
 
     # --- names of the children; every builder and controller takes them from here --------
 
@@ -948,6 +998,12 @@ class Database(_Resource):
     def user_ca_secret_name(self) -> str | None:
         """The user's CA Secret (``spec.tls.caSecretName``) that ``NAME-ca`` copies, if any."""
         return self.spec.tls.ca_secret_name
+
+    @property
+    def user_server_secret_name(self) -> str | None:
+        """The user's serving certificate Secret (``spec.tls.serverSecretName``) that
+        ``NAME-tls`` serves, if any."""
+        return self.spec.tls.server_secret_name
 
     @property
     def major(self) -> str:

@@ -90,7 +90,9 @@ OPERATOR_PARAMETERS: Mapping[str, str] = {
     "ssl": "on",
     "ssl_cert_file": f"{TLS_DIR}/tls.crt",
     "ssl_key_file": f"{TLS_DIR}/tls.key",
-    "ssl_ca_file": f"{TLS_DIR}/ca.crt",
+    # Client certificates (the certificate-only roles) are accepted from the cluster's CA
+    # alone, not from the root of a serving certificate the user brings (``ca.crt``).
+    "ssl_ca_file": f"{TLS_DIR}/client-ca.crt",
     "ssl_min_protocol_version": "TLSv1.3",
 }
 """Parameters the operator sets to fixed values in every instance's configuration."""

@@ -98,6 +98,21 @@ def _table(rows: list[list[str]]) -> list[str]:
     ]
 
 
+def _tls_line(name: str, tls: dict[str, Any]) -> str:
+    """Who signs what the servers serve and what they accept from clients."""
+    signer = (
+        f"your CA (Secret {tls['caSecretName']})"
+        if tls.get("caSecretName")
+        else f"the cluster's CA (Secret {name}-ca)"
+    )
+    served = (
+        f"your certificate (Secret {tls['serverSecretName']})"
+        if tls.get("serverSecretName")
+        else f"a certificate of {signer}"
+    )
+    return f"TLS 1.3 only: serving {served}; client certificates of {signer}"
+
+
 def report(
     obj: dict[str, Any], events: Sequence[dict[str, Any]], *, now: datetime.datetime
 ) -> list[str]:
@@ -136,6 +151,7 @@ def report(
         f" {placement.get('topologyKey', 'kubernetes.io/hostname')}; metrics on port"
         f" {metrics.PORT} of each (/metrics)"
     )
+    lines.append("  " + _tls_line(name, spec.get("tls") or {}))
     switchover = status.get("switchover")
     if switchover:
         lines += [

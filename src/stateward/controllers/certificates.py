@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import hashlib
 from typing import Final
 
 from lightkube import ApiError
@@ -67,23 +68,44 @@ async def ensure(scope: core.Scope, cluster: tls.Served) -> str | None:
     if expiring is not None:
         await scope.degrade("CertificateAuthorityExpiring", expiring)
     served = scope.observed("Secret", cluster.tls_secret_name)
+    user_server: Body | None = None
+    if cluster.user_server_secret_name is not None:
+        user_server = await _user_secret(
+            scope, cluster.user_server_secret_name, **SERVER_SECRET_MISSING
+        )
+        if user_server is None:  # Degraded says what to fix; the servers keep what they serve
+            return "; ".join(notes) or None
     reason = tls.renewal_reason(
-        cluster, served, ca_fingerprint=fingerprint, now=now, ca_not_after=ca_not_after
+        cluster,
+        served,
+        ca_fingerprint=fingerprint,
+        now=now,
+        ca_not_after=ca_not_after,
+        server=_source(user_server),
     )
     if reason is not None:
+        server: tls.ServerCertificate | None = None
+        if user_server is not None:
+            server = await _user_server(scope, cluster, user_server, now)
+            if server is None:
+                return "; ".join(notes) or None
         authority = authority or await _authority(scope, cluster)
         if authority is None:
             return None
         validity = tls.validity_under(authority.not_after, now)
-        issued = authority.issue(
-            common_name=f"{cluster.primary_service_name}.{cluster.namespace}.svc",
-            hosts=tls.server_names(cluster),
-            server=True,
-            validity=validity,
-        )
         # Each certificate file carries the chain up to the root (a user's intermediate CA):
         # clients that trust only their organisation's root verify the servers too.
         chain = authority.intermediates_pem
+        if server is None:
+            issued = authority.issue(
+                common_name=f"{cluster.primary_service_name}.{cluster.namespace}.svc",
+                hosts=tls.server_names(cluster),
+                server=True,
+                validity=validity,
+            )
+            cert, key = issued.cert + chain, issued.key
+        else:
+            cert, key = server.chain, server.key
         clients = {
             stem: (client.cert + chain, client.key)
             for stem, user in tls.clients_of(cluster).items()
@@ -92,22 +114,93 @@ async def ensure(scope: core.Scope, cluster: tls.Served) -> str | None:
         applied = await scope.kube.apply(
             tls.server_secret(
                 cluster,
-                cert=issued.cert + chain,
-                key=issued.key,
+                cert=cert,
+                key=key,
                 ca_cert=authority.trusted_pem,
                 clients=clients,
+                server=server,
             )
         )
         scope.store.observe(applied)
-        until = rfc3339.format(pki.not_after(issued.cert))
+        reloaded, served = served, applied
+        until = rfc3339.format(pki.not_after(cert))
+        what = (
+            "Issued the serving certificate"
+            if server is None
+            else f"Serving the certificate of Secret {cluster.user_server_secret_name}"
+            " (spec.tls.serverSecretName) from"
+        )
         await scope.event(
             "CertificateIssued",
-            f"Issued the serving certificate in Secret {cluster.tls_secret_name} ({reason});"
-            f" valid until {until}"
-            + ("" if served is None else "; the instances reload it without a restart"),
+            f"{what} Secret {cluster.tls_secret_name} ({reason}); valid until {until}"
+            + ("" if reloaded is None else "; the instances reload it without a restart"),
         )
         notes.append(f"issued {cluster.tls_secret_name}")
+    if cluster.user_server_secret_name is not None:
+        expiring = tls.server_expiry_problem(cluster.user_server_secret_name, served, now)
+        if expiring is not None:
+            await scope.degrade("ServerCertificateExpiring", expiring)
     return "; ".join(notes) or None
+
+
+SERVER_SECRET_MISSING: Final = {
+    "field": "spec.tls.serverSecretName",
+    "reason": "ServerCertificateMissing",
+    "fix": "create it (tls.crt, tls.key and ca.crt, e.g. from a cert-manager Certificate)"
+    " or unset it; the servers keep their current certificates",
+}
+
+
+def _source(secret: Body | None) -> str | None:
+    """A user's Secret as the copies record it: ``NAME/resourceVersion``."""
+    if secret is None:
+        return None
+    metadata = secret["metadata"]
+    return f"{metadata['name']}/{metadata.get('resourceVersion', '')}"
+
+
+def _decoded(secret: Body) -> dict[str, bytes]:
+    data: dict[str, bytes] = {}
+    for key, value in (secret.get("data") or {}).items():
+        try:
+            data[key] = base64.b64decode(value)
+        except ValueError:
+            continue
+    return data
+
+
+async def _user_secret(
+    scope: core.Scope, name: str, *, field: str, reason: str, fix: str
+) -> Body | None:
+    """The user's Secret ``name`` (one GET per reconcile: it is not watched), or None with
+    Degraded naming ``field`` and the ``fix`` while it does not exist."""
+    found = await scope.kube.get("v1", "Secret", scope.namespace, name)
+    if found is None:
+        scope.requeue(USER_CA_RECHECK)
+        await scope.degrade(
+            reason,
+            f"{field} names Secret {name}, which does not exist in namespace"
+            f" {scope.namespace}: {fix}",
+        )
+    return found
+
+
+async def _user_server(
+    scope: core.Scope, cluster: tls.Served, secret: Body, now: datetime.datetime
+) -> tls.ServerCertificate | None:
+    """The user's serving certificate, checked (``tls.user_server``); None, with Degraded
+    saying what is wrong, when it cannot be served."""
+    name = secret["metadata"]["name"]
+    try:
+        return tls.user_server(cluster, _decoded(secret), source=_source(secret) or "", now=now)
+    except ValueError as problem:  # says what is wrong, never quoting the data
+        scope.requeue(USER_CA_RECHECK)
+        await scope.degrade(
+            "ServerCertificateInvalid",
+            f"Secret {name} (spec.tls.serverSecretName) cannot be served: {problem}. Fix the"
+            " Secret or unset serverSecretName; the servers keep their current certificates",
+        )
+        return None
 
 
 USER_CA_RECHECK: Final = 30.0
@@ -123,29 +216,22 @@ async def _copy_user_ca(
     it was just loaded (None when the copy was current), and a note. None, with Degraded
     saying what to fix, while the Secret is missing or holds no usable CA: the servers keep
     the certificates they have."""
-    found = await scope.kube.get("v1", "Secret", scope.namespace, name)
     field = "spec.tls.caSecretName"
+    found = await _user_secret(
+        scope,
+        name,
+        field=field,
+        reason="CertificateAuthorityMissing",
+        fix="create it (a CA's tls.crt and tls.key, e.g. from a cert-manager Certificate with"
+        " isCA: true) or unset it; the servers keep their current certificates",
+    )
     if found is None:
-        scope.requeue(USER_CA_RECHECK)
-        await scope.degrade(
-            "CertificateAuthorityMissing",
-            f"{field} names Secret {name}, which does not exist in namespace"
-            f" {scope.namespace}: create it (a CA's tls.crt and tls.key, e.g. from a"
-            " cert-manager Certificate with isCA: true) or unset it; the servers keep their"
-            " current certificates",
-        )
         return None
-    source = f"{name}/{found['metadata'].get('resourceVersion', '')}"
+    source = _source(found)
     if ca is not None and tls.ca_source(ca) == source:
         return ca, None, None
-    data: dict[str, bytes] = {}
-    for key, value in (found.get("data") or {}).items():
-        try:
-            data[key] = base64.b64decode(value)
-        except ValueError:
-            continue
     try:
-        chain, key = tls.user_ca(data)
+        chain, key = tls.user_ca(_decoded(found))
         authority = pki.Authority.load(chain, key)
     except ValueError as problem:  # says what is wrong, never quoting the data
         scope.requeue(USER_CA_RECHECK)
@@ -156,7 +242,9 @@ async def _copy_user_ca(
             " tls.key (or ca.crt and ca.key); the servers keep their current certificates",
         )
         return None
-    copied = await scope.kube.apply(tls.ca_secret(cluster, cert=chain, key=key, source=source))
+    copied = await scope.kube.apply(
+        tls.ca_secret(cluster, cert=chain, key=key, source=source or "")
+    )
     scope.store.observe(copied)
     await scope.event(
         "CertificateAuthorityCopied",
@@ -187,10 +275,14 @@ async def _authority(scope: core.Scope, cluster: tls.Served) -> pki.Authority | 
 
 
 async def ca_cert(scope: core.Scope, cluster: tls.Served) -> str | None:
-    """The CA's certificate (PEM), from ``NAME-ca`` without its key."""
-    data = await scope.secrets.read(
-        scope, cluster.ca_secret_name, keys=frozenset({tls.CA_CERT_KEY})
-    )
+    """What applications trust to verify the servers (PEM): the CA's certificate, from
+    ``NAME-ca`` without its key; while the user's own serving certificate is asked for,
+    ``NAME-tls``'s ``ca.crt`` (its root beside the CA: what the servers serve verifies,
+    whichever it is yet)."""
+    name = cluster.ca_secret_name
+    if cluster.user_server_secret_name is not None:
+        name = cluster.tls_secret_name
+    data = await scope.secrets.read(scope, name, keys=frozenset({tls.CA_CERT_KEY}))
     return (data or {}).get(tls.CA_CERT_KEY) or None
 
 
@@ -201,9 +293,12 @@ async def refresh_ca_copy(scope: core.Scope, cluster: tls.Served, name: str, ca_
     observed = scope.observed("Secret", name)
     if observed is None:
         return
-    fingerprint = tls.recorded_ca_fingerprint(
-        scope.observed("Secret", cluster.ca_secret_name)
-    ) or pki.fingerprint(ca_pem.encode())  # parsed only for a CA Secret made by hand
+    if cluster.user_server_secret_name is not None:  # a bundle of two roots: all of it counts
+        fingerprint = hashlib.sha256(ca_pem.encode()).hexdigest()
+    else:
+        fingerprint = tls.recorded_ca_fingerprint(
+            scope.observed("Secret", cluster.ca_secret_name)
+        ) or pki.fingerprint(ca_pem.encode())  # parsed only for a CA Secret made by hand
     if tls.recorded_ca_fingerprint(observed) == fingerprint:
         return
     patched = await scope.kube.patch(

@@ -26,6 +26,8 @@ from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from stateward.instance import queries
+
 PORT: Final = 9187
 """postgres_exporter's port, which dashboards and scrape configs expect."""
 PORT_NAME: Final = "metrics"
@@ -213,15 +215,22 @@ def usage(path: str) -> tuple[int, int] | None:
 
 
 class InstanceCollector(Collector):
-    """One scrape, one question to PostgreSQL (scrapes never overlap: a lock)."""
+    """One scrape, one question to PostgreSQL, then the cluster's custom queries, if any
+    (:mod:`stateward.instance.queries`); scrapes never overlap (a lock)."""
 
-    def __init__(self, psql: str, data_dir: str) -> None:
+    def __init__(self, psql: str, data_dir: str, queries_dir: str = queries.DIRECTORY) -> None:
         self.psql, self.data_dir = psql, data_dir
+        self.custom = queries.Custom(psql, queries_dir)
         self._lock = threading.Lock()
 
     def collect(self) -> Sequence[Metric]:
         with self._lock:
-            return families(ask(self.psql), usage(self.data_dir))
+            document = ask(self.psql)
+            primary = None if document is None else not document.get("in_recovery")
+            return [
+                *families(document, usage(self.data_dir)),
+                *self.custom.collect(primary),
+            ]
 
 
 def serve(psql: str, data_dir: str, port: int = PORT) -> None:

@@ -87,7 +87,7 @@ MARIADB_CONFIG = (
     + _COMMON
     + f"""\
 # TLS 1.3 only, and no connection over TCP without it (the socket stays open to root).
-ssl-ca = {TLS_DIR}/ca.crt
+ssl-ca = {TLS_DIR}/client-ca.crt
 ssl-cert = {TLS_DIR}/tls.crt
 ssl-key = {TLS_DIR}/tls.key
 tls-version = TLSv1.3
@@ -138,14 +138,14 @@ config=/etc/stateward/my.cnf
 local_socket=/run/mysqld/init.sock
 tls=/etc/stateward/tls
 # The clone stream's TLS: each side shows its certificate and checks the other's chain.
-server_tls="cert=$tls/tls.crt,key=$tls/tls.key,cafile=$tls/ca.crt,verify=1"
+server_tls="cert=$tls/tls.crt,key=$tls/tls.key,cafile=$tls/client-ca.crt,verify=1"
 client_tls="cert=$tls/replication.crt,key=$tls/replication.key,cafile=$tls/ca.crt,verify=1"
 
 watch_certificate() {  # the kubelet swaps in a renewed certificate: the server reloads it
   local seen now
-  seen=$(cksum "$tls/tls.crt" "$tls/ca.crt" 2>/dev/null || true)
+  seen=$(cksum "$tls/tls.crt" "$tls/ca.crt" "$tls/client-ca.crt" 2>/dev/null || true)
   while sleep 30; do
-    now=$(cksum "$tls/tls.crt" "$tls/ca.crt" 2>/dev/null) || continue
+    now=$(cksum "$tls/tls.crt" "$tls/ca.crt" "$tls/client-ca.crt" 2>/dev/null) || continue
     [ "$now" = "$seen" ] && continue
     MYSQL_PWD="${ROOT_PASSWORD}" mariadb --socket=/run/mysqld/mysqld.sock --user=root \\
       -e 'FLUSH SSL' && seen=$now && echo "reloaded the renewed certificate" >&2
@@ -554,7 +554,8 @@ def _tls_volumes(database: v1alpha1.Database) -> list[meta.Object]:
     the operator), readable by the mysql group only."""
     if database.spec.engine is not v1alpha1.Engine.MARIADB:
         return []
-    files = [tls.CERT_KEY, tls.KEY_KEY, tls.CA_CERT_KEY, *tls.client_files("replication")]
+    files = [tls.CERT_KEY, tls.KEY_KEY, tls.CA_CERT_KEY, tls.CLIENT_CA_KEY,
+             *tls.client_files("replication")]  # fmt: skip
     return [
         {
             "name": TLS_VOLUME,

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 from stateward.api import v1alpha1
-from stateward.instance import metrics, patroni
+from stateward.instance import metrics, patroni, queries
 from stateward.specs import backup, meta, pods, secrets, services
 
 CONTAINER_NAME = pods.INSTANCE_CONTAINER
@@ -83,9 +85,39 @@ def _pod_template(cluster: v1alpha1.PostgresCluster, *, config_hash: str) -> met
                     },
                 },
                 *backup.instance_volumes(cluster),
+                *_queries_volumes(cluster),
             ],
         },
     }
+
+
+QUERIES_VOLUME: Final = "custom-queries"
+
+
+def _queries_volumes(cluster: v1alpha1.PostgresCluster) -> list[meta.Object]:
+    """The custom metric queries (``spec.monitoring.customQueriesConfigMap``), each key a
+    file of :data:`queries.DIRECTORY`; optional, so a ConfigMap made later (or never) does
+    not hold the instance back. None without queries: the template stays as it was."""
+    sources = cluster.spec.monitoring.custom_queries_config_map
+    if not sources:
+        return []
+    return [
+        {
+            "name": QUERIES_VOLUME,
+            "projected": {
+                "sources": [
+                    {
+                        "configMap": {
+                            "name": source.name,
+                            "optional": True,
+                            "items": [{"key": source.key, "path": f"{i}-{source.name}.yaml"}],
+                        }
+                    }
+                    for i, source in enumerate(sources)
+                ],
+            },
+        }
+    ]
 
 
 def _postgres_container(cluster: v1alpha1.PostgresCluster) -> meta.Object:
@@ -118,6 +150,11 @@ def _postgres_container(cluster: v1alpha1.PostgresCluster) -> meta.Object:
                     "readOnly": True,
                 },
                 *backup.instance_mounts(cluster),
+                *(
+                    [{"name": QUERIES_VOLUME, "mountPath": queries.DIRECTORY, "readOnly": True}]
+                    if cluster.spec.monitoring.custom_queries_config_map
+                    else []
+                ),
             ],
             # Until the REST API answers (Patroni start-up); Patroni's loop keeps running
             # during a long base backup, so this need not cover cloning.

@@ -18,10 +18,14 @@ no API call.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime
 import hashlib
 from collections.abc import Mapping
 from typing import Final, Protocol
+
+from cryptography import x509
+from cryptography.x509 import verification
 
 from stateward import pki, rfc3339
 from stateward.api import v1alpha1
@@ -29,6 +33,11 @@ from stateward.instance import patroni
 from stateward.specs import meta
 
 CA_CERT_KEY: Final = "ca.crt"
+"""In ``NAME-tls`` and the app Secret: what clients trust to verify the servers."""
+CLIENT_CA_KEY: Final = "client-ca.crt"
+"""In ``NAME-tls``: the CA the servers accept client certificates from — the cluster's CA
+alone, even when the servers serve the user's own certificate (``ca.crt`` then also holds
+the user's root, which must never let anyone log in as a certificate-only role)."""
 CA_KEY_KEY: Final = "ca.key"
 CERT_KEY: Final = "tls.crt"
 KEY_KEY: Final = "tls.key"
@@ -41,6 +50,12 @@ NOT_AFTER_ANNOTATION: Final = "stateward.io/not-after"
 CA_SOURCE_ANNOTATION: Final = "stateward.io/ca-source"
 """On ``NAME-ca`` copied from the user's CA Secret (``spec.tls.caSecretName``): that Secret's
 ``NAME/resourceVersion``; a different one means: copy again."""
+SERVER_SOURCE_ANNOTATION: Final = "stateward.io/server-source"
+"""On ``NAME-tls`` serving the user's certificate (``spec.tls.serverSecretName``): that
+Secret's ``NAME/resourceVersion``; a different one means: copy again."""
+SERVER_NOT_AFTER_ANNOTATION: Final = "stateward.io/server-not-after"
+"""On ``NAME-tls`` serving the user's certificate: when that certificate ends (renewing it
+is the user's; the operator warns before)."""
 NAMES_ANNOTATION: Final = "stateward.io/names-digest"
 """SHA-256 over the names the certificate covers and the client identities beside it: a change
 of either (a Secret made before the clients existed) reissues."""
@@ -81,6 +96,9 @@ class Served(meta.Owner, Protocol):
     @property
     def user_ca_secret_name(self) -> str | None: ...
 
+    @property
+    def user_server_secret_name(self) -> str | None: ...
+
 
 def clients_of(owner: Served) -> Mapping[str, str]:
     """The client certificates an owner's Secret carries: file stem to common name."""
@@ -118,8 +136,11 @@ def server_names(cluster: Served) -> tuple[str, ...]:
 
 
 def names_digest(names: tuple[str, ...], clients_by_stem: Mapping[str, str] = CLIENTS) -> str:
+    """Over the names, the client identities and the Secret's layout (a Secret made before
+    ``client-ca.crt`` existed is reissued with it)."""
     clients = [f"client:{stem}={user}" for stem, user in sorted(clients_by_stem.items())]
-    return hashlib.sha256("\n".join([*sorted(names), *clients]).encode()).hexdigest()
+    layout = [f"key:{CLIENT_CA_KEY}"]
+    return hashlib.sha256("\n".join([*sorted(names), *clients, *layout]).encode()).hexdigest()
 
 
 def client_files(stem: str) -> tuple[str, str]:
@@ -196,13 +217,23 @@ def server_secret(
     key: bytes,
     ca_cert: bytes,
     clients: Mapping[str, tuple[bytes, bytes]],
+    server: ServerCertificate | None = None,
 ) -> meta.Object:
-    """``NAME-tls``: the serving certificate for :func:`server_names`, its key, the CA, and
-    a client certificate and key for each of :data:`CLIENTS` (``clients``: stem to PEMs)."""
+    """``NAME-tls``: the serving certificate for :func:`server_names` and its key, the CA
+    (``ca_cert``, which signed them and the clients'), and a client certificate and key for
+    each of :data:`CLIENTS` (``clients``: stem to PEMs). With ``server`` (the user's own,
+    :func:`user_server`, whose chain and key are ``cert`` and ``key``), clients trust its
+    root beside the CA."""
     wanted = clients_of(cluster)
     if set(clients) != set(wanted):
         raise ValueError(f"client certificates for {sorted(wanted)} are needed")
-    data = {CERT_KEY: _b64(cert), KEY_KEY: _b64(key), CA_CERT_KEY: _b64(ca_cert)}
+    trusted = ca_cert if server is None else pki.pem_chain(server.roots, ca_cert)
+    data = {
+        CERT_KEY: _b64(cert),
+        KEY_KEY: _b64(key),
+        CA_CERT_KEY: _b64(trusted),
+        CLIENT_CA_KEY: _b64(ca_cert),
+    }
     for stem, (client_cert, client_key) in sorted(clients.items()):
         cert_file, key_file = client_files(stem)
         data |= {cert_file: _b64(client_cert), key_file: _b64(client_key)}
@@ -213,12 +244,125 @@ def server_secret(
         "type": TLS_TYPE,
         "data": data,
     }
-    body["metadata"]["annotations"] = {
+    annotations = {
         CA_FINGERPRINT_ANNOTATION: pki.fingerprint(ca_cert),
-        NOT_AFTER_ANNOTATION: rfc3339.format(pki.not_after(cert)),
+        # What the operator renews: its own serving certificate, or the clients' beside the
+        # user's (the user's end is recorded apart; renewing it is the user's).
+        NOT_AFTER_ANNOTATION: rfc3339.format(
+            pki.not_after(cert)
+            if server is None
+            else min(pki.not_after(c) for c, _ in clients.values())
+        ),
         NAMES_ANNOTATION: names_digest(server_names(cluster), wanted),
     }
+    if server is not None:
+        annotations[SERVER_SOURCE_ANNOTATION] = server.source
+        annotations[SERVER_NOT_AFTER_ANNOTATION] = rfc3339.format(server.not_after)
+    body["metadata"]["annotations"] = annotations
     return body
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerCertificate:
+    """A user's serving certificate (``spec.tls.serverSecretName``), checked."""
+
+    chain: bytes
+    """The certificate, then its intermediates (PEM)."""
+    key: bytes = dataclasses.field(repr=False)
+    roots: bytes
+    """What clients trust to verify it: the Secret's ``ca.crt``."""
+    not_after: datetime.datetime
+    source: str
+    """The Secret's ``NAME/resourceVersion``."""
+
+
+def user_server(
+    cluster: Served, data: Mapping[str, bytes], *, source: str, now: datetime.datetime
+) -> ServerCertificate:
+    """The user's serving certificate from their Secret's decoded data: ``tls.crt`` (the
+    certificate, intermediates may follow), ``tls.key`` and ``ca.crt``, as cert-manager
+    writes them. ValueError saying what is wrong (never quoting the data) unless the key is
+    the certificate's and the chain verifies, now, under ``ca.crt`` for the primary
+    Service's name (the app Secret's host), as a client with ``verify-full`` checks it."""
+    missing = [k for k in (CERT_KEY, KEY_KEY, CA_CERT_KEY) if not data.get(k)]
+    if missing:
+        raise ValueError(f"it holds no {' and no '.join(missing)}")
+    try:
+        certs = x509.load_pem_x509_certificates(data[CERT_KEY])
+        roots = x509.load_pem_x509_certificates(data[CA_CERT_KEY])
+    except ValueError:
+        raise ValueError(f"{CERT_KEY} or {CA_CERT_KEY} is not PEM certificates") from None
+    try:
+        matches = pki.key_matches(data[CERT_KEY], data[KEY_KEY])
+    except (ValueError, TypeError):
+        raise ValueError(f"{KEY_KEY} is not an unencrypted PEM private key") from None
+    if not matches:
+        raise ValueError(f"{KEY_KEY} is not the key of the certificate in {CERT_KEY}")
+    for host in required_names(cluster):
+        verifier = (
+            verification.PolicyBuilder()
+            .store(verification.Store(roots))
+            .time(now)
+            .build_server_verifier(x509.DNSName(host))
+        )
+        try:
+            verifier.verify(certs[0], certs[1:])
+        except verification.VerificationError as error:
+            raise ValueError(
+                f"the certificate in {CERT_KEY} does not verify for {host} under the root in"
+                f" {CA_CERT_KEY} now ({error})"
+            ) from None
+    return ServerCertificate(
+        chain=pki.pem_chain(data[CERT_KEY]),
+        key=data[KEY_KEY],
+        roots=pki.pem_chain(data[CA_CERT_KEY]),
+        not_after=certs[0].not_valid_after_utc,
+        source=source,
+    )
+
+
+def required_names(cluster: Served) -> tuple[str, ...]:
+    """The names a user's serving certificate must be valid for: the primary Service's, the
+    app Secret's host; for MariaDB also the servers' own names under the headless Service
+    (``*.NAME-headless.NAMESPACE.svc.cluster.local``), by which replicas verify their source.
+    PostgreSQL's members verify each other's chain only (they meet by pod address)."""
+    names = [f"{cluster.primary_service_name}.{cluster.namespace}.svc"]
+    if isinstance(cluster, v1alpha1.Database):
+        headless = f"{cluster.headless_service_name}.{cluster.namespace}.svc.{CLUSTER_DOMAIN}"
+        names.append(f"{cluster.name}-0.{headless}")
+    return tuple(names)
+
+
+def server_source(secret: meta.Object | None) -> str | None:
+    """The user's Secret ``NAME/resourceVersion`` a ``NAME-tls`` serves; None when it
+    serves a certificate of the cluster's CA."""
+    if secret is None:
+        return None
+    return (secret["metadata"].get("annotations") or {}).get(SERVER_SOURCE_ANNOTATION) or None
+
+
+def server_expiry_problem(
+    name: str, secret: meta.Object | None, now: datetime.datetime
+) -> str | None:
+    """A message for Degraded when the user's serving certificate that ``NAME-tls`` serves
+    (from Secret ``name``) ends within :data:`SERVER_WARN_BEFORE`; None otherwise."""
+    if secret is None:
+        return None
+    annotations = secret["metadata"].get("annotations") or {}
+    ends = rfc3339.parse(annotations.get(SERVER_NOT_AFTER_ANNOTATION))
+    if ends is None or ends - now > SERVER_WARN_BEFORE:
+        return None
+    verb = "expired" if ends <= now else "expires"
+    return (
+        f"the serving certificate in Secret {name} (spec.tls.serverSecretName) {verb} at"
+        f" {rfc3339.format(ends)}: renew it (cert-manager renews its Certificate before its"
+        " end), or unset serverSecretName and the cluster's CA signs one"
+    )
+
+
+SERVER_WARN_BEFORE: Final = datetime.timedelta(days=7)
+"""cert-manager renews a certificate a third of its life before the end (30 days of 90):
+a user's certificate a week from its end has missed its renewal."""
 
 
 def renewal_reason(
@@ -228,12 +372,16 @@ def renewal_reason(
     ca_fingerprint: str,
     now: datetime.datetime,
     ca_not_after: datetime.datetime | None = None,
+    server: str | None = None,
 ) -> str | None:
     """Why the serving certificate must be (re)issued, or None while it is good: missing,
-    made with another CA, covering other names, or within :data:`RENEW_BEFORE` of its end
-    (or of unknown end: a Secret someone replaced by hand) — unless the CA ends no later than
-    it does (``ca_not_after``): a new certificate could not last longer, so it is not issued
-    again and again (:func:`ca_expiry_problem` says what to do)."""
+    made with another CA, covering other names, not the user's certificate ``server`` (their
+    Secret's ``NAME/resourceVersion``, :func:`server_source`; None: the cluster's CA signs
+    it), or within :data:`RENEW_BEFORE` of its end (or of unknown end: a Secret someone
+    replaced by hand) — unless the CA ends no later than it does (``ca_not_after``): a new
+    certificate could not last longer, so it is not issued again and again
+    (:func:`ca_expiry_problem` says what to do). With ``server``, the end is the client
+    certificates'; the user's own is the user's to renew."""
     if observed is None:
         return "it does not exist"
     metadata = observed.get("metadata")
@@ -244,6 +392,12 @@ def renewal_reason(
         server_names(cluster), clients_of(cluster)
     ):
         return "the names it must cover changed"
+    serving = annotations.get(SERVER_SOURCE_ANNOTATION) or None
+    if server is not None and serving != server:
+        name = server.rsplit("/", 1)[0]
+        return f"Secret {name} (spec.tls.serverSecretName) changed"
+    if server is None and serving is not None:
+        return "spec.tls.serverSecretName is unset"
     not_after = rfc3339.parse(annotations.get(NOT_AFTER_ANNOTATION))
     if not_after is None:
         return "its expiry is unknown"
