@@ -23,12 +23,14 @@ from stateward.cli.run import PostgresClusterResource
 from stateward.local import binaries, images
 from stateward.local.cluster import LocalCluster
 from stateward.runtime import metrics, rbac
+from stateward.specs import mysql as mysql_spec
 from tests.conftest import client_for
 from tests.integration.test_deploy import CRD_NAME, absent
 from tests.support import clusters, incluster
 from tests.support.dataplane import create_cluster, fresh_namespace, ready
 from tests.support.waiting import wait_for
 from tests.unit import test_instance_metrics as instance_metrics
+from tests.unit.test_specs_database import make_database
 
 pytestmark = pytest.mark.integration
 
@@ -210,7 +212,9 @@ def test_the_database_metrics_get_a_pod_monitor_and_alerts_when_asked(
         "--set", "metrics.prometheusRule.replicaLagSeconds=30",
     ).stdout  # fmt: skip
     documents = [d for d in yaml.safe_load_all(out) if d]
-    monitor = one(documents, "PodMonitor")
+    monitors = {d["metadata"]["name"]: d for d in documents if d["kind"] == "PodMonitor"}
+    assert set(monitors) == {"stateward-postgres", "stateward-mariadb"}
+    monitor = monitors["stateward-postgres"]
     # Every instance pod, in every namespace, selected as the operator labels them.
     cluster = clusters.make_cluster()
     pod_labels = specs.statefulset.statefulset(cluster, config_hash="x")["spec"]["template"][
@@ -224,6 +228,13 @@ def test_the_database_metrics_get_a_pod_monitor_and_alerts_when_asked(
         "containers"
     ][0]["ports"]
     assert {"name": "metrics", "containerPort": 9187} in ports
+    # And every MariaDB server, on its exporter's port of the same name.
+    database = mysql_spec.statefulset(make_database(), config_hash="x")["spec"]["template"]
+    mariadb = monitors["stateward-mariadb"]
+    selected = mariadb["spec"]["selector"]["matchLabels"]
+    assert selected.items() <= database["metadata"]["labels"].items()
+    assert {"name": "metrics", "containerPort": 9104} in database["spec"]["containers"][0]["ports"]
+    assert [e["port"] for e in mariadb["spec"]["podMetricsEndpoints"]] == ["metrics"]
     rules = one(documents, "PrometheusRule")["spec"]["groups"][0]["rules"]
     alerts = {rule["alert"]: rule for rule in rules}
     assert set(alerts) == {

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pymysql
 import pytest
@@ -30,7 +31,7 @@ from tests.support.databases import (
     secret,
     tls_of,
 )
-from tests.support.dataplane import client_of, fresh_namespace, operator_on, sql
+from tests.support.dataplane import client_of, fresh_namespace, operator_on, scrape, sql
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -103,6 +104,34 @@ def test_a_mariadb_database_replicates_scales_grows_and_goes(
         with pytest.raises(pymysql.err.OperationalError) as denied:
             query(address, app, "INSERT INTO orders VALUES (99)")
         assert denied.value.args[0] == 1290, "a replica took a write (it must be read-only)"
+
+    # Each server serves its metrics (mysqld_exporter on 9104, logged in as a monitoring
+    # account of the server's own): up, read-only on the replicas only, their replication
+    # threads running and their lag, and the primary's inserts counted.
+    def metrics_of(pod: str) -> dict[tuple[str, frozenset[Any]], float]:
+        def up() -> dict[tuple[str, frozenset[Any]], float] | None:
+            got = scrape(real_cluster, ns, pod, port=9104)
+            return got if got.get(("mysql_up", frozenset())) == 1 else None
+
+        return wait_for(up, what=f"{pod}'s metrics", timeout=60)
+
+    def named(found: dict[tuple[str, frozenset[Any]], float], name: str) -> list[float]:
+        return [value for (key, _), value in found.items() if key == name]
+
+    on_primary = metrics_of("shop-0")
+    assert named(on_primary, "mysql_global_variables_read_only") == [0]
+    inserts = frozenset({("command", "insert")})
+    before = on_primary[("mysql_global_status_commands_total", inserts)]
+    query(primary, app, "INSERT INTO orders VALUES (100)")
+    after = metrics_of("shop-0")[("mysql_global_status_commands_total", inserts)]
+    assert after > before, "the insert was not counted"
+    for replica in ("shop-1", "shop-2"):
+        on_replica = metrics_of(replica)
+        assert named(on_replica, "mysql_global_variables_read_only") == [1]
+        assert named(on_replica, "mysql_slave_status_slave_sql_running") == [1]
+        assert named(on_replica, "mysql_slave_status_slave_io_running") == [1]
+        assert len(named(on_replica, "mysql_slave_status_seconds_behind_master")) == 1
+    query(primary, app, "DELETE FROM orders WHERE n = 100")
 
     # An attacker on the pod network, holding every password, gets nothing: no login without
     # TLS, no root from the network, the operator's and the replication accounts need their

@@ -136,11 +136,13 @@ def sql(real: LocalCluster, ns: str, pod: str, statement: str, database: str = "
     return result.stdout.strip() if result.returncode == 0 else ""
 
 
-def scrape(real: LocalCluster, ns: str, pod: str) -> dict[tuple[str, frozenset[Any]], float]:
+def scrape(
+    real: LocalCluster, ns: str, pod: str, port: int = 9187
+) -> dict[tuple[str, frozenset[Any]], float]:
     """The instance's metrics as Prometheus would read them, keyed by (name, labels); fetched
     inside the pod (its metrics port on loopback), {} if it did not answer."""
     request = (
-        "exec 3<>/dev/tcp/127.0.0.1/9187 && printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' >&3"
+        f"exec 3<>/dev/tcp/127.0.0.1/{port} && printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' >&3"
         " && cat <&3"
     )
     result = subprocess.run(

@@ -284,3 +284,38 @@ def test_every_server_needs_a_node_of_its_own() -> None:
                 "topologyKey": "kubernetes.io/hostname",
             }
         ]
+
+
+def test_each_mariadb_server_serves_metrics_as_a_monitoring_account_of_its_own() -> None:
+    database = make_database()
+    container = _mariadb_pod(database)["containers"][0]
+    assert {"name": "metrics", "containerPort": 9104} in container["ports"]
+    assert {"name": "METRICS_PORT", "value": "9104"} in container["env"]
+    entrypoint = mysql_spec.config_files(database)["entrypoint.sh"]
+    assert "serve_metrics &" in entrypoint
+    # The exporter's account: this server's own (out of the binary log, so a replica's is
+    # never overwritten by the primary's), monitoring privileges only, a new random password
+    # at every start in a file only the container's user reads; never root.
+    account = "'stateward_exporter'@'localhost'"
+    assert f"GRANT PROCESS, REPLICATION CLIENT, SLAVE MONITOR ON *.* TO {account};" in entrypoint
+    block = entrypoint[entrypoint.index("serve_metrics() {") : entrypoint.index("start_local() {")]
+    assert "SET sql_log_bin = 0;" in block and "/dev/urandom" in block and "umask 077" in block
+    assert "user=stateward_exporter" in block and "user=root" not in block.split("SQL\n")[-1]
+    assert "GRANT ALL" not in block and "SUPER" not in block
+    assert 'prometheus-mysqld-exporter --config.my-cnf="$cnf"' in block
+    assert '--web.listen-address=":${METRICS_PORT}"' in block
+
+
+def test_the_metrics_port_is_open_to_the_scrapers_the_policy_names() -> None:
+    (policy,) = mysql_spec.network_policy(make_database(), "stateward-system")
+    rules = policy["spec"]["ingress"]
+    scraped = [r for r in rules if {"protocol": "TCP", "port": 9104} in r.get("ports", [])]
+    assert scraped == [{"from": [{"namespaceSelector": {}}],
+                        "ports": [{"protocol": "TCP", "port": 9104}]}]  # fmt: skip
+    nobody = make_database(networkPolicy={"metrics": []})
+    (closed,) = mysql_spec.network_policy(nobody, "stateward-system")
+    assert not [r for r in closed["spec"]["ingress"] if
+                {"protocol": "TCP", "port": 9104} in r.get("ports", [])]  # fmt: skip
+    # MySQL servers serve no metrics yet: no port opened for them.
+    (mysql,) = mysql_spec.network_policy(make_database("mysql", version="8.4"), "x")
+    assert "9104" not in str(mysql)

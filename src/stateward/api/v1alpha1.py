@@ -209,9 +209,9 @@ class NetworkPolicySpec(_Model):
     ``[]``: nobody but the cluster's own pods and the operator."""
 
     metrics: list[NetworkPeer] | None = Field(default=None, max_length=32)
-    """Who may scrape a PostgreSQL instance's metrics port (9187). Unset: every pod of every
-    namespace (Prometheus usually runs in a namespace of its own; the metrics carry no
-    credential). ``[]``: nobody."""
+    """Who may scrape the metrics port (a PostgreSQL instance's 9187, a MariaDB server's
+    9104). Unset: every pod of every namespace (Prometheus usually runs in a namespace of its
+    own; the metrics carry no credential). ``[]``: nobody."""
 
 
 SECRET_NAME_PATTERN = "^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"  # noqa: S105 - a pattern

@@ -581,9 +581,10 @@ image's mysql user)."""
 
 
 def _mariadb_spec(base: ImageSpec) -> ImageSpec:
-    """``ghcr.io/stateward/mariadb-instance:SERIES``: Debian's MariaDB server and
-    mariadb-backup. The start-up script comes from the Database's ConfigMap, so the image
-    holds no Stateward code and changes only with Debian's packages."""
+    """``ghcr.io/stateward/mariadb-instance:SERIES``: Debian's MariaDB server,
+    mariadb-backup and mysqld_exporter (the servers' metrics). The start-up script comes
+    from the Database's ConfigMap, so the image holds no Stateward code and changes only
+    with Debian's packages."""
     repository, name = v1alpha1.DATABASE_IMAGE_REPOSITORIES[v1alpha1.Engine.MARIADB].rsplit("/", 1)
     return ImageSpec(
         name=name,
@@ -591,8 +592,15 @@ def _mariadb_spec(base: ImageSpec) -> ImageSpec:
         repository=repository,
         from_image=f"{base.name}:{base.tag}",
         prepare=_prepare_mariadb,
-        # socat serves copies of the data (mariadb-backup) to new replicas.
-        packages=("mariadb-server", "mariadb-backup", "socat", "ca-certificates"),
+        # socat serves copies of the data (mariadb-backup) to new replicas; mysqld_exporter
+        # serves each server's metrics.
+        packages=(
+            "mariadb-server",
+            "mariadb-backup",
+            "socat",
+            "ca-certificates",
+            "prometheus-mysqld-exporter",
+        ),
         cmd=("mariadbd",),
         env=(DEFAULT_PATH, "LANG=C.UTF-8"),
         user=f"{MARIADB_UID}:{MARIADB_UID}",

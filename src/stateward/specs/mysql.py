@@ -118,6 +118,12 @@ skip-replica-start = ON
 """
 )
 
+METRICS_PORT: Final = 9104
+"""mysqld_exporter's port, which dashboards and scrape configs expect."""
+METRICS_PORT_NAME: Final = "metrics"
+EXPORTER_USERNAME: Final = "stateward_exporter"
+"""Each MariaDB server's own monitoring account (socket only, out of the binary log)."""
+
 MARIADB_ENTRYPOINT = """\
 #!/bin/bash
 # An empty data directory is filled once: with a copy of the primary's data (mariadb-backup,
@@ -149,6 +155,32 @@ watch_certificate() {  # the kubelet swaps in a renewed certificate: the server 
     [ "$now" = "$seen" ] && continue
     MYSQL_PWD="${ROOT_PASSWORD}" mariadb --socket=/run/mysqld/mysqld.sock --user=root \\
       -e 'FLUSH SSL' && seen=$now && echo "reloaded the renewed certificate" >&2
+  done
+}
+
+serve_metrics() {  # Prometheus metrics on ${METRICS_PORT}: mysqld_exporter on the socket
+  # Its account is this server's own (out of the binary log), with monitoring privileges
+  # only, and a new random password at every start in a file only this container reads: no
+  # Secret to keep, and the exporter never logs in as root.
+  local cnf=/tmp/exporter.cnf password
+  until MYSQL_PWD="${ROOT_PASSWORD}" mariadb-admin --socket=/run/mysqld/mysqld.sock \\
+      --user=root ping >/dev/null 2>&1; do
+    sleep 1
+  done
+  password=$(head -c 32 /dev/urandom | base64 | tr -dc 'A-Za-z0-9')
+  MYSQL_PWD="${ROOT_PASSWORD}" mariadb --socket=/run/mysqld/mysqld.sock --user=root <<SQL \\
+    || { echo "metrics: the exporter's account was not made" >&2; return; }
+SET sql_log_bin = 0;
+CREATE USER IF NOT EXISTS '{exporter}'@'localhost' WITH MAX_USER_CONNECTIONS 3;
+ALTER USER '{exporter}'@'localhost' IDENTIFIED BY '${password}';
+GRANT PROCESS, REPLICATION CLIENT, SLAVE MONITOR ON *.* TO '{exporter}'@'localhost';
+SQL
+  (umask 077 && printf '[client]\\nuser={exporter}\\npassword=%s\\nsocket=%s\\n' \\
+    "$password" /run/mysqld/mysqld.sock > "$cnf")
+  while true; do  # the database matters more than its metrics: restarted, never fatal
+    prometheus-mysqld-exporter --config.my-cnf="$cnf" \\
+      --web.listen-address=":${METRICS_PORT}" --log.level=warn || true
+    sleep 2
   done
 }
 
@@ -230,9 +262,10 @@ fi
 socat -t 60 "OPENSSL-LISTEN:${CLONE_PORT},reuseaddr,fork,${server_tls}" \\
   EXEC:"bash /etc/stateward/serve-clone.sh" &
 watch_certificate &
+serve_metrics &
 exec mariadbd --defaults-file="$config" --datadir="$datadir" --server-id=$((ordinal + 1)) \\
   --init-file=/etc/stateward/users.sql
-"""
+""".replace("{exporter}", EXPORTER_USERNAME)
 
 MARIADB_SERVE_CLONE = """\
 #!/bin/bash
@@ -588,8 +621,10 @@ def _container(database: v1alpha1.Database) -> meta.Object:
             {"name": "PRIMARY_NAME",
              "value": f"{database.primary_service_name}.{database.namespace}.svc"},
             {"name": "CLONE_PORT", "value": str(CLONE_PORT)},
+            {"name": "METRICS_PORT", "value": str(METRICS_PORT)},
         ]  # fmt: skip
         ports.append({"name": "clone", "containerPort": CLONE_PORT})
+        ports.append({"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT})
         mounts.append({"name": TLS_VOLUME, "mountPath": TLS_DIR, "readOnly": True})
         probe = ["mariadb-admin", f"--socket={SOCKET}", "ping"]
     else:
@@ -640,19 +675,20 @@ def _exec_probe(command: list[str], *, period: int, failures: int) -> meta.Objec
 
 def network_policy(database: v1alpha1.Database, operator_namespace: str) -> list[meta.Object]:
     """The SQL port to the clients, the servers and the operator's namespace; MariaDB's clone
-    port to the servers only."""
+    port to the servers only, its metrics port to ``spec.networkPolicy.metrics``."""
     if not database.spec.network_policy.enabled:
         return []
-    members = [PORT, CLONE_PORT] if database.spec.engine is v1alpha1.Engine.MARIADB else [PORT]
+    mariadb = database.spec.engine is v1alpha1.Engine.MARIADB
     return [
         network.network_policy(
             database.spec.network_policy,
             metadata=_meta(database, database.name),
             selector=selector_labels(database),
             client_ports=[PORT],
-            member_ports=members,
+            member_ports=[PORT, CLONE_PORT] if mariadb else [PORT],
             operator_ports=[PORT],
             operator_namespace=operator_namespace,
+            metrics_ports=[METRICS_PORT] if mariadb else [],
         )
     ]
 

@@ -10,8 +10,8 @@ out to — the object store, the API server — is not restricted):
   clone port), to the cluster's own pods only;
 * what the operator calls (Patroni's REST API; MariaDB's SQL port), to the operator's
   namespace;
-* a PostgreSQL instance's metrics port, to ``spec.networkPolicy.metrics`` (by default every
-  namespace: Prometheus runs in one of its own).
+* the metrics port (a PostgreSQL instance's 9187, a MariaDB server's 9104), to
+  ``spec.networkPolicy.metrics`` (by default every namespace: Prometheus runs in its own).
 
 Kubelet probes come from the node, which NetworkPolicy implementations let through.
 """
