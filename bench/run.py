@@ -54,6 +54,7 @@ from lightkube.config.kubeconfig import KubeConfig
 from lightkube.resources.core_v1 import Secret
 from tests.support.kwok import simulate
 
+from bench import bare
 from stateward.api import v1alpha1
 from stateward.cli.run import (
     OPERATOR_NAMESPACE,
@@ -64,6 +65,8 @@ from stateward.cli.run import (
 )
 from stateward.local import binaries
 from stateward.local.cluster import OPERATOR_USER, Config, LocalCluster, Ports, free_port_base
+from stateward.runtime import webhook
+from stateward.runtime.operator import Options as RuntimeOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -95,8 +98,23 @@ AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1",
     "kind": "Policy",
     "omitStages": ["RequestReceived"],
-    "rules": [{"level": "Metadata", "users": [OPERATOR_USER]}, {"level": "None"}],
+    "rules": [
+        # The operator's writes to the clusters with their bodies: what the bare client
+        # replays (bench.bare).
+        {
+            "level": "Request",
+            "users": [OPERATOR_USER],
+            "verbs": sorted(bare.WRITE_VERBS),
+            "namespaces": [NAMESPACE],
+        },
+        {"level": "Metadata", "users": [OPERATOR_USER]},
+        {"level": "None"},
+    ],
 }
+BARE_NAMESPACE = "bench-bare"
+OPERATOR_WORKERS = RuntimeOptions().workers
+"""The operator's concurrent reconciles: the bare client's concurrent writers."""
+WEBHOOK = webhook.CONFIGURATION_NAME
 
 
 def say(message: str) -> None:
@@ -542,6 +560,8 @@ class Run:
         w0, w1 = self._steady_state(operator)
         self._single_changes(operator, api, names)
         self._record_audit(cluster, t0, t_converged, t_ready, w0, w1)
+        if not self.args.no_bare:
+            self._bare_limit(cluster, operator, api, names, (t0, t_converged))
 
     def _create_and_converge(
         self,
@@ -660,8 +680,16 @@ class Run:
         r, n, pid, port = self.result, self.n, operator.process.pid, operator.probe_port
         ready_deadline = t0 + self.args.ready_timeout
         last_print = 0.0
-        while not tracker.all_ready() and time.time() < ready_deadline:
+        sts_ready: float | None = None
+        while time.time() < ready_deadline:
             round_started = time.time()
+            if sts_ready is None and n == bare.statefulsets_ready(
+                api.items(CHILD_PATHS["StatefulSet"]), tracker.names
+            ):
+                sts_ready = time.time()
+                r["statefulsets_ready_seconds"] = round(sts_ready - t0, 1)
+            if tracker.all_ready() and sts_ready is not None:
+                break
             tracker.poll(api)
             self._check_alive(operator)
             if time.time() - last_print >= self.args.progress:
@@ -756,10 +784,69 @@ class Run:
         time.sleep(2)  # the audit log is written asynchronously to the response
         requests = operator_requests(cluster)
         r["audit_converge"] = summarize(requests, t0, t_converged)
+        converging = [
+            q.at for q in requests
+            if t0 <= q.at < t_converged and q.verb in WRITE_VERBS and q.resource != "leases"
+        ]  # fmt: skip
+        if converging:
+            r["last_write_seconds"] = round(max(converging) - t0, 1)
         r["audit_ready"] = summarize(requests, t0, t_ready)
         r["audit_steady"] = summarize(requests, w0, w1)
         r["lease_max_gap_run_s"] = summarize(requests, t0, time.time())["lease_max_gap_s"]
         r["steady_window_s"] = round(w1 - w0, 1)
+
+    def _bare_limit(
+        self,
+        cluster: LocalCluster,
+        operator: OperatorProcess,
+        api: Api,
+        names: list[str],
+        converging: tuple[float, float],
+    ) -> None:
+        """Phase 5: the operator stopped (and its webhook with it), its writes while
+        converging replayed for N new clusters by a bare client (bench.bare) with as many
+        workers; timed to the last write answered and to every StatefulSet ready."""
+        r = self.result
+        operator.stop()
+        api.http.delete(
+            f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{WEBHOOK}"
+        )
+        time.sleep(2)  # the audit log is written asynchronously to the response
+        writes = bare.recorded_writes(
+            bare.audit_lines(cluster.audit_log.parent), OPERATOR_USER, NAMESPACE, *converging
+        )
+        api.create("/api/v1/namespaces", {"metadata": {"name": BARE_NAMESPACE}})
+        path = PGC_PATH.replace(f"/namespaces/{NAMESPACE}/", f"/namespaces/{BARE_NAMESPACE}/")
+
+        def create_cluster(name: str) -> str:
+            body = pgc_body(name, self.replicas)
+            body["metadata"]["namespace"] = BARE_NAMESPACE
+            response = api.http.post(path, json=body)
+            response.raise_for_status()
+            return str(response.json()["metadata"]["uid"])
+
+        say(f"==> bare client: replaying the operator's writes for {self.n} clusters")
+        done = bare.replay(
+            api.http, create_cluster, names, writes,
+            source=NAMESPACE, target=BARE_NAMESPACE, workers=OPERATOR_WORKERS,
+        )  # fmt: skip
+        r["bare_last_write_seconds"] = round(done.last_answered - done.first_sent, 1)
+        r["bare_writes_per_cluster"] = round(done.writes / self.n, 2)
+        r["bare_refused"] = done.refused
+        sts_path = CHILD_PATHS["StatefulSet"].replace(
+            f"/namespaces/{NAMESPACE}/", f"/namespaces/{BARE_NAMESPACE}/"
+        )
+        deadline = done.first_sent + self.args.ready_timeout
+        while time.time() < deadline:
+            if bare.statefulsets_ready(api.items(sts_path), names) == self.n:
+                r["bare_statefulsets_ready_seconds"] = round(time.time() - done.first_sent, 1)
+                break
+            time.sleep(self.args.poll)
+        say(
+            f"    bare client: last write after {r['bare_last_write_seconds']}s, every"
+            f" StatefulSet ready after {r.get('bare_statefulsets_ready_seconds', '—')}s"
+            + (f"; refused {done.refused}" if done.refused else "")
+        )
 
     def _check_alive(self, operator: OperatorProcess) -> None:
         if operator.process.poll() is not None:
@@ -892,6 +979,12 @@ def _change_latency(r: dict[str, Any]) -> str:
     return text + (f" ({missed} of {len(samples)} not acted on in time)" if missed else "")
 
 
+def _ratio(r: dict[str, Any], operator: str, limit: str) -> str:
+    if not r.get(operator) or not r.get(limit):
+        return "—"
+    return f"{r[operator] / r[limit]:.2f}"
+
+
 def _leadership(r: dict[str, Any]) -> str:
     gap = r.get("lease_max_gap_run_s")
     losses = r.get("leadership_losses", r.get("leadership_losses_converge"))
@@ -909,6 +1002,31 @@ ROWS: list[tuple[str, Any]] = [
     ("**first create → every cluster converged**", _converged),
     ("per cluster, its create → converged: p50 / p95 / max", _cluster_latency),
     ("first create → every cluster Ready (simulated pods)", _ready),
+    (
+        "operator: first create → its last converging write",
+        lambda r: _fmt(r.get("last_write_seconds"), " s"),
+    ),
+    (
+        "bare client, the operator's writes and nothing else: first create → last write",
+        lambda r: _fmt(r.get("bare_last_write_seconds"), " s"),
+    ),
+    (
+        "**operator ÷ bare client: last converging write** (goal ≤ 1.2)",
+        lambda r: f"**{_ratio(r, 'last_write_seconds', 'bare_last_write_seconds')}**",
+    ),
+    (
+        "first create → every StatefulSet ready: operator / bare client",
+        lambda r: (
+            f"{_fmt(r.get('statefulsets_ready_seconds'), ' s')}"
+            f" / {_fmt(r.get('bare_statefulsets_ready_seconds'), ' s')}"
+        ),
+    ),
+    (
+        "**operator ÷ bare client: every StatefulSet ready** (goal ≤ 1.2)",
+        lambda r: (
+            f"**{_ratio(r, 'statefulsets_ready_seconds', 'bare_statefulsets_ready_seconds')}**"
+        ),
+    ),
     (
         "**operator peak RSS (VmHWM), until converged**",
         lambda r: f"**{_fmt(r['rss_peak_converged_mib'], ' MiB')}**",
@@ -1051,6 +1169,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--poll", type=float, default=2, help="poll interval, seconds (2)")
     parser.add_argument("--progress", type=float, default=5, help="progress every (5) seconds")
     parser.add_argument("--keep", action="store_true", help="keep each run's state and logs")
+    parser.add_argument(
+        "--no-bare", action="store_true", help="skip the bare-client limit (bench.bare)"
+    )
     parser.add_argument("--no-doc", action="store_true", help="do not write docs/benchmarks.md")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
     parser.add_argument(
