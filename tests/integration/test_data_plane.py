@@ -176,16 +176,7 @@ def test_a_single_instance_bootstraps_to_a_writable_primary(
     # signed, with the intermediate beside it, so a client that trusts only the root gets
     # in — over PostgreSQL and over Patroni's REST API, still without a restart.
     corp, root = certificates.cert_manager_ca()
-    client.create(
-        Secret.from_dict(
-            {
-                "metadata": {"name": "corp-ca"},
-                "type": "kubernetes.io/tls",
-                "data": {k: base64.b64encode(v).decode() for k, v in corp.items()},
-            }
-        ),
-        namespace=ns,
-    )
+    client.create(Secret.from_dict(certificates.tls_secret("corp-ca", corp)), namespace=ns)
     client.patch(
         PostgresClusterResource, "solo", {"spec": {"tls": {"caSecretName": "corp-ca"}}},
         namespace=ns, patch_type=PatchType.MERGE,
@@ -206,16 +197,7 @@ def test_a_single_instance_bootstraps_to_a_writable_primary(
     # restart; an application trusting only that issuer's root verifies the Service's name.
     host = f"solo-primary.{ns}.svc"
     web, (web_root, web_root_key) = certificates.cert_manager_server((host,))
-    client.create(
-        Secret.from_dict(
-            {
-                "metadata": {"name": "web"},
-                "type": "kubernetes.io/tls",
-                "data": {k: base64.b64encode(v).decode() for k, v in web.items()},
-            }
-        ),
-        namespace=ns,
-    )
+    client.create(Secret.from_dict(certificates.tls_secret("web", web)), namespace=ns)
     client.patch(
         PostgresClusterResource, "solo", {"spec": {"tls": {"serverSecretName": "web"}}},
         namespace=ns, patch_type=PatchType.MERGE,

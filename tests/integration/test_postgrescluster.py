@@ -978,11 +978,7 @@ def test_a_users_ca_signs_the_certificates_and_its_renewal_and_removal_are_follo
 
     def put_ca() -> dict[str, bytes]:
         secret, _ = certificates.cert_manager_ca()
-        body = {
-            "metadata": {"name": "corp-ca"},
-            "type": "kubernetes.io/tls",
-            "data": {k: base64.b64encode(v).decode() for k, v in secret.items()},
-        }
+        body = certificates.tls_secret("corp-ca", secret)
         kube.apply(Secret.from_dict(body), namespace=namespace, field_manager="cert-manager")
         return secret
 
@@ -1102,11 +1098,7 @@ def test_a_users_serving_certificate_is_served_renewed_checked_and_given_back(
 
     def put(hosts: tuple[str, ...]) -> dict[str, bytes]:
         secret, _ = certificates.cert_manager_server(hosts)
-        body = {
-            "metadata": {"name": "web"},
-            "type": "kubernetes.io/tls",
-            "data": {k: base64.b64encode(v).decode() for k, v in secret.items()},
-        }
+        body = certificates.tls_secret("web", secret)
         kube.apply(Secret.from_dict(body), namespace=namespace, field_manager="cert-manager")
         return secret
 

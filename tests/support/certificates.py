@@ -3,7 +3,9 @@ user's own CA (``spec.tls.caSecretName``) and serving certificate (``serverSecre
 
 from __future__ import annotations
 
+import base64
 import datetime
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -116,3 +118,12 @@ def cert_manager_server(
     cert, key = leaf(hosts[0], (root, root_key), hosts=hosts, days=days, start=start)
     secret = {"tls.crt": pem(cert), "tls.key": pem_key(key), "ca.crt": pem(root)}
     return secret, (root, root_key)
+
+
+def tls_secret(name: str, data: dict[str, bytes]) -> dict[str, Any]:
+    """The ``kubernetes.io/tls`` Secret cert-manager would write with ``data``."""
+    return {
+        "metadata": {"name": name},
+        "type": "kubernetes.io/tls",
+        "data": {key: base64.b64encode(value).decode() for key, value in data.items()},
+    }

@@ -15,7 +15,6 @@ credential, and the cluster's NetworkPolicy decides who may scrape
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import threading
@@ -26,7 +25,7 @@ from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from stateward.instance import queries
+from stateward.instance import localsql, queries
 
 PORT: Final = 9187
 """postgres_exporter's port, which dashboards and scrape configs expect."""
@@ -178,29 +177,14 @@ def _archiver(document: Mapping[str, Any]) -> Iterator[Metric]:
 
 def ask(psql: str, run: Callable[..., Any] = subprocess.run) -> Mapping[str, Any] | None:
     """:data:`QUERY` through ``psql`` on the pod's socket; None if PostgreSQL did not answer."""
-    try:
-        done = run(
-            [psql, "-h", "/var/run/postgresql", "-U", "postgres", "-d", "postgres",
-             "-XtAq", "-v", "ON_ERROR_STOP=1", "-c", QUERY],
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-            check=False,
-            env={
-                **os.environ,
-                "PGCONNECT_TIMEOUT": "3",
-                "PGOPTIONS": f"-c statement_timeout={int(TIMEOUT * 1000) - 1000}",
-                "PGAPPNAME": "stateward-metrics",
-            },
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if done.returncode != 0:
-        return None
-    try:
-        document = json.loads(done.stdout)
-    except ValueError:
-        return None
+    document = localsql.json_answer(
+        psql,
+        QUERY,
+        user="postgres",
+        timeout=TIMEOUT,
+        statement_timeout_ms=int(TIMEOUT * 1000) - 1000,
+        run=run,
+    )
     return document if isinstance(document, dict) else None
 
 

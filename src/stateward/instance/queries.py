@@ -26,10 +26,7 @@ other queries and the instance's own metrics are unaffected.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import re
-import subprocess
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -37,6 +34,8 @@ from typing import Any, Final
 
 import yaml
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from stateward.instance import localsql
 
 DIRECTORY: Final = "/etc/stateward/queries"
 ROLE: Final = "stateward_monitor"
@@ -158,38 +157,14 @@ def run(
     psql: str, query: Query, run_: Callable[..., Any] | None = None
 ) -> list[Mapping[str, Any]] | None:
     """The rows of ``query``, asked as :data:`ROLE` on the pod's socket; None on any error."""
-    try:
-        done = (run_ or subprocess.run)(
-            [psql, "-h", "/var/run/postgresql", "-U", ROLE, "-d", "postgres",
-             "-XtAq", "-v", "ON_ERROR_STOP=1", "-c", wrapped(query)],
-            capture_output=True,
-            text=True,
-            timeout=STATEMENT_TIMEOUT_MS / 1000 + 2,
-            check=False,
-            env={**os.environ, "PGCONNECT_TIMEOUT": "3", "PGAPPNAME": "stateward-metrics"},
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if done.returncode != 0:
-        return None
-    try:
-        rows = json.loads(done.stdout)
-    except ValueError:
-        return None
+    timeout = STATEMENT_TIMEOUT_MS / 1000 + 2
+    rows = localsql.json_answer(psql, wrapped(query), user=ROLE, timeout=timeout, run=run_)
     return rows if isinstance(rows, list) else None
 
 
 def ensure_role(psql: str, run_: Callable[..., Any] | None = None) -> bool:
     """:data:`ENSURE_ROLE` as the superuser on the socket (on the primary); True if done."""
-    try:
-        done = (run_ or subprocess.run)(
-            [psql, "-h", "/var/run/postgresql", "-U", "postgres", "-d", "postgres",
-             "-XtAq", "-v", "ON_ERROR_STOP=1", "-c", ENSURE_ROLE],
-            capture_output=True, text=True, timeout=10, check=False,
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return bool(done.returncode == 0)
+    return localsql.answer(psql, ENSURE_ROLE, user="postgres", timeout=10, run=run_) is not None
 
 
 def families(
