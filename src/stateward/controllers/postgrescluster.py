@@ -526,15 +526,16 @@ async def roll_pods(scope: Scope) -> str | None:
         ("RollingUpdate", f"{len(outdated)} of {len(pods)} instances run an older revision")
     )
     scope.requeue(ROLL_RECHECK)
-    unscheduled = sorted(p["metadata"]["name"] for p in outdated if _unscheduled(p))
+    unscheduled = sorted((p for p in outdated if _unscheduled(p)), key=_name)
     if unscheduled:
         # Nothing runs in a pod never placed, and the new revision may be what lets it be
         # placed (a placement the nodes could not satisfy): replaced at once, not after
         # every instance is ready — it never would be.
-        for pod in (p for p in outdated if p["metadata"]["name"] in unscheduled):
+        for pod in unscheduled:
             await scope.kube.delete(Ref.of(pod))
-            scope.forget("Pod", pod["metadata"]["name"])
-        return f"replaced {', '.join(unscheduled)} (never scheduled) on revision {revision}"
+            scope.forget("Pod", _name(pod))
+        names = ", ".join(_name(p) for p in unscheduled)
+        return f"replaced {names} (never scheduled) on revision {revision}"
     before_tls = [p for p in outdated if _labels(p).get(meta.TLS_LABEL) != meta.TLS_GENERATION]
     if before_tls:
         return await _restart_onto_tls(scope, before_tls, revision)
@@ -561,6 +562,10 @@ async def roll_pods(scope: Scope) -> str | None:
 
 def _labels(pod: Body) -> dict[str, str]:
     return dict(pod["metadata"].get("labels") or {})
+
+
+def _name(pod: Body) -> str:
+    return str(pod["metadata"]["name"])
 
 
 async def _restart_onto_tls(scope: Scope, pods: list[Body], revision: str) -> str:
