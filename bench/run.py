@@ -485,7 +485,9 @@ class Run:
         self.args = args
         self.n = clusters
         self.replicas = replicas
-        self.nodes = max(3, math.ceil(clusters * replicas / PODS_PER_NODE) + 1)
+        # The bare client's clusters run beside the operator's: room for both sets of pods.
+        sets = 1 if args.no_bare else 2
+        self.nodes = max(3, math.ceil(sets * clusters * replicas / PODS_PER_NODE) + 1)
         self.result: dict[str, Any] = {
             "clusters": clusters,
             "replicas": replicas,
