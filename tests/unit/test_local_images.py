@@ -463,7 +463,7 @@ def chroot_calls(
         for arg in argv:
             if arg.startswith(images.BUILD_DIR):
                 assert (rootfs / arg.lstrip("/")).exists(), arg
-        if "--no-deps" in argv:
+        if "--no-index" in argv:  # the project itself, from its tree
             project = rootfs / argv[-1].lstrip("/")
             assert (project / "pyproject.toml").is_file()
             assert (project / "src" / "stateward" / "local" / "images.py").is_file()
@@ -489,7 +489,7 @@ def chroot_calls(
 
 
 PIP = ["/opt/stateward/bin/pip", "install", "--no-cache-dir", "--disable-pip-version-check"]
-HASHED = [*PIP, "--require-hashes", "--only-binary", ":all:"]
+HASHED = [*PIP, "--require-hashes", "--no-deps", "--only-binary", ":all:"]
 COMPILE = [
     "sh",
     "-c",

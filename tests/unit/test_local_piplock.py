@@ -366,14 +366,14 @@ def test_the_install_commands_for_wheels_only() -> None:
     )
     assert commands == [
         (
-            [*PIP, "--require-hashes", "--only-binary", ":all:", "--cert", "/ca",
+            [*PIP, "--require-hashes", "--no-deps", "--only-binary", ":all:", "--cert", "/ca",
              "-r", "/b/build-requirements-bookworm.txt"],
-            "pip install --require-hashes -r build-requirements-bookworm.txt",
+            "pip install --require-hashes --no-deps -r build-requirements-bookworm.txt",
         ),
         (
-            [*PIP, "--require-hashes", "--only-binary", ":all:", "--cert", "/ca",
+            [*PIP, "--require-hashes", "--no-deps", "--only-binary", ":all:", "--cert", "/ca",
              "-r", "/b/requirements-bookworm.txt"],
-            "pip install --require-hashes -r requirements-bookworm.txt",
+            "pip install --require-hashes --no-deps -r requirements-bookworm.txt",
         ),
         (
             [*PIP, "--no-index", "--no-deps", "--no-build-isolation", "/b/stateward"],
@@ -388,10 +388,11 @@ def test_the_install_commands_build_packages_from_source_with_the_locked_tools()
         INSTANCE, pip="/v/bin/pip", folder="/b", project="/b/s"
     )
     assert build[0] == [
-        *PIP, "--require-hashes", "--only-binary", ":all:", "-r", "/b/build-requirements-trixie.txt"
+        *PIP, "--require-hashes", "--no-deps", "--only-binary", ":all:",
+        "-r", "/b/build-requirements-trixie.txt",
     ]  # fmt: skip
     assert lock[0] == [
-        *PIP, "--require-hashes", "--only-binary", ":all:", "--no-binary", "ydiff",
+        *PIP, "--require-hashes", "--no-deps", "--only-binary", ":all:", "--no-binary", "ydiff",
         "--no-build-isolation", "--use-pep517", "-r", "/b/requirements-trixie.txt",
     ]  # fmt: skip
     assert project[0][-4:] == ["--no-index", "--no-deps", "--no-build-isolation", "/b/s"]
@@ -403,6 +404,8 @@ def test_every_command_that_reaches_pypi_checks_hashes() -> None:
         for argv, _ in piplock.install_commands(target, pip="p", folder="/b", project="/s"):
             if argv[1] == "install":
                 assert "--require-hashes" in argv or "--no-index" in argv, argv
+                # A lock is the whole closure: pip resolves nothing beyond it.
+                assert "--no-deps" in argv, argv
                 assert "--only-binary" in argv or "--no-index" in argv, argv
 
 

@@ -317,7 +317,12 @@ def install_commands(
     check``, which fails when the lock lacks something stateward or Patroni requires.
     ``options`` (``--cert``) go to the commands that reach PyPI."""
     install = [pip, "install", "--no-cache-dir", "--disable-pip-version-check"]
-    hashed = [*install, "--require-hashes"]
+    # --no-deps: a lock is the whole closure, so pip resolves nothing. Left to resolve, pip
+    # 23 takes a dependency with extras (lightkube's ``httpx2[http2,ws]>=0.28.1``) for a
+    # requirement of its own, picks PyPI's newest release for it and refuses it as unpinned:
+    # a new upstream release broke every image build. ``pip check`` below still fails when
+    # the lock lacks something a package requires.
+    hashed = [*install, "--require-hashes", "--no-deps"]
     # A wheel built by the locked setuptools in this venv (pip 23 would otherwise run the
     # legacy `setup.py install` for a --no-binary project without a pyproject.toml).
     isolation = ["--no-build-isolation", "--use-pep517"] if target.from_source else []
@@ -326,11 +331,11 @@ def install_commands(
     return [
         (
             [*build_lock, "-r", f"{folder}/{target.build_lock_name}"],
-            f"pip install --require-hashes -r {target.build_lock_name}",
+            f"pip install --require-hashes --no-deps -r {target.build_lock_name}",
         ),
         (
             [*lock, "-r", f"{folder}/{target.lock_name}"],
-            f"pip install --require-hashes -r {target.lock_name}",
+            f"pip install --require-hashes --no-deps -r {target.lock_name}",
         ),
         (
             [*install, "--no-index", "--no-deps", "--no-build-isolation", project],
