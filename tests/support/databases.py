@@ -78,7 +78,8 @@ def tls_of(app: dict[str, str]) -> ssl.SSLContext:
 def query(address: str, app: dict[str, str], statement: str) -> tuple[Any, ...]:
     connection = pymysql.connect(host=address, port=3306, user=app["user"],
                                  password=app["password"], database=app["dbname"],
-                                 autocommit=True, connect_timeout=5, ssl=tls_of(app))  # fmt: skip
+                                 autocommit=True, connect_timeout=5, read_timeout=30,
+                                 write_timeout=30, ssl=tls_of(app))  # fmt: skip
     try:
         with connection.cursor() as cursor:
             cursor.execute(statement)
@@ -221,7 +222,9 @@ class ServersWriter:
 def refused(address: str, **options: Any) -> pymysql.MySQLError | None:
     """The error a login from the network gets, or None if it got in."""
     try:
-        pymysql.connect(host=address, port=3306, connect_timeout=5, **options).close()
+        pymysql.connect(
+            host=address, port=3306, connect_timeout=5, read_timeout=10, **options
+        ).close()
     except pymysql.MySQLError as error:
         return error
     return None

@@ -508,16 +508,32 @@ def link_up(node: Node) -> bool:
     return flags.exists() and bool(int(flags.read_text(), 16) & 1)
 
 
-def set_frozen(node: Node, *, frozen: bool) -> None:
+def set_frozen(node: Node, *, frozen: bool, timeout: float = 60.0) -> None:
+    """Freeze (or thaw) every process of ``node`` and wait until the kernel says it is done.
+
+    The v1 freezer stays FREEZING while a task sits where it cannot be frozen (in
+    uninterruptible I/O, say, which a busy host makes common); writing FROZEN again retries
+    them, so the request is repeated until it holds. A node that will not freeze is thawed
+    again before the error, never left half frozen."""
     path = freezer_path(node)
     if path is None:
         raise LocalClusterError("no cgroup freezer on this host: `node freeze` needs one")
-    (path / "freezer.state").write_text("FROZEN" if frozen else "THAWED")
-    deadline = time.monotonic() + 10
+    state = path / "freezer.state"
     want = "FROZEN" if frozen else "THAWED"
-    while (path / "freezer.state").read_text().strip() != want:
-        if time.monotonic() > deadline:
-            raise LocalClusterError(f"{node.name} did not reach {want}")
+    deadline = time.monotonic() + timeout
+    retry = 0.0
+    while state.read_text().strip() != want:
+        now = time.monotonic()
+        if now > deadline:
+            if frozen:
+                state.write_text("THAWED")
+            raise LocalClusterError(
+                f"{node.name} did not reach {want} in {timeout:.0f}s"
+                f" (it is {state.read_text().strip()})"
+            )
+        if now >= retry:
+            state.write_text(want)
+            retry = now + 0.5
         time.sleep(0.05)
 
 
