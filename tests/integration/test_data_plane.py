@@ -37,6 +37,7 @@ from tests.support import certificates
 from tests.support.dataplane import (
     CONNECT_AS_AN_APPLICATION,
     PATCH_CONFIG_AS_AN_ATTACKER,
+    PoolerWriter,
     Writer,
     annotate,
     client_of,
@@ -46,6 +47,7 @@ from tests.support.dataplane import (
     local_repository,
     now_stamp,
     operator_on,
+    pooler_dsn,
     ready,
     roles,
     run_in_pod,
@@ -55,7 +57,7 @@ from tests.support.dataplane import (
     switchover_done,
 )
 from tests.support.faults import instance_processes
-from tests.support.waiting import wait_for
+from tests.support.waiting import Timeout, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -581,11 +583,84 @@ def test_a_final_backup_that_cannot_start_says_why_and_can_be_skipped(
 # --- synchronous replication, switchover, restarts, scaling ---------------------------------
 
 
+def _pooler_works_and_keeps_out_who_must_not_log_in(
+    client: Client, ns: str, name: str, tmp_path: Path
+) -> str:
+    """The pooler of ``name`` (``spec.pooler``) ready: the application logs in through it
+    with its own password over TLS verified for the Service's name, and PgBouncer reaches
+    PostgreSQL over TLS; without TLS, with a wrong password, or as one of the roles that
+    must never log in through it (even with their real passwords), nobody gets in. The CA
+    file, for more clients."""
+    wait_for(
+        lambda: (status_of(client, ns, name).get("pooler") or {}).get("readyInstances") == 2,
+        what="both PgBouncer pods ready in status.pooler",
+        timeout=180,
+    )
+    assert status_of(client, ns, name)["pooler"]["host"] == f"{name}-pooler.{ns}.svc"
+    ca_file = tmp_path / "ca.crt"
+    ca_file.write_bytes(_secret_bytes(client, ns, f"{name}-app", "ca.crt"))
+
+    def login(user: str, password: str, statement: str = "select 1", **extra: str) -> str:
+        dsn = pooler_dsn(client, ns, name, str(ca_file), user=user, **extra)
+        done = subprocess.run(
+            ["psql", dsn, "-XtAc", statement],
+            env={**os.environ, "PGPASSWORD": password},
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        return done.stdout.strip() if done.returncode == 0 else f"refused: {done.stderr.strip()}"
+
+    app_password = _secret_bytes(client, ns, f"{name}-app", "password").decode()
+    mine = "select current_user || ' ' || ssl from pg_stat_ssl where pid = pg_backend_pid()"
+    answers = [""]
+
+    def logged_in() -> bool:
+        answers.append(login("app", app_password, mine))
+        return answers[-1] == "app true"
+
+    try:
+        wait_for(
+            logged_in,
+            what="the app role through the pooler, TLS from PgBouncer to PostgreSQL",
+            timeout=90,
+        )
+    except Timeout:
+        logs = {
+            pod.metadata.name: list(client.log(pod.metadata.name, namespace=ns, tail_lines=20))  # type: ignore[union-attr]
+            for pod in client.list(
+                Pod, namespace=ns, labels={"app.kubernetes.io/component": "pooler"}
+            )
+        }
+        raise AssertionError(f"the pooler answered {answers[-1]!r}; its logs: {logs}") from None
+    attempts = {
+        "no TLS": login("app", app_password, sslmode="disable"),
+        "a wrong password": login("app", "guessed"),
+        "the superuser": login(
+            "postgres", _secret_bytes(client, ns, f"{name}-superuser", "password").decode()
+        ),
+        "the replication role": login(
+            "replicator", _secret_bytes(client, ns, f"{name}-replication", "password").decode()
+        ),
+        "PgBouncer's own role": login("stateward_pooler", ""),
+    }
+    let_in = {who: answer for who, answer in attempts.items() if not answer.startswith("refused")}
+    assert not let_in, f"the pooler let in {let_in}"
+    return str(ca_file)
+
+
+def _secret_bytes(client: Client, ns: str, name: str, key: str) -> bytes:
+    return base64.b64decode((client.get(Secret, name, namespace=ns).data or {})[key])
+
+
 def test_a_switchover_on_request_moves_the_primary_without_losing_an_acknowledged_write(
-    real_cluster: LocalCluster, client: Client, ns: str, real_operator: OperatorProcess
+    real_cluster: LocalCluster,
+    client: Client,
+    ns: str,
+    real_operator: OperatorProcess,
+    tmp_path: Path,
 ) -> None:
-    create_cluster(client, ns, "sw", replicas=3)
+    create_cluster(client, ns, "sw", replicas=3, pooler={"instances": 2})
     ready(client, ns, "sw")
+    ca_file = _pooler_works_and_keeps_out_who_must_not_log_in(client, ns, "sw", tmp_path)
     # Synchronous by default: Patroni names one synchronous standby, and status shows it.
     wait_for(
         lambda: sorted(roles(client, ns, "sw").values()) == ["primary", "replica", "sync_standby"],
@@ -598,11 +673,13 @@ def test_a_switchover_on_request_moves_the_primary_without_losing_an_acknowledge
     assert standby in sql(real_cluster, ns, old, "show synchronous_standby_names")
     assert all(i.get("timeline", 0) >= 1 for i in status["instances"])
 
-    with Writer(client, ns, "sw") as writer:
+    pooled = PoolerWriter(client, ns, "sw", ca_file, table="wp")
+    with Writer(client, ns, "sw") as writer, pooled:
         started = now_stamp()
         annotate(client, ns, "sw", "any")
         record = switchover_done(client, ns, "sw", started)
         wait_for(lambda: len(writer.acknowledged) >= 20, what="writes after the switchover")
+        pooled.wait_acks(20)
     assert record["phase"] == "Succeeded", record
     assert record["fromPod"] == old and record["reason"] == "Requested"
     new = status_of(client, ns, "sw")["primaryPod"]
@@ -610,6 +687,15 @@ def test_a_switchover_on_request_moves_the_primary_without_losing_an_acknowledge
     assert sql(real_cluster, ns, new, "select pg_is_in_recovery()") == "f"
     assert writer.missing_on(real_cluster, ns, new) == set()
     print(f"switchover write downtime: {writer.longest_gap():.2f}s")
+    # Through the pooler too: nothing acknowledged is lost, and PgBouncer follows the
+    # primary Service to the new primary with no new configuration.
+    assert pooled.missing_on(real_cluster, ns, new) == set()
+    new_address = client.get(Pod, new, namespace=ns).status.podIP  # type: ignore[union-attr]
+    assert pooled.servers()[-1] == new_address, pooled.servers()
+    print(
+        f"switchover through the pooler: {len(pooled.failed)} writes failed, longest gap"
+        f" {pooled.longest_gap():.2f}s"
+    )
     assert {"SwitchoverStarted", "SwitchedOver"} <= set(event_reasons(client, ns))
     port = real_operator.probe_port
     assert metric(port, "stateward_events_total", 'reason="SwitchedOver"') >= 1

@@ -15,7 +15,7 @@ from cryptography import x509
 from lightkube import ApiError, Client, codecs
 from lightkube.models.core_v1 import ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.apps_v1 import StatefulSet
+from lightkube.resources.apps_v1 import Deployment, StatefulSet
 from lightkube.resources.authorization_v1 import SubjectAccessReview
 from lightkube.resources.batch_v1 import CronJob, Job
 from lightkube.resources.core_v1 import (
@@ -283,6 +283,63 @@ def test_backup_schedule_set_changed_cleared(
         )
 
 
+def test_a_pooler_is_made_reported_reconfigured_and_removed(
+    kube: Client, namespace: str, make_cluster: MakeCluster
+) -> None:
+    name = make_cluster(pooler={"instances": 2, "defaultPoolSize": 10})
+    ready = wait_phase(kube, name, namespace, "Ready", timeout=90)
+    pooler = f"{name}-pooler"
+    for resource in (ConfigMap, Service, NetworkPolicy, Deployment):
+        child = kube.get(resource, pooler, namespace=namespace)
+        owners = child.metadata.ownerReferences  # type: ignore[union-attr]
+        assert owners and owners[0].uid == ready["metadata"]["uid"], resource.__name__
+    wait_for(
+        lambda: (
+            get_pgc(kube, name, namespace)["status"].get("pooler")
+            == {
+                "host": f"{pooler}.{namespace}.svc",
+                "instances": 2,
+                "readyInstances": 2,
+                "poolMode": "transaction",
+            }
+        ),
+        what="status.pooler: two PgBouncer pods ready",
+        timeout=60,
+    )
+    # The pooler's pods are no instances: the cluster still counts three.
+    assert get_pgc(kube, name, namespace)["status"]["readyReplicas"] == 3
+
+    def ini() -> str:
+        return (kube.get(ConfigMap, pooler, namespace=namespace).data or {})["pgbouncer.ini"]
+
+    assert "default_pool_size = 10" in ini()
+    before = kube.get(Deployment, pooler, namespace=namespace).spec.template.metadata.annotations  # type: ignore[union-attr]
+    patch_cluster(kube, name, namespace, {"spec": {"pooler": {"defaultPoolSize": 12}}})
+    wait_for(lambda: "default_pool_size = 12" in ini(), what="the new pool size", timeout=30)
+    wait_for(
+        lambda: (
+            kube.get(Deployment, pooler, namespace=namespace).spec.template.metadata.annotations  # type: ignore[union-attr]
+            != before
+        ),
+        what="the pooler's pods to roll onto the new configuration",
+        timeout=30,
+    )
+
+    patch_cluster(kube, name, namespace, {"spec": {"pooler": None}})
+    for resource in (ConfigMap, Service, NetworkPolicy, Deployment):
+        wait_for(
+            lambda resource=resource: gone(kube, resource, pooler, namespace),
+            what=f"the pooler's {resource.__name__} to be deleted",
+            timeout=30,
+        )
+    wait_for(
+        lambda: "pooler" not in get_pgc(kube, name, namespace)["status"],
+        what="status.pooler to go",
+        timeout=30,
+    )
+    assert any(e.startswith("PoolerRemoved: ") for e in events(kube, namespace, name))
+
+
 def test_instances_get_a_node_each_and_share_nodes_only_when_placement_allows(
     kube: Client, namespace: str, make_cluster: MakeCluster
 ) -> None:
@@ -454,8 +511,17 @@ def test_converged_cluster_makes_zero_writes(
         backup=clusters.BACKUP,
         storageSize="1024Mi",
         resources={"requests": {"cpu": "1000m", "memory": "1024Mi"}},
+        pooler={"instances": 1},
     )
     wait_phase(kube, name, namespace, "Ready", timeout=90)
+    wait_for(
+        lambda: (
+            (get_pgc(kube, name, namespace)["status"].get("pooler") or {}).get("readyInstances")
+            == 1
+        ),
+        what="the pooler's pod ready",
+        timeout=60,
+    )
     sts = kube.get(StatefulSet, name, namespace=namespace)
     template = sts.spec.volumeClaimTemplates[0]  # type: ignore[index, union-attr]
     assert template.spec.resources.requests["storage"] == "1Gi"  # type: ignore[index, union-attr]

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from lightkube import ApiError, Client, codecs
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Event, Namespace, Pod, Secret
+from lightkube.resources.core_v1 import Event, Namespace, Pod, Secret, Service
 from lightkube.types import PatchType
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -228,12 +228,18 @@ class Writer:
         self.env = {**os.environ, "PGPASSWORD": password}
         self.dsn = self._dsn()
         self.acknowledged: list[Ack] = []
+        self.failed: list[float] = []
+        """When each write that was not acknowledged ended."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _dsn(self) -> str:
         """Every instance's address: pods replaced in a rolling update get new ones."""
-        pods = self.client.list(Pod, namespace=self.ns, labels={"stateward.io/cluster": self.name})
+        pods = self.client.list(
+            Pod,
+            namespace=self.ns,
+            labels={"stateward.io/cluster": self.name, "app.kubernetes.io/component": "instance"},
+        )
         hosts = ",".join(p.status.podIP for p in pods if p.status and p.status.podIP)
         return (
             f"host={hosts} port=5432 dbname={APP_DATABASE} user={APP_USER} connect_timeout=2"
@@ -263,6 +269,7 @@ class Writer:
             if done.returncode == 0 and server:
                 self.acknowledged.append(Ack(n, time.monotonic(), server.split("/")[0]))
             else:
+                self.failed.append(time.monotonic())
                 # The API server may be down (a fault under test): keep the addresses known.
                 with contextlib.suppress(Exception):
                     self.dsn = self._dsn()
@@ -307,6 +314,37 @@ class Writer:
         )
         rows = {int(x) for x in present.split(",") if x}
         return {a.n for a in self.acknowledged} - rows
+
+
+class PoolerWriter(Writer):
+    """The same application through the pooler (``NAME-pooler``), verifying the Service's
+    name against the app Secret's ``ca.crt`` (``sslmode=verify-full``), as an application in
+    the cluster would; the host reaches the Service's address through a node."""
+
+    def __init__(self, client: Client, ns: str, name: str, ca_file: str, table: str) -> None:
+        self.ca_file = ca_file
+        super().__init__(client, ns, name, table)
+
+    def _dsn(self) -> str:
+        return pooler_dsn(self.client, self.ns, self.name, self.ca_file)
+
+
+def pooler_dsn(
+    client: Client, ns: str, name: str, ca_file: str, *, user: str = APP_USER, **extra: str
+) -> str:
+    address = client.get(Service, f"{name}-pooler", namespace=ns).spec.clusterIP  # type: ignore[union-attr]
+    options = {
+        "host": f"{name}-pooler.{ns}.svc",
+        "hostaddr": address,
+        "port": "5432",
+        "dbname": APP_DATABASE,
+        "user": user,
+        "connect_timeout": "5",
+        "sslmode": "verify-full",
+        "sslrootcert": ca_file,
+        **extra,
+    }
+    return " ".join(f"{key}={value}" for key, value in options.items())
 
 
 PATCH_CONFIG_AS_AN_ATTACKER = """

@@ -246,6 +246,7 @@ def test_status_is_complete(schema: dict[str, Any]) -> None:
         "switchover",
         "lastFailover",
         "rollingRestart",
+        "pooler",
     }
     assert "required" not in status
     condition = at(schema, "status.conditions.[]")
@@ -582,3 +583,12 @@ def test_committed_sample_is_valid() -> None:
     assert cluster.spec.replicas == 3
     assert validate_spec(sample["spec"]) == []
     assert validate_cron(sample["spec"]["backupSchedule"]) == []
+
+
+def test_an_optional_object_whose_presence_means_something_is_never_defaulted(
+    schema: dict[str, Any],
+) -> None:
+    """``spec.pooler`` unset means no pooler: a ``default: {}`` would give every cluster one."""
+    pooler = at(schema, "spec.pooler")
+    assert "default" not in pooler and "nullable" not in pooler
+    assert pooler["properties"]["instances"]["default"] == 2

@@ -118,3 +118,18 @@ def test_the_report_names_the_users_ca_and_serving_certificate() -> None:
         "  TLS 1.3 only: serving your certificate (Secret web); client certificates of your CA"
         " (Secret corp-ca)"
     ) in text
+
+
+def test_the_report_shows_where_the_pooler_answers_and_how_many_pods_serve() -> None:
+    body = cluster()
+    assert "Pooler" not in "\n".join(plugin.report(body, [], now=NOW))
+    body["spec"]["pooler"] = {"instances": 3, "poolMode": "session"}  # type: ignore[index]
+    text = "\n".join(plugin.report(body, [], now=NOW))
+    assert "  Pooler: PgBouncer at orders-pooler.shop.svc:5432, 0/3 ready, session pooling" in text
+    body["spec"]["pooler"] = {}  # type: ignore[index]
+    body["status"]["pooler"] = {"host": "orders-pooler.shop.svc", "instances": 2,  # type: ignore[index]
+                                "readyInstances": 2, "poolMode": "transaction"}  # fmt: skip
+    text = "\n".join(plugin.report(body, [], now=NOW))
+    assert (
+        "  Pooler: PgBouncer at orders-pooler.shop.svc:5432, 2/2 ready, transaction pooling" in text
+    )

@@ -114,6 +114,7 @@ def test_pg_hba_requires_tls_and_scram_over_the_network() -> None:
         "hostssl all postgres all cert",
         "hostssl replication replicator all cert",
         "hostssl all replicator all cert",
+        "hostssl all stateward_pooler all cert",
         "hostssl replication all all reject",
         "hostssl all all all scram-sha-256",
     ]
@@ -121,9 +122,10 @@ def test_pg_hba_requires_tls_and_scram_over_the_network() -> None:
     network = [rule for rule in pg_hba if not rule.startswith("local")]
     assert network[0].startswith("hostnossl") and network[0].endswith("reject")
     assert all(rule.startswith("hostssl") for rule in network[1:])
-    # The superuser and the replication role never get to use a password over the network.
+    # The superuser, the replication role and PgBouncer's own role (which has none) never
+    # get to use a password over the network.
     password_rule = network.index("hostssl all all all scram-sha-256")
-    for user in ("postgres", "replicator"):
+    for user in ("postgres", "replicator", "stateward_pooler"):
         assert any(
             f" {user} " in rule and rule.endswith(" cert") for rule in network[:password_rule]
         )

@@ -419,3 +419,22 @@ def test_signal_handlers_setting_the_waker_never_hang_the_waiting_main_thread() 
     )
     assert flood.returncode == 0, flood.stderr[-2000:]
     assert flood.stdout.strip() == "woken True"
+
+
+def test_the_pooler_gets_the_runtimes_sigterm_as_pgbouncers_safe_shutdown() -> None:
+    """PgBouncer's SIGTERM would wait for every client to leave; its SIGINT lets the running
+    transactions finish and exits. The child here reports which one it got."""
+    children = Children(
+        ["sh", "-c", "trap 'exit 2' INT; trap 'exit 15' TERM; while :; do sleep 0.05; done"]
+    )
+
+    def drive() -> None:
+        eventually(lambda: bool(children.running()), "PgBouncer to start")
+        signal.raise_signal(signal.SIGTERM)
+
+    assert supervise(supervisor.Unfenced(), children, drive, signals=supervisor.POOLER_SIGNALS) == 2  # type: ignore[arg-type]
+
+
+def test_the_pooler_is_never_fenced() -> None:
+    source = supervisor.Unfenced()
+    assert source.fenced is False and source.known.is_set()

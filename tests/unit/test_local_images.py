@@ -282,6 +282,7 @@ def test_the_instance_image_is_the_operators_default_image(
         "python3-venv",
         "ca-certificates",
         "libnss-wrapper",
+        "pgbouncer",
     }
     assert spec in images.IMAGES and base in images.IMAGES
     assert images.IMAGES.index(base) < images.IMAGES.index(spec)

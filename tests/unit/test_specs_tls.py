@@ -67,6 +67,7 @@ def test_the_serving_secret_holds_a_certificate_for_those_names_signed_by_the_ca
     assert set(data) == {
         "tls.crt", "tls.key", "ca.crt", "client-ca.crt",
         "superuser.crt", "superuser.key", "replication.crt", "replication.key",
+        "pooler.crt", "pooler.key",
     }  # fmt: skip
     assert data["ca.crt"] == ca
     assert data["client-ca.crt"] == ca  # the servers accept client certificates of the CA

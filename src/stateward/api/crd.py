@@ -25,7 +25,8 @@ The conversion from pydantic's JSON Schema:
 * defaults: scalar and object defaults of the spec are kept, so the API server fills them
   in and users see them (``deletionPolicy.finalBackup: true``); an optional object field
   whose children have defaults and which requires nothing gets ``default: {}``, or its
-  children's defaults would only apply when the user writes the parent. None defaults are
+  children's defaults would only apply when the user writes the parent — unless the field is
+  ``X | None = None``, whose presence is its meaning (``spec.pooler``). None defaults are
   dropped, and so is every default under ``status`` (the operator writes status; the API
   server should not invent it). ``metadata`` is ``{type: object}``: the API server owns it.
 
@@ -230,7 +231,12 @@ class _Converter:
             }
             required = set(out.get("required", ()))
             for name, prop in out["properties"].items():
-                if name not in required and "default" not in prop and _wants_empty_default(prop):
+                if (
+                    name not in required
+                    and "default" not in prop
+                    and not _present_or_none(properties[name])
+                    and _wants_empty_default(prop)
+                ):
                     prop["default"] = {}
         elif isinstance(extra, dict) and extra:
             out["additionalProperties"] = self.convert(extra, f"{path}{{}}", stack)
@@ -250,6 +256,13 @@ def _json_type(value: object, path: str) -> str:
     if isinstance(value, str):
         return "string"
     raise SchemaError(f"{path}: cannot type the constant {value!r}")
+
+
+def _present_or_none(prop: Schema) -> bool:
+    """A field typed ``X | None = None``: its presence is what it says (``spec.pooler``: a
+    pooler or none), so it must never be defaulted into existence."""
+    union = prop.get("anyOf", prop.get("oneOf")) or []
+    return "default" in prop and prop["default"] is None and {"type": "null"} in union
 
 
 def _wants_empty_default(prop: Schema) -> bool:

@@ -271,6 +271,48 @@ class Monitoring(_Model):
     nothing. Changing this list rolls the instances (their volumes change)."""
 
 
+class PoolMode(enum.StrEnum):
+    SESSION = "session"
+    TRANSACTION = "transaction"
+
+
+POOLER_MAJOR = 17
+"""The instance image the pooler runs by default (see ``Pooler.image``)."""
+POOLER_PORT = 5432
+"""The pooler Service's port: applications change the host, not the port."""
+
+
+class Pooler(_Model):
+    """PgBouncer in front of the primary (``NAME-pooler``, a Deployment and its Service).
+
+    Applications log in with their own role and password, checked by PgBouncer against
+    PostgreSQL (``auth_query`` through a lookup function only PgBouncer's own role may run);
+    no file holds a password. TLS on both sides: PgBouncer serves the cluster's serving
+    certificate (it covers ``NAME-pooler``) and verifies the primary's."""
+
+    instances: int = Field(default=2, ge=1, le=10)
+    """PgBouncer pods, spread over the nodes when it can be."""
+
+    pool_mode: PoolMode = PoolMode.TRANSACTION
+    """``transaction`` (the default): a server connection serves one transaction at a time
+    (session state such as ``SET`` or advisory locks does not carry over); ``session``: one
+    client holds one server connection until it leaves."""
+
+    default_pool_size: int = Field(default=20, ge=1, le=10_000)
+    """Server connections per user and database, per PgBouncer pod: with ``instances``
+    pods, up to ``instances * defaultPoolSize`` reach PostgreSQL; keep that under
+    ``max_connections``."""
+
+    max_client_connections: int = Field(default=1000, ge=1, le=100_000)
+    """Client connections each PgBouncer pod accepts."""
+
+    image: str | None = Field(default=None, max_length=512)
+    """PgBouncer's image; by default the Stateward instance image of PostgreSQL 17, whose
+    PgBouncer (1.24, Debian trixie's) looks roles up in one database for all of them
+    (``auth_dbname``, PgBouncer 1.19 and later); it speaks to any supported major. An
+    image of your own needs that PgBouncer and ``stateward-instance``."""
+
+
 class AntiAffinity(enum.StrEnum):
     REQUIRED = "Required"
     PREFERRED = "Preferred"
@@ -454,6 +496,10 @@ class PostgresClusterSpec(_Model):
 
     monitoring: Monitoring = Field(default_factory=Monitoring)
     """Custom metric queries beside each instance's own metrics."""
+
+    pooler: Pooler | None = None
+    """A PgBouncer connection pooler in front of the primary (``NAME-pooler``); none when
+    unset, and removing it removes the pooler."""
 
     @property
     def major_version(self) -> int:
@@ -639,6 +685,17 @@ class OnDemandBackupStatus(_Model):
     message: str = ""
 
 
+class PoolerStatus(_Model):
+    """The PgBouncer pooler as its Deployment reports it."""
+
+    host: str
+    """Where applications connect instead of the primary Service (port 5432)."""
+
+    instances: int
+    ready_instances: int = 0
+    pool_mode: PoolMode
+
+
 class PostgresClusterStatus(_Model):
     """The observed state of a PostgreSQL cluster."""
 
@@ -689,6 +746,9 @@ class PostgresClusterStatus(_Model):
 
     rolling_restart: RollingRestartStatus | None = None
     """The running or last restart rolled for a parameter change."""
+
+    pooler: PoolerStatus | None = None
+    """The PgBouncer pooler, when ``spec.pooler`` asks for one."""
 
 
 class _Resource(_Model):
@@ -833,6 +893,16 @@ class PostgresCluster(_Resource):
         if self.spec.backup is None:
             return None
         return self.spec.backup.repository.s3.path or f"/{self.namespace}/{self.name}"
+
+    @property
+    def pooler_image(self) -> str:
+        pooler = self.spec.pooler
+        return (pooler.image if pooler else None) or f"{DEFAULT_IMAGE_REPOSITORY}:{POOLER_MAJOR}"
+
+    @property
+    def pooler_name(self) -> str:
+        """The pooler's Deployment, Service, ConfigMap and NetworkPolicy."""
+        return f"{self.name}-pooler"
 
     @property
     def leader_config_map_name(self) -> str:

@@ -152,6 +152,15 @@ def report(
         f" {metrics.PORT} of each (/metrics)"
     )
     lines.append("  " + _tls_line(name, spec.get("tls") or {}))
+    if spec.get("pooler") is not None:
+        pooler = status.get("pooler") or {}
+        wanted = spec["pooler"] or {}
+        lines.append(
+            f"  Pooler: PgBouncer at {pooler.get('host') or f'{name}-pooler.{namespace}.svc'}:"
+            f"{v1alpha1.POOLER_PORT}, {pooler.get('readyInstances', 0)}/"
+            f"{wanted.get('instances', 2)} ready,"
+            f" {wanted.get('poolMode', v1alpha1.PoolMode.TRANSACTION.value)} pooling"
+        )
     switchover = status.get("switchover")
     if switchover:
         lines += [

@@ -33,6 +33,7 @@ from stateward.controllers.store import ObjectStore
 from stateward.instance import patroni, pgbackrest
 from stateward.specs import backup, meta, secrets
 from stateward.specs import config as config_spec
+from stateward.specs import pooler as pooler_spec
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +124,7 @@ class Reconciler:
                 check_fencing,
                 apply_children,
                 remove_backup_cronjob,
+                remove_pooler,
                 check_backup_credentials,
                 expand_volumes,
                 self.data_plane.follow_leader_lock,
@@ -345,6 +347,24 @@ async def remove_backup_cronjob(scope: Scope) -> str | None:
                 scope.forget(kind, cluster.backup_account_name)
                 notes.append(f"deleted {kind} {cluster.backup_account_name}")
     return "; ".join(notes) or None
+
+
+async def remove_pooler(scope: Scope) -> str | None:
+    """The pooler's objects once ``spec.pooler`` is cleared."""
+    cluster = scope.cluster
+    if cluster.spec.pooler is not None:
+        return None
+    removed = []
+    for kind in pooler_spec.KINDS:
+        observed = scope.observed(kind, cluster.pooler_name)
+        if observed is not None:
+            await scope.kube.delete(Ref.of(observed))
+            scope.forget(kind, cluster.pooler_name)
+            removed.append(kind)
+    if not removed:
+        return None
+    await scope.event("PoolerRemoved", f"spec.pooler was cleared: deleted {cluster.pooler_name}")
+    return f"deleted the pooler's {', '.join(removed)}"
 
 
 async def check_backup_credentials(scope: Scope) -> str | None:
@@ -1034,8 +1054,26 @@ async def write_status(scope: Scope, *, deleting: bool) -> None:
         "switchover": scope.switchover,
         "lastFailover": scope.last_failover,
         "rollingRestart": scope.rolling_restart,
+        "pooler": pooler_status(scope),
     }
     await core.patch_status(scope, status)
+
+
+def pooler_status(scope: Scope) -> dict[str, Any] | None:
+    """``status.pooler``: where to connect and how many PgBouncer pods serve, as the
+    Deployment reports them."""
+    cluster = scope.cluster
+    wanted = cluster.spec.pooler
+    if wanted is None:
+        return None
+    deployment = scope.observed("Deployment", cluster.pooler_name)
+    ready = int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0)
+    return {
+        "host": f"{cluster.pooler_name}.{cluster.namespace}.svc",
+        "instances": wanted.instances,
+        "readyInstances": ready,
+        "poolMode": wanted.pool_mode.value,
+    }
 
 
 def members_status(scope: Scope) -> list[dict[str, Any]]:

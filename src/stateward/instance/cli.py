@@ -33,7 +33,7 @@ from typing import Any, Final
 import yaml
 
 from stateward.api import v1alpha1
-from stateward.instance import backup, patroni, pgbackrest, supervisor
+from stateward.instance import backup, patroni, pgbackrest, pooler, supervisor
 
 PROGRAM: Final = "stateward-instance"
 
@@ -261,6 +261,20 @@ def run(
     )
 
 
+def run_pooler(config: str) -> int:
+    """PgBouncer with the configuration the operator rendered, supervised."""
+    if not os.path.exists(config):
+        raise InstanceError(f"{config} does not exist: the pooler's ConfigMap is not mounted")
+    pgbouncer = shutil.which("pgbouncer")
+    if pgbouncer is None:
+        raise InstanceError("pgbouncer is not installed in this image (Debian's pgbouncer)")
+    tls = pooler.TLS_DIR
+    return supervisor.supervise_pooler(
+        [pgbouncer, config],
+        certificate=supervisor.Certificate(f"{tls}/tls.crt", f"{tls}/tls.key"),
+    )
+
+
 def metrics_sources(document: dict[str, Any]) -> tuple[str, str] | None:
     """psql of the configured PostgreSQL and the data directory, for the metrics; None if
     the configuration names neither (the checks above refuse such a configuration)."""
@@ -453,6 +467,15 @@ def _parser() -> argparse.ArgumentParser:
     target = restore_parser.add_mutually_exclusive_group()
     target.add_argument("--target-time", help="recover up to this RFC 3339 time")
     target.add_argument("--restore-point", help="recover up to this named restore point")
+    pooler_parser = commands.add_parser(
+        "pooler", help="run PgBouncer (a pooler pod), reloading it when its certificate renews"
+    )
+    pooler_parser.add_argument(
+        "--config",
+        default=pooler.CONFIG_FILE,
+        metavar="PATH",
+        help=f"pgbouncer.ini (default {pooler.CONFIG_FILE})",
+    )
     commands.add_parser("version", help="print the stateward version")
     return parser
 
@@ -472,6 +495,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 target_time=arguments.target_time,
                 restore_point=arguments.restore_point,
             )
+        if arguments.command == "pooler":
+            return run_pooler(arguments.config)
         if arguments.command == "backup":
             return backup.main(
                 cluster=arguments.cluster,

@@ -16,7 +16,7 @@ from typing import Any, Final
 import yaml
 
 from stateward.api import v1alpha1, validation
-from stateward.instance import pgbackrest
+from stateward.instance import pgbackrest, pooler
 
 # --- the contract between Patroni and the operator's Services ---------------------------
 
@@ -129,6 +129,9 @@ PG_HBA: Final = (
     f"hostssl all {SUPERUSER_USERNAME} all cert",
     f"hostssl replication {REPLICATION_USERNAME} all cert",
     f"hostssl all {REPLICATION_USERNAME} all cert",
+    # PgBouncer's own role (its auth_query), likewise: only the pooler pods hold its
+    # certificate, and the role has no password.
+    f"hostssl all {pooler.ROLE} all cert",
     # Nobody else streams WAL or takes base backups over the network.
     "hostssl replication all all reject",
     "hostssl all all all scram-sha-256",

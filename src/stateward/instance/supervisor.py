@@ -38,11 +38,11 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from stateward.instance import metrics
+from stateward.instance import metrics, pooler
 
 FENCING_SUFFIX: Final = "-fencing"
 FENCING_KEY: Final = "instances"
@@ -226,22 +226,36 @@ class _FencedProbes(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class Unfenced:
+    """The fencing source of a process that is never fenced (PgBouncer, in a pooler pod)."""
+
+    fenced: Final = False
+
+    def __init__(self) -> None:
+        self.changed = Waker()
+        self.known = threading.Event()
+        self.known.set()
+
+
 class Supervisor:
     """Runs ``argv`` (Patroni) unless fenced; see the module docstring."""
 
     def __init__(
         self,
         argv: Sequence[str],
-        source: FencingSource,
+        source: FencingSource | Unfenced,
         *,
         port: int,
         spawn: Callable[[Sequence[str]], subprocess.Popen[bytes]] = subprocess.Popen,
         first_read_timeout: float = 10.0,
         certificate: Certificate | None = None,
         clock: Callable[[], float] = time.monotonic,
+        signals: Mapping[int, int] | None = None,
     ) -> None:
         self.argv = list(argv)
         self.source = source
+        self.signals = dict(signals or {})
+        """A signal of the runtime's to send the child as another (default: as it is)."""
         self.port = port
         self.certificate = certificate
         self.clock = clock
@@ -257,7 +271,7 @@ class Supervisor:
         if signum in (signal.SIGTERM, signal.SIGINT):
             self.stopping = True
         if self.child is not None and self.child.poll() is None:
-            self.child.send_signal(signum)
+            self.child.send_signal(self.signals.get(signum, signum))
         self.source.changed.set()
 
     def _serve_probes(self, on: bool) -> None:
@@ -354,7 +368,8 @@ def supervise(
     metrics_from: tuple[str, str] | None = None,
 ) -> int:
     """Run ``argv`` (Patroni) supervised; with ``metrics_from`` (psql, the data directory)
-    also serve the instance's metrics (:mod:`stateward.instance.metrics`)."""
+    also serve the instance's metrics (:mod:`stateward.instance.metrics`) and make the
+    pooler's lookup function once PostgreSQL answers (:mod:`stateward.instance.pooler`)."""
     if metrics_from is not None:
         try:
             metrics.serve(*metrics_from)
@@ -363,7 +378,28 @@ def supervise(
     source = FencingSource(namespace, cluster, pod, Path("/tmp") / STATE_FILE_NAME)  # noqa: S108
     stop = threading.Event()
     threading.Thread(target=source.run, args=(stop,), daemon=True).start()
+    if metrics_from is not None:
+        pooler.ensure_in_background(metrics_from[0], stop)
     try:
         return Supervisor(argv, source, port=port, certificate=certificate).run()
     finally:
         stop.set()
+
+
+POOLER_SIGNALS: Final[Mapping[int, int]] = {signal.SIGTERM: signal.SIGINT}
+"""The runtime's stop request, as PgBouncer's safe shutdown (see :func:`supervise_pooler`)."""
+
+
+def supervise_pooler(argv: Sequence[str], *, certificate: Certificate) -> int:
+    """Run ``argv`` (PgBouncer) as PID 1 does, reloading it (SIGHUP: it re-reads its
+    configuration and TLS files) when the mounted certificate is renewed. The runtime's
+    SIGTERM becomes PgBouncer's SIGINT, its safe shutdown: no new clients, the transactions
+    running finish, then it exits (its SIGTERM would wait for every client to leave, which
+    pooled applications never do)."""
+    return Supervisor(
+        argv,
+        Unfenced(),
+        port=0,  # never fenced: no probes of its own to serve
+        certificate=certificate,
+        signals=POOLER_SIGNALS,
+    ).run()

@@ -541,6 +541,8 @@ def _instance_spec(major: int, base: ImageSpec) -> ImageSpec:
             "ca-certificates",
             # Arbitrary uids (no passwd entry): stateward-instance preloads it for initdb.
             "libnss-wrapper",
+            # The pooler (spec.pooler) runs PgBouncer from the same image.
+            "pgbouncer",
         ),
         inputs=stateward_digest,
         hook=_install_instance,

@@ -58,6 +58,7 @@ ALL_NAMESPACES = "*"  # lightkube's spelling of a cluster-wide list
 # (api group, version, plural, kind) of every child kind the operator watches.
 CHILD_RESOURCES = (
     ("apps", "v1", "statefulsets", "StatefulSet"),
+    ("apps", "v1", "deployments", "Deployment"),
     ("", "v1", "services", "Service"),
     ("", "v1", "configmaps", "ConfigMap"),
     ("", "v1", "secrets", "Secret"),

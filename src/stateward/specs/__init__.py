@@ -8,7 +8,17 @@ from __future__ import annotations
 
 from stateward.api import v1alpha1, validation
 from stateward.instance import metrics, patroni
-from stateward.specs import backup, config, meta, network, pdb, rbac, services, statefulset
+from stateward.specs import (
+    backup,
+    config,
+    meta,
+    network,
+    pdb,
+    pooler,
+    rbac,
+    services,
+    statefulset,
+)
 
 
 def children(
@@ -40,6 +50,7 @@ def children(
         *_network_policy(cluster, operator_namespace),
         statefulset.statefulset(cluster, config_hash=patroni_config.hash),
     ]
+    objects += pooler.children(cluster)
     if cluster.spec.backup is not None:
         objects += rbac.backup_identity(cluster)
     if cluster.spec.backup_schedule is not None and cluster.spec.backup is not None:
@@ -51,9 +62,20 @@ def _network_policy(
     cluster: v1alpha1.PostgresCluster, operator_namespace: str
 ) -> list[meta.Object]:
     """PostgreSQL to the clients, the members and the operator's namespace (which calls
-    Patroni's REST API, never PostgreSQL); the REST API to the members and the operator."""
+    Patroni's REST API, never PostgreSQL), and to the pooler's pods when there is one
+    (whoever the clients are); the REST API to the members and the operator."""
     if not cluster.spec.network_policy.enabled:
         return []
+    poolers = (
+        []
+        if cluster.spec.pooler is None
+        else [
+            {
+                "from": [{"podSelector": {"matchLabels": pooler.selector_labels(cluster)}}],
+                "ports": network.ports([patroni.POSTGRES_PORT]),
+            }
+        ]
+    )
     return [
         network.network_policy(
             cluster.spec.network_policy,
@@ -64,6 +86,7 @@ def _network_policy(
             operator_ports=[patroni.RESTAPI_PORT],
             operator_namespace=operator_namespace,
             metrics_ports=[metrics.PORT],
+            also=poolers,
         )
     ]
 

@@ -37,13 +37,11 @@ def network_policy(
     operator_ports: Sequence[int],
     operator_namespace: str,
     metrics_ports: Sequence[int] = (),
+    also: Sequence[meta.Object] = (),
 ) -> meta.Object:
-    """The policy named in ``metadata`` for the pods ``selector`` picks."""
-    clients: list[meta.Object] = (
-        [{"podSelector": {}}]  # every pod of the owner's namespace
-        if spec.clients is None
-        else [peer.model_dump(by_alias=True, exclude_none=True) for peer in spec.clients]
-    )
+    """The policy named in ``metadata`` for the pods ``selector`` picks; ``also`` adds
+    whole rules (a pooler's pods to the database port)."""
+    clients = client_peers(spec)
     members = [{"podSelector": {"matchLabels": dict(selector)}}]
     operator = [{"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: operator_namespace}}}]
     rules = [
@@ -59,6 +57,7 @@ def network_policy(
     )
     if metrics_ports and scrapers:
         rules.append({"from": scrapers, "ports": _ports(metrics_ports)})
+    rules += also
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -69,6 +68,21 @@ def network_policy(
             "ingress": rules,
         },
     }
+
+
+def client_peers(spec: v1alpha1.NetworkPolicySpec) -> list[meta.Object]:
+    """Who ``spec.networkPolicy.clients`` lets reach a database (or pooler) port; ``[]``
+    admits nobody (a rule must then be left out: an empty ``from`` admits everyone)."""
+    if spec.clients is None:
+        return [{"podSelector": {}}]  # every pod of the owner's namespace
+    return [peer.model_dump(by_alias=True, exclude_none=True) for peer in spec.clients]
+
+
+def ports(numbers: Sequence[int]) -> list[meta.Object]:
+    """TCP ports as a rule lists them; never empty (no ports in a rule means every port)."""
+    if not numbers:
+        raise ValueError("a rule with no ports would admit every port")
+    return _ports(numbers)
 
 
 def _ports(ports: Sequence[int]) -> list[meta.Object]:

@@ -29,7 +29,7 @@ from cryptography.x509 import verification
 
 from stateward import pki, rfc3339
 from stateward.api import v1alpha1
-from stateward.instance import patroni
+from stateward.instance import patroni, pooler
 from stateward.specs import meta
 
 CA_CERT_KEY: Final = "ca.crt"
@@ -63,6 +63,7 @@ of either (a Secret made before the clients existed) reissues."""
 CLIENTS: Final = {
     "superuser": patroni.SUPERUSER_USERNAME,
     "replication": patroni.REPLICATION_USERNAME,
+    pooler.CLIENT_STEM: pooler.ROLE,
 }
 """The client certificates beside the serving one (``superuser.crt``/``.key``, ...), by file
 stem, each for the role its common name says: the only way these roles may log in over the
@@ -116,14 +117,19 @@ def server_names(cluster: Served) -> tuple[str, ...]:
     """Every name a client may use for the cluster: each Service short, with its namespace,
     ``.svc`` and the cluster domain, and every instance pod under the headless Service (one
     wildcard, so scaling never reissues). Pods are also addressed by IP (Patroni's members,
-    the operator); those clients verify the chain, not the name."""
+    the operator); those clients verify the chain, not the name. A PostgresCluster's also
+    cover its pooler's Service (``NAME-pooler``), whether or not it has one yet: adding a
+    pooler reissues nothing."""
     namespace = cluster.namespace
     names: list[str] = []
-    for service in (
+    services = [
         cluster.primary_service_name,
         cluster.replicas_service_name,
         cluster.headless_service_name,
-    ):
+    ]
+    if isinstance(cluster, v1alpha1.PostgresCluster):
+        services.append(cluster.pooler_name)
+    for service in services:
         names += [
             service,
             f"{service}.{namespace}",
@@ -325,8 +331,11 @@ def required_names(cluster: Served) -> tuple[str, ...]:
     """The names a user's serving certificate must be valid for: the primary Service's, the
     app Secret's host; for MariaDB also the servers' own names under the headless Service
     (``*.NAME-headless.NAMESPACE.svc.cluster.local``), by which replicas verify their source.
-    PostgreSQL's members verify each other's chain only (they meet by pod address)."""
+    PostgreSQL's members verify each other's chain only (they meet by pod address). With a
+    pooler (``spec.pooler``), which serves the same certificate, also its Service's name."""
     names = [f"{cluster.primary_service_name}.{cluster.namespace}.svc"]
+    if isinstance(cluster, v1alpha1.PostgresCluster) and cluster.spec.pooler is not None:
+        names.append(f"{cluster.pooler_name}.{cluster.namespace}.svc")
     if isinstance(cluster, v1alpha1.Database):
         headless = f"{cluster.headless_service_name}.{cluster.namespace}.svc.{CLUSTER_DOMAIN}"
         names.append(f"{cluster.name}-0.{headless}")
