@@ -95,16 +95,22 @@ annotation gone, or until `status.primaryPod` names another pod), so it includes
 own time (a few tens of ms). *Lost rows* are acknowledged numbers missing on the new primary.
 A switchover is `stateward.io/switchover: any` set by a merge patch; a failover is a DELETE of
 the primary's pod (default grace period), after which the cluster is waited for until Ready
-with every instance again. *Memory*: after Ready and a settle period with no client, each
-instance pod's memory cgroup (pause and PostgreSQL/Patroni container together; cgroup v1
-`total_rss`/`total_shmem`, v2 `anon`/`shmem`; working set = usage minus inactive file), the PSS
-summed over the pod's processes (shared buffers counted once), and the operator's VmRSS; means
+with every instance again. *Through the pooler*: the measured 3-instance cluster has
+`spec.pooler` (2 PgBouncer pods, transaction pooling); during each switchover and failover a
+second writer does the same through the pooler's Service address (`sslmode=require`), and
+its downtime, failed inserts and lost rows are counted the same way. *Memory*: after Ready
+and a settle period with no client, each instance pod's memory cgroup (pause and
+PostgreSQL/Patroni container together; cgroup v1 `total_rss`/`total_shmem`, v2
+`anon`/`shmem`; working set = usage minus inactive file), the PSS summed over the pod's
+processes (shared buffers counted once), and the operator's VmRSS; means
 of 5 samples 1 s apart. The machine is shared with other work; figures are of a small
 development machine.
 """
 
 API = f"/apis/{v1alpha1.GROUP}/{v1alpha1.VERSION}"
 NODES = 3
+POOLERS = 2
+"""PgBouncer pods of the measured cluster (``spec.pooler.instances``)."""
 POLL = 0.2
 T = TypeVar("T")
 
@@ -189,17 +195,22 @@ class Kube:
     def status(self, ns: str, name: str) -> dict[str, Any]:
         return dict(self.pgc(ns, name).get("status") or {})
 
-    def create_pgc(self, ns: str, name: str, replicas: int) -> None:
+    def create_pgc(
+        self, ns: str, name: str, replicas: int, pooler: dict[str, Any] | None = None
+    ) -> None:
+        spec: dict[str, Any] = {
+            "version": "15",
+            "replicas": replicas,
+            "storageSize": "1Gi",
+            "deletionPolicy": {"finalBackup": False},
+        }
+        if pooler is not None:
+            spec["pooler"] = pooler
         body = {
             "apiVersion": v1alpha1.API_VERSION,
             "kind": v1alpha1.KIND,
             "metadata": {"name": name, "namespace": ns},
-            "spec": {
-                "version": "15",
-                "replicas": replicas,
-                "storageSize": "1Gi",
-                "deletionPolicy": {"finalBackup": False},
-            },
+            "spec": spec,
         }
         self._json(self.client.post(f"{API}/namespaces/{ns}/{v1alpha1.PLURAL}", json=body))
 
@@ -211,6 +222,10 @@ class Kube:
                 headers={"Content-Type": "application/merge-patch+json"},
             )
         )
+
+    def service_ip(self, ns: str, name: str) -> str:
+        body = self._json(self.client.get(f"/api/v1/namespaces/{ns}/services/{name}"))
+        return str(body["spec"]["clusterIP"])
 
     def pod(self, ns: str, name: str) -> dict[str, Any] | None:
         response = self.client.get(f"/api/v1/namespaces/{ns}/pods/{name}")
@@ -279,8 +294,10 @@ class Writer:
     """Inserts numbered rows, one psql each, through whichever instance accepts writes, and
     notes which inserts were acknowledged and when (monotonic)."""
 
-    def __init__(self, hosts: list[str], password: str, table: str) -> None:
-        self.dsn = dsn(hosts)
+    def __init__(
+        self, hosts: list[str], password: str, table: str, connection: str | None = None
+    ) -> None:
+        self.dsn = connection or dsn(hosts)
         self.password = password
         self.table = table
         self.acknowledged: list[tuple[int, float]] = []
@@ -327,6 +344,14 @@ def writer_for(kube: Kube, ns: str, name: str, table: str) -> Writer:
     return Writer(hosts, kube.secret(ns, f"{name}-app", "password"), table)
 
 
+def pooler_writer_for(kube: Kube, ns: str, name: str, table: str) -> Writer:
+    """The same application through the pooler's Service (its address: the host has no
+    cluster DNS), TLS required as PgBouncer requires it."""
+    address = kube.service_ip(ns, f"{name}-pooler")
+    connection = f"host={address} port=5432 dbname=app user=app sslmode=require connect_timeout=2"
+    return Writer([], kube.secret(ns, f"{name}-app", "password"), table, connection)
+
+
 def rows_on(kube: Kube, ns: str, pod: str, password: str, table: str) -> set[int]:
     """The row numbers in ``table`` on ``pod`` itself (by its IP, whatever its role)."""
     ip = ((kube.pod(ns, pod) or {}).get("status") or {}).get("podIP")
@@ -355,11 +380,18 @@ def outcome(writer: Writer, start: float, end: float, present: set[int]) -> dict
 # --- measurements ---------------------------------------------------------------------------
 
 
-def measure_ready(kube: Kube, ns: str, name: str, replicas: int, timeout: float) -> dict[str, Any]:
+def measure_ready(
+    kube: Kube,
+    ns: str,
+    name: str,
+    replicas: int,
+    timeout: float,
+    pooler: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Seconds from the create call until status.phase is Ready, and until each instance
     pod was first seen Ready (the same 0.2 s polls)."""
     began = time.monotonic()
-    kube.create_pgc(ns, name, replicas)
+    kube.create_pgc(ns, name, replicas, pooler)
     pods_ready: dict[str, float] = {}
 
     def ready() -> bool:
@@ -429,7 +461,10 @@ def switchover_once(kube: Kube, ns: str, name: str, run: int) -> dict[str, Any]:
         lambda: settled(kube, ns, name, NODES), what="a settled cluster", timeout=240
     )
     old = status["primaryPod"]
-    with writer_for(kube, ns, name, f"switchover_{run}") as writer:
+    with (
+        writer_for(kube, ns, name, f"switchover_{run}") as writer,
+        pooler_writer_for(kube, ns, name, f"switchover_pooled_{run}") as pooled,
+    ):
         after = stamp()
         requested = time.monotonic()
         kube.annotate(ns, name, v1alpha1.SWITCHOVER_ANNOTATION, "any")
@@ -438,9 +473,12 @@ def switchover_once(kube: Kube, ns: str, name: str, run: int) -> dict[str, Any]:
         if record.get("phase") != "Succeeded":
             raise RuntimeError(f"switchover {run} failed: {record}")
         writer.wait_acks_after(done, 20)
+        pooled.wait_acks_after(done, 20)
     new = kube.status(ns, name)["primaryPod"]
     present = rows_on(kube, ns, new, writer.password, writer.table)
     result = outcome(writer, requested, done, present)
+    pooled_rows = rows_on(kube, ns, new, pooled.password, pooled.table)
+    result["pooler"] = outcome(pooled, requested, done, pooled_rows)
     result |= {"from": old, "to": new, "took_s": round(done - requested, 2), "record": record}
     return result
 
@@ -451,7 +489,10 @@ def failover_once(kube: Kube, ns: str, name: str, run: int, timeout: float) -> d
     )
     old = status["primaryPod"]
     old_uid = (kube.pod(ns, old) or {})["metadata"]["uid"]
-    with writer_for(kube, ns, name, f"failover_{run}") as writer:
+    with (
+        writer_for(kube, ns, name, f"failover_{run}") as writer,
+        pooler_writer_for(kube, ns, name, f"failover_pooled_{run}") as pooled,
+    ):
         deleted = time.monotonic()
         kube.delete_pod(ns, old)
         new = wait_until(
@@ -461,8 +502,11 @@ def failover_once(kube: Kube, ns: str, name: str, run: int, timeout: float) -> d
         )
         moved = time.monotonic()
         writer.wait_acks_after(moved, 20)
+        pooled.wait_acks_after(moved, 20)
     present = rows_on(kube, ns, new, writer.password, writer.table)
     result = outcome(writer, deleted, moved, present)
+    pooled_rows = rows_on(kube, ns, new, pooled.password, pooled.table)
+    result["pooler"] = outcome(pooled, deleted, moved, pooled_rows)
 
     pod_back: list[float] = []
 
@@ -642,8 +686,15 @@ def measure(
         result[f"ready_{replicas}"] = ready_runs(kube, replicas, args.runs, args.ready_timeout)
     ns, name = "bench-dataplane", "dp"
     kube.create_namespace(ns)
-    result["dp_ready_s"] = measure_ready(kube, ns, name, NODES, args.ready_timeout)
+    result["dp_ready_s"] = measure_ready(
+        kube, ns, name, NODES, args.ready_timeout, pooler={"instances": POOLERS}
+    )
     wait_until(lambda: settled(kube, ns, name, NODES), what="a settled cluster", timeout=240)
+    wait_until(
+        lambda: (kube.status(ns, name).get("pooler") or {}).get("readyInstances") == POOLERS,
+        what="the pooler's pods ready",
+        timeout=240,
+    )
     say(f"==> idle memory after a {args.settle:.0f}s settle")
     time.sleep(args.settle)
     result["memory"] = measure_memory(cluster, kube, operator, ns, name)
@@ -654,9 +705,12 @@ def measure(
                 entry = switchover_once(kube, ns, name, run)
             else:
                 entry = failover_once(kube, ns, name, run, args.ready_timeout)
+            pooled = entry["pooler"]
             say(
                 f"    {kind} {run}: {entry['from']} → {entry['to']}, downtime"
-                f" {entry['downtime_s']:.2f}s, lost {entry['lost']} of {entry['acknowledged']}"
+                f" {entry['downtime_s']:.2f}s, lost {entry['lost']} of {entry['acknowledged']};"
+                f" through the pooler {pooled['downtime_s']:.2f}s, lost {pooled['lost']},"
+                f" {pooled['failed_attempts']} failed"
             )
             result[kind].append(entry)
     return result
@@ -682,15 +736,21 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
 # --- report ---------------------------------------------------------------------------------
 
 
-def _s(value: float | None, digits: int = 1) -> str:
-    return "—" if value is None or math.isnan(value) else f"{value:.{digits}f} s"
+def _s(value: float | None, digits: int = 1, unit: str = " s") -> str:
+    return "—" if value is None or math.isnan(value) else f"{value:.{digits}f}{unit}"
 
 
-def _row(label: str, found: Sequence[float | None], target: str = "", digits: int = 1) -> str:
+def _row(
+    label: str,
+    found: Sequence[float | None],
+    target: str = "",
+    digits: int = 1,
+    unit: str = " s",
+) -> str:
     values = [v for v in found if v is not None]
     middle, top = median_max(values)
     runs = ", ".join(f"{v:.{digits}f}" for v in values)
-    return f"| {label} | {_s(middle, digits)} | {_s(top, digits)} | {runs} | {target} |"
+    return f"| {label} | {_s(middle, digits, unit)} | {_s(top, digits, unit)} | {runs} | {target} |"
 
 
 def timing_rows(r: dict[str, Any]) -> list[str]:
@@ -721,7 +781,36 @@ def timing_rows(r: dict[str, Any]) -> list[str]:
         ),
         lost("failover", fo),
         _row("writer: gap between inserts, normally (median)", gaps, "", 3),
+        *pooler_rows(sw, fo),
     ]
+
+
+def pooler_rows(sw: list[dict[str, Any]], fo: list[dict[str, Any]]) -> list[str]:
+    """The same events as seen by a second writer through the pooler, at the same time."""
+    rows = []
+    for kind, entries in (("switchover", sw), ("primary pod deleted", fo)):
+        pooled = [e["pooler"] for e in entries if "pooler" in e]
+        if not pooled:
+            continue
+        rows += [
+            _row(
+                f"**{kind}, through the pooler: write downtime**",
+                [p["downtime_s"] for p in pooled],
+                "",
+                2,
+            ),
+            _row(
+                f"{kind}, through the pooler: inserts that failed",
+                [float(p["failed_attempts"]) for p in pooled],
+                "0",
+                0,
+                unit="",
+            ),
+            f"| {kind}, through the pooler: acknowledged rows lost, all runs |"
+            f" **{sum(p['lost'] for p in pooled)}** of {sum(p['acknowledged'] for p in pooled)}"
+            " | | | 0 |",
+        ]
+    return rows
 
 
 def memory_rows(m: dict[str, Any]) -> list[str]:

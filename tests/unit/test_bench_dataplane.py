@@ -81,3 +81,22 @@ def test_memory_stat_reads_cgroup_v1_totals_and_v2_fields() -> None:
     assert memory_stat(v1) == {"anon": 20.0, "shmem": 6.0, "file": 8.0, "inactive_file": 1.0}
     v2 = f"anon {3 * mib}\nfile {2 * mib}\nshmem {mib}\ninactive_file 0\n"
     assert memory_stat(v2) == {"anon": 3.0, "shmem": 1.0, "file": 2.0, "inactive_file": 0.0}
+
+
+def test_the_pooler_rows_sum_what_the_second_writer_saw_over_every_run() -> None:
+    from bench.dataplane import pooler_rows
+
+    def entry(downtime: float, failed: int, lost: int) -> dict[str, object]:
+        return {"pooler": {"downtime_s": downtime, "failed_attempts": failed, "lost": lost,
+                           "acknowledged": 100}}  # fmt: skip
+
+    rows = pooler_rows([entry(1.5, 2, 0), entry(2.5, 4, 0)], [entry(6.0, 9, 1)])
+    text = "\n".join(rows)
+    assert "| **switchover, through the pooler: write downtime** | 2.00 s | 2.50 s |" in text
+    assert "| switchover, through the pooler: inserts that failed | 3 | 4 | 2, 4 | 0 |" in text
+    assert "switchover, through the pooler: acknowledged rows lost, all runs | **0** of 200" in text
+    assert (
+        "primary pod deleted, through the pooler: acknowledged rows lost, all runs | **1** of 100"
+        in text
+    )
+    assert pooler_rows([{"downtime_s": 1.0}], []) == []  # a run without a pooler: no rows
