@@ -696,6 +696,9 @@ def test_a_switchover_on_request_moves_the_primary_without_losing_an_acknowledge
         f"switchover through the pooler: {len(pooled.failed)} writes failed, longest gap"
         f" {pooled.longest_gap():.2f}s"
     )
+    # Paused around it, the pooler's clients saw the switchover as a wait, not an error.
+    assert pooled.failed == [], f"{len(pooled.failed)} writes through the pooler failed"
+    assert "poolerPaused" not in status_of(client, ns, "sw")["switchover"]
     assert {"SwitchoverStarted", "SwitchedOver"} <= set(event_reasons(client, ns))
     port = real_operator.probe_port
     assert metric(port, "stateward_events_total", 'reason="SwitchedOver"') >= 1

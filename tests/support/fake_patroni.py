@@ -95,6 +95,14 @@ class FakePatroni:
         """Whether a switchover is done by the time the next reconcile looks (Patroni answers
         once the new primary runs); False: still under way."""
         self.secrets_present = True
+        self.poolers: list[str] = []
+        """PgBouncer pods (``spec.pooler``), each answering the console (:meth:`console`)."""
+        self.paused: set[str] = set()
+        self.console_calls: list[tuple[str, str]] = []
+        self.console_fails: dict[tuple[str, str], str] = {}
+        """(pod, command) -> the ConsoleError message it answers with instead."""
+        self.primary_endpoints: list[str] | None = None
+        """The primary Service's ready addresses; None: the primary's, as kube-proxy has it."""
 
     # --- scripting ------------------------------------------------------------------------
 
@@ -177,6 +185,63 @@ class FakePatroni:
                 "containerStatuses": [{"name": "postgres", "state": {"running": {}}}],
             },
         }
+
+    def pooler_pod(self, name: str) -> dict[str, Any]:
+        labels = {meta.NAME_LABEL: meta.APP_NAME, meta.CLUSTER_LABEL: NAME,
+                  meta.COMPONENT_LABEL: "pooler"}  # fmt: skip
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": NAMESPACE,
+                "uid": f"uid-{name}",
+                "resourceVersion": "1",
+                "labels": labels,
+            },
+            "status": {
+                "phase": "Running",
+                "podIP": self.pooler_address(name),
+                "conditions": [{"type": "Ready", "status": "True"}],
+            },
+        }
+
+    @staticmethod
+    def pooler_address(name: str) -> str:
+        return f"10.9.0.{int(name.rsplit('-', 1)[1]) + 1}"
+
+    async def console(self, host: str, _port: int, _context: Any, command: str, **_: Any) -> None:
+        """PgBouncer's admin console on the pooler pod at ``host``."""
+        from stateward.controllers import pgbouncer
+
+        name = next(n for n in self.poolers if self.pooler_address(n) == host)
+        self.console_calls.append((name, command))
+        failure = self.console_fails.get((name, command))
+        if failure is not None:
+            raise pgbouncer.ConsoleError(failure)
+        if command == "PAUSE":
+            if name in self.paused:
+                raise pgbouncer.ConsoleError("already suspended/paused")
+            self.paused.add(name)
+        elif command == "RESUME":
+            if name not in self.paused:
+                raise pgbouncer.ConsoleError("pooler is not paused/suspended")
+            self.paused.discard(name)
+
+    async def list_objects(
+        self, api_version: str, kind: str, namespace: str, labels: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        assert kind == "EndpointSlice", kind
+        primary = self.primary()
+        addresses = (
+            self.primary_endpoints
+            if self.primary_endpoints is not None
+            else [self.members[primary].address]
+            if primary
+            else []
+        )
+        return [{"endpoints": [{"addresses": [a], "conditions": {"ready": True}}
+                               for a in addresses]}]  # fmt: skip
 
     def statefulset(self, replicas: int, revision: str) -> dict[str, Any]:
         return {
@@ -344,6 +409,7 @@ class Operator:
         self.revision = REVISION
         self.data_plane = DataPlane()
         self.secret_cache = core.SecretCache()
+        self.paused_poolers: dict[tuple[str, str], list[str]] = {}
         self.clock: str | None = None
         """The reconcile's ``now``; None: the real time."""
         self.notes: list[str] = []
@@ -352,6 +418,7 @@ class Operator:
         """A new operator process: only the status and the world are left."""
         self.data_plane = DataPlane()
         self.secret_cache = core.SecretCache()
+        self.paused_poolers = {}
 
     def request_switchover(self, target: str) -> None:
         self.fake.annotations[v1alpha1.SWITCHOVER_ANNOTATION] = target
@@ -375,6 +442,8 @@ class Operator:
         store.observe(fake.statefulset(cluster.spec.replicas, self.revision))
         for body in [*(fake.pod(x) for x in fake.members.values()), *fake.secrets()]:
             store.observe(body)
+        for name in fake.poolers:
+            store.observe(fake.pooler_pod(name))
         body = fake.body()
         status = body["status"]
         scope = postgrescluster.Scope(
@@ -388,6 +457,7 @@ class Operator:
             switchover=status.get("switchover"),
             last_failover=status.get("lastFailover"),
             rolling_restart=status.get("rollingRestart"),
+            paused_poolers=self.paused_poolers,
         )
         data_plane = self.data_plane
         for phase in (

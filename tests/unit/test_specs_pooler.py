@@ -24,7 +24,9 @@ def ini(cluster: v1alpha1.PostgresCluster) -> configparser.ConfigParser:
 
 
 def children(cluster: v1alpha1.PostgresCluster) -> list[dict[str, Any]]:
-    return specs.children(cluster, patroni_config=config.patroni_config(cluster))
+    return specs.children(
+        cluster, patroni_config=config.patroni_config(cluster), operator_namespace="ops"
+    )
 
 
 def named(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
@@ -93,17 +95,33 @@ def test_pgbouncer_points_at_the_primary_service_and_verifies_its_name() -> None
 
 
 def test_clients_need_tls_and_scram_checked_against_postgresql() -> None:
-    settings = ini(clusters.make_cluster(pooler={}))["pgbouncer"]
+    cluster = clusters.make_cluster(pooler={})
+    settings = ini(cluster)["pgbouncer"]
     assert settings["client_tls_sslmode"] == "require"
     assert settings["client_tls_protocols"] == "tlsv1.3"
     assert settings["client_tls_cert_file"] == "/etc/stateward/tls/tls.crt"
-    assert settings["auth_type"] == "scram-sha-256"
+    # Client certificates (the console's) from the cluster's CA alone, never a user's root.
+    assert settings["client_tls_ca_file"] == "/etc/stateward/tls/client-ca.crt"
+    assert settings["auth_type"] == "hba"
+    assert settings["auth_hba_file"] == "/etc/stateward/pooler/pg_hba.conf"
     assert settings["auth_user"] == "stateward_pooler"
     assert settings["auth_query"] == "SELECT usename, passwd FROM stateward.pooler_lookup($1)"
     assert settings["auth_dbname"] == "postgres"
-    # No file of passwords at all, and no socket for a local admin console.
-    assert "auth_file" not in settings and "admin_users" not in settings
+    assert settings["admin_users"] == "stateward_pooler_admin"
     assert settings["unix_socket_dir"] == ""
+    data = pooler.config_map(cluster)["data"]
+    hba = data["pg_hba.conf"].splitlines()
+    # The console by certificate only; its user opens nothing else; applications by SCRAM.
+    assert hba[0] == "hostssl pgbouncer stateward_pooler_admin 0.0.0.0/0 cert"
+    assert "hostssl all stateward_pooler_admin 0.0.0.0/0 reject" in hba
+    assert "hostssl pgbouncer all 0.0.0.0/0 reject" in hba
+    assert hba[-2:] == [
+        "hostssl all all 0.0.0.0/0 scram-sha-256",
+        "hostssl all all ::/0 scram-sha-256",
+    ]
+    assert all(line.startswith("hostssl ") for line in hba)
+    # The only user listed is the console's, with no password: applications are looked up.
+    assert data["userlist.txt"] == '"stateward_pooler_admin" ""\n'
 
 
 def test_no_secret_is_in_the_configuration() -> None:
@@ -116,7 +134,7 @@ def test_the_pods_see_only_their_own_certificates_never_the_superusers() -> None
     pod = deployment["spec"]["template"]["spec"]
     [tls_volume] = [v for v in pod["volumes"] if v["name"] == "tls"]
     keys = {item["key"] for item in tls_volume["secret"]["items"]}
-    assert keys == {"tls.crt", "tls.key", "ca.crt", "pooler.crt", "pooler.key"}
+    assert keys == {"tls.crt", "tls.key", "ca.crt", "client-ca.crt", "pooler.crt", "pooler.key"}
     assert tls_volume["secret"]["secretName"] == "demo-tls"
     assert tls_volume["secret"]["defaultMode"] == 0o440
     assert pod["automountServiceAccountToken"] is False
@@ -162,8 +180,10 @@ def test_the_pooler_is_open_to_the_clients_and_postgresql_to_the_pooler() -> Non
     cluster = clusters.make_cluster(pooler={})
     objects = children(cluster)
     policy = named(objects, "NetworkPolicy", "demo-pooler")
+    operator = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}}
     assert policy["spec"]["ingress"] == [
-        {"from": [{"podSelector": {}}], "ports": [{"protocol": "TCP", "port": 6432}]}
+        {"from": [{"podSelector": {}}], "ports": [{"protocol": "TCP", "port": 6432}]},
+        {"from": [operator], "ports": [{"protocol": "TCP", "port": 6432}]},
     ]
     instances = named(objects, "NetworkPolicy", "demo")
     pooler_rule = {
@@ -177,8 +197,11 @@ def test_the_pooler_is_open_to_the_clients_and_postgresql_to_the_pooler() -> Non
 
 def test_clients_restricted_to_nobody_reach_no_pooler_but_the_pooler_reaches_postgresql() -> None:
     cluster = clusters.make_cluster(pooler={}, networkPolicy={"clients": []})
-    policy = pooler.network_policy(cluster)
-    assert policy["spec"]["ingress"] == []
+    policy = pooler.network_policy(cluster, "ops")
+    # Nobody but the operator's namespace, for the console.
+    assert [rule["from"] for rule in policy["spec"]["ingress"]] == [
+        [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}}]
+    ]
     instances = named(children(cluster), "NetworkPolicy", "demo")
     assert any(
         rule["from"] == [{"podSelector": {"matchLabels": pooler.selector_labels(cluster)}}]

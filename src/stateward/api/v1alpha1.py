@@ -586,6 +586,9 @@ class SwitchoverStatus(_Model):
     finished_at: str | None = None
     message: str = ""
 
+    pooler_paused: list[str] | None = None
+    """The PgBouncer pods paused for it, while they are (``spec.pooler``)."""
+
 
 class FailoverStatus(_Model):
     """An unplanned change of primary: Patroni promoted a replica after the primary was lost."""

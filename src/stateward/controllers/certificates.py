@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import datetime
 import hashlib
+import ssl
 from typing import Final
 
 from lightkube import ApiError
@@ -309,3 +310,26 @@ async def refresh_ca_copy(scope: core.Scope, cluster: tls.Served, name: str, ca_
         },
     )
     scope.store.observe(patched)
+
+
+CONSOLE_VALIDITY: Final = datetime.timedelta(hours=1)
+
+
+async def console_context(
+    scope: core.Scope, cluster: tls.Served, user: str
+) -> ssl.SSLContext | None:
+    """A TLS client context for PgBouncer's admin console as ``user``: a certificate the
+    cluster's CA issues now (valid an hour, held in memory, never stored), verifying the
+    pooler's serving chain against ``NAME-tls``'s ``ca.crt`` (pooler pods are addressed by
+    IP: the chain, not the name). None while the CA or that Secret is not usable."""
+    served = await scope.secrets.read(
+        scope, cluster.tls_secret_name, keys=frozenset({tls.CA_CERT_KEY})
+    )
+    trusted = (served or {}).get(tls.CA_CERT_KEY)
+    if not trusted:
+        return None
+    authority = await _authority(scope, cluster)
+    if authority is None:
+        return None
+    issued = authority.issue(common_name=user, validity=CONSOLE_VALIDITY)
+    return pki.client_context(ca=trusted.encode(), cert=issued.cert, key=issued.key)

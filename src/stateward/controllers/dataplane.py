@@ -22,7 +22,7 @@ from lightkube import ApiError
 from stateward import rfc3339
 from stateward.api import v1alpha1
 from stateward.controllers import members as m
-from stateward.controllers import takeover
+from stateward.controllers import poolers, takeover
 from stateward.controllers.kube import Body, PatroniError, Ref
 from stateward.controllers.pgscope import Scope
 from stateward.instance import patroni
@@ -332,8 +332,12 @@ class DataPlane:
         ``stateward.io/switchover`` annotation) or a scale-down that would remove the
         primary."""
         current = scope.switchover
+        running = current is not None and current.get("phase") == RUNNING
+        left = await poolers.resume_left_behind(scope, running)
         if current is not None and current.get("phase") == RUNNING:
             return await self._follow(scope, current)
+        if left:
+            return left
         requested = (scope.body["metadata"].get("annotations") or {}).get(
             v1alpha1.SWITCHOVER_ANNOTATION
         )
@@ -347,6 +351,13 @@ class DataPlane:
         leader = m.primary(scope.members)
         source, target = current["fromPod"], current["target"]
         if leader is not None and leader.name != source and leader.ready:
+            paused = current.get("poolerPaused") or []
+            if paused and not await poolers.resume_once_served(scope, leader.address or "", paused):
+                scope.progressing.append(
+                    ("Switchover", f"{leader.name} is the primary; resuming the pooler")
+                )
+                return "waiting for the primary Service before resuming the pooler"
+            current = {k: v for k, v in current.items() if k != "poolerPaused"}
             scope.switchover = {
                 **current,
                 "phase": SUCCEEDED,
@@ -364,12 +375,15 @@ class DataPlane:
                 if leader is not None and leader.name == source
                 else f"no primary became ready within {SWITCHOVER_TIMEOUT:.0f}s"
             )
-            await _fail(scope, current, message)
+            if current.get("poolerPaused"):
+                await poolers.resume(scope, current["poolerPaused"])
+            await _fail(scope, {k: v for k, v in current.items() if k != "poolerPaused"}, message)
             return "switchover failed"
         scope.progressing.append(
             ("Switchover", f"switching over from {source} to {target} ({current['reason']})")
         )
-        scope.requeue(RECHECK)
+        # A paused pooler holds the applications' queries: look again soon.
+        scope.requeue(poolers.RETRY if current.get("poolerPaused") else RECHECK)
         return "waiting for the switchover"
 
     async def _requested(self, scope: Scope, target: str) -> str | None:
@@ -567,6 +581,9 @@ async def start_switchover(
     if auth is None:
         scope.requeue(RECHECK)
         return f"switchover waits for Secret {scope.cluster.restapi_secret_name}"
+    # The pooler holds its clients' queries while the primary steps down (resumed by
+    # _follow once the new primary serves, whatever happens in between).
+    paused = await poolers.pause(scope)
     try:
         code, text = await scope.kube.post_patroni(
             leader.address, patroni.RESTAPI_PORT, path, body, auth=auth
@@ -574,8 +591,12 @@ async def start_switchover(
     except PatroniError:
         code, text = 0, ""  # it may be under way: observe (the timeout reports a failure)
     if code >= 400:
+        if paused:
+            await poolers.resume(scope, paused)
         await _fail(scope, record, f"Patroni refused the switchover to {name}: {text}")
         return "switchover refused"
+    if paused:
+        record["poolerPaused"] = paused
     scope.switchover = record
     await scope.event(
         "SwitchoverStarted", f"Switching over from {leader.name} to {name} ({reason})"

@@ -40,6 +40,9 @@ class Scope(core.Scope):
         default_factory=dict
     )
     """Shared by one reconciler's scopes: see ``Reconciler.credentials_checked``."""
+    paused_poolers: dict[tuple[str, str], list[str]] = dataclasses.field(default_factory=dict)
+    """Shared by one reconciler's scopes: per cluster, the pooler pods this operator paused
+    and has not resumed; no entry yet: unknown (``controllers.poolers``)."""
     halted: bool = False
     """Set by a phase after which none may run (the spec must change first)."""
     _members: list[Member] | None = dataclasses.field(default=None, init=False, repr=False)

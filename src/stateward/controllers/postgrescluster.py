@@ -68,6 +68,8 @@ class Reconciler:
         self.credentials_checked: dict[tuple[str, str], tuple[int, float]] = {}
         """Per cluster: the generation whose backup credentials were last found complete,
         and when (monotonic). Freed with the cluster."""
+        self.paused_poolers: dict[tuple[str, str], list[str]] = {}
+        """Per cluster: the pooler pods paused for a switchover (``controllers.poolers``)."""
 
     def forget(self, namespace: str, name: str) -> None:
         """Free what is kept in memory for a cluster that is gone (its credentials among it):
@@ -76,6 +78,7 @@ class Reconciler:
         self.secret_cache.forget(namespace, name)
         self.status_pacer.forget(namespace, name)
         self.credentials_checked.pop((namespace, name), None)
+        self.paused_poolers.pop((namespace, name), None)
 
     async def reconcile(self, key: tuple[str, str]) -> Outcome:
         namespace, name = key
@@ -99,6 +102,7 @@ class Reconciler:
             status_pacer=self.status_pacer,
             operator_namespace=self.operator_namespace,
             credentials_checked=self.credentials_checked,
+            paused_poolers=self.paused_poolers,
             now=core.now(),
             conditions=[dict(c) for c in (body.get("status") or {}).get("conditions") or []],
             final_backup_attempts=(body.get("status") or {}).get("finalBackupAttempts"),

@@ -37,6 +37,10 @@ PORT: Final = 6432
 CONFIG_DIR: Final = "/etc/stateward/pooler"
 CONFIG_FILE: Final = f"{CONFIG_DIR}/pgbouncer.ini"
 TLS_DIR: Final = "/etc/stateward/tls"
+ADMIN_ROLE: Final = "stateward_pooler_admin"
+"""Who may use PgBouncer's admin console (``PAUSE``, ``RESUME``): the operator, with a client
+certificate of the cluster's CA it issues itself. Not a PostgreSQL role; PgBouncer lets it
+into its console only, by certificate only."""
 CLIENT_STEM: Final = "pooler"
 """``pooler.crt``/``pooler.key`` in ``NAME-tls``: the client certificate of :data:`ROLE`."""
 

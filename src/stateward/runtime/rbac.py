@@ -135,6 +135,9 @@ def cluster_role() -> dict[str, Any]:
     # A diverged MariaDB server's volume is kept (reclaim policy Retain) before its claim goes.
     rules.allow("", ["persistentvolumes"], ("get", "patch"))
     rules.allow("storage.k8s.io", ["storageclasses"], ("get",))
+    # Before resuming a pooler paused for a switchover: has the primary Service's endpoint
+    # moved to the new primary (controllers/poolers.py)? Read during switchovers only.
+    rules.allow("discovery.k8s.io", ["endpointslices"], ("list",))
     # A failing primary's node: an out-of-service taint proves it cannot accept writes
     # (controllers/takeover.py). Read only while a primary pod looks unhealthy.
     rules.allow("", ["nodes"], ("get",))

@@ -50,7 +50,7 @@ def children(
         *_network_policy(cluster, operator_namespace),
         statefulset.statefulset(cluster, config_hash=patroni_config.hash),
     ]
-    objects += pooler.children(cluster)
+    objects += pooler.children(cluster, operator_namespace)
     if cluster.spec.backup is not None:
         objects += rbac.backup_identity(cluster)
     if cluster.spec.backup_schedule is not None and cluster.spec.backup is not None:

@@ -32,11 +32,30 @@ TLS_FILES: Final = (
     tls.CERT_KEY,
     tls.KEY_KEY,
     tls.CA_CERT_KEY,
+    tls.CLIENT_CA_KEY,
     *tls.client_files(pooler.CLIENT_STEM),
 )
 """What the pooler pods see of ``NAME-tls``: the serving certificate, what the servers are
-verified with, and PgBouncer's own client certificate; never the superuser's or the
-replication role's."""
+verified with, the CA client certificates must come from (the operator's, for the console),
+and PgBouncer's own client certificate; never the superuser's or the replication role's."""
+HBA_FILE: Final = "pg_hba.conf"
+USERS_FILE: Final = "userlist.txt"
+HBA: Final = (
+    # The console, to the operator's certificate alone; its name opens nothing else.
+    f"hostssl pgbouncer {pooler.ADMIN_ROLE} 0.0.0.0/0 cert",
+    f"hostssl pgbouncer {pooler.ADMIN_ROLE} ::/0 cert",
+    f"hostssl all {pooler.ADMIN_ROLE} 0.0.0.0/0 reject",
+    f"hostssl all {pooler.ADMIN_ROLE} ::/0 reject",
+    "hostssl pgbouncer all 0.0.0.0/0 reject",
+    "hostssl pgbouncer all ::/0 reject",
+    # Applications: their SCRAM password, checked against PostgreSQL's verifier.
+    "hostssl all all 0.0.0.0/0 scram-sha-256",
+    "hostssl all all ::/0 scram-sha-256",
+)
+"""PgBouncer's own pg_hba (``auth_type = hba``); TLS is required before any of it."""
+USERS: Final = f'"{pooler.ADMIN_ROLE}" ""\n'
+"""PgBouncer must know the console's user to let it in; it has no password (its hba line
+asks for the certificate), and no other user is listed: applications are looked up."""
 
 
 def selector_labels(cluster: v1alpha1.PostgresCluster) -> dict[str, str]:
@@ -60,7 +79,10 @@ def pgbouncer_ini(cluster: v1alpha1.PostgresCluster) -> str:
         "listen_addr": "0.0.0.0",  # noqa: S104 - the pod's address; the NetworkPolicy decides who reaches it
         "listen_port": str(pooler.PORT),
         "unix_socket_dir": "",
-        "auth_type": "scram-sha-256",
+        "auth_type": "hba",
+        "auth_hba_file": f"{pooler.CONFIG_DIR}/{HBA_FILE}",
+        "auth_file": f"{pooler.CONFIG_DIR}/{USERS_FILE}",
+        "admin_users": pooler.ADMIN_ROLE,
         "auth_user": pooler.ROLE,
         "auth_query": pooler.AUTH_QUERY,
         "auth_dbname": pooler.AUTH_DATABASE,
@@ -71,6 +93,8 @@ def pgbouncer_ini(cluster: v1alpha1.PostgresCluster) -> str:
         "client_tls_sslmode": "require",
         "client_tls_cert_file": f"{files}/{tls.CERT_KEY}",
         "client_tls_key_file": f"{files}/{tls.KEY_KEY}",
+        # Client certificates (the console's) only from the cluster's CA.
+        "client_tls_ca_file": f"{files}/{tls.CLIENT_CA_KEY}",
         "client_tls_protocols": "tlsv1.3",
         # The primary: its name verified, PgBouncer's role proven by its certificate.
         "server_tls_sslmode": "verify-full",
@@ -104,7 +128,11 @@ def config_map(cluster: v1alpha1.PostgresCluster) -> meta.Object:
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": meta.object_meta(cluster, cluster.pooler_name, component=COMPONENT),
-        "data": {"pgbouncer.ini": pgbouncer_ini(cluster)},
+        "data": {
+            "pgbouncer.ini": pgbouncer_ini(cluster),
+            HBA_FILE: "\n".join(HBA) + "\n",
+            USERS_FILE: USERS,
+        },
     }
 
 
@@ -114,7 +142,8 @@ def deployment(cluster: v1alpha1.PostgresCluster) -> meta.Object:
     wanted = cluster.spec.pooler
     if wanted is None:
         raise ValueError(f"{cluster.name} has no spec.pooler")
-    digest = hashlib.sha256(pgbouncer_ini(cluster).encode()).hexdigest()[:HASH_LENGTH]
+    rendered = pgbouncer_ini(cluster) + "\n".join(HBA) + USERS
+    digest = hashlib.sha256(rendered.encode()).hexdigest()[:HASH_LENGTH]
     selector = selector_labels(cluster)
     container = {
         "name": CONTAINER,
@@ -212,13 +241,18 @@ def service(cluster: v1alpha1.PostgresCluster) -> meta.Object:
     }
 
 
-def network_policy(cluster: v1alpha1.PostgresCluster) -> meta.Object:
+def network_policy(
+    cluster: v1alpha1.PostgresCluster, operator_namespace: str = meta.OPERATOR_NAMESPACE
+) -> meta.Object:
     """PgBouncer's port to the clients ``spec.networkPolicy`` names (by default every pod
-    of the namespace), nothing else in."""
+    of the namespace) and to the operator's namespace (the console), nothing else in."""
     clients = network.client_peers(cluster.spec.network_policy)
-    rules = (
-        [{"from": clients, "ports": [{"protocol": "TCP", "port": pooler.PORT}]}] if clients else []
-    )
+    port = network.ports([pooler.PORT])
+    operator = {
+        "namespaceSelector": {"matchLabels": {network.NAMESPACE_NAME_LABEL: operator_namespace}}
+    }
+    rules = [{"from": clients, "ports": port}] if clients else []
+    rules.append({"from": [operator], "ports": port})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -231,13 +265,15 @@ def network_policy(cluster: v1alpha1.PostgresCluster) -> meta.Object:
     }
 
 
-def children(cluster: v1alpha1.PostgresCluster) -> list[meta.Object]:
+def children(
+    cluster: v1alpha1.PostgresCluster, operator_namespace: str = meta.OPERATOR_NAMESPACE
+) -> list[meta.Object]:
     """The pooler's objects, in apply order (none without ``spec.pooler``)."""
     if cluster.spec.pooler is None:
         return []
     objects = [config_map(cluster), service(cluster)]
     if cluster.spec.network_policy.enabled:
-        objects.append(network_policy(cluster))
+        objects.append(network_policy(cluster, operator_namespace))
     objects.append(deployment(cluster))
     return objects
 
