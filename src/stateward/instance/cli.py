@@ -434,14 +434,12 @@ def _parser() -> argparse.ArgumentParser:
         prog=PROGRAM, description="What a Stateward PostgreSQL instance pod runs."
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    run_parser = commands.add_parser(
-        "run", help="check the pod's configuration, then run Patroni (stopped while fenced)"
-    )
-    run_parser.add_argument(
-        "--config",
-        default=patroni.CONFIG_FILE,
-        metavar="PATH",
-        help=f"Patroni's YAML (default {patroni.CONFIG_FILE})",
+    _with_config(
+        commands.add_parser(
+            "run", help="check the pod's configuration, then run Patroni (stopped while fenced)"
+        ),
+        patroni.CONFIG_FILE,
+        "Patroni's YAML",
     )
     hook = commands.add_parser(
         "post-bootstrap",
@@ -467,17 +465,21 @@ def _parser() -> argparse.ArgumentParser:
     target = restore_parser.add_mutually_exclusive_group()
     target.add_argument("--target-time", help="recover up to this RFC 3339 time")
     target.add_argument("--restore-point", help="recover up to this named restore point")
-    pooler_parser = commands.add_parser(
-        "pooler", help="run PgBouncer (a pooler pod), reloading it when its certificate renews"
-    )
-    pooler_parser.add_argument(
-        "--config",
-        default=pooler.CONFIG_FILE,
-        metavar="PATH",
-        help=f"pgbouncer.ini (default {pooler.CONFIG_FILE})",
+    _with_config(
+        commands.add_parser(
+            "pooler", help="run PgBouncer (a pooler pod), reloading it when its certificate renews"
+        ),
+        pooler.CONFIG_FILE,
+        "pgbouncer.ini",
     )
     commands.add_parser("version", help="print the stateward version")
     return parser
+
+
+def _with_config(command: argparse.ArgumentParser, default: str, what: str) -> None:
+    command.add_argument(
+        "--config", default=default, metavar="PATH", help=f"{what} (default {default})"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
