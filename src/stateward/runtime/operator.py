@@ -229,6 +229,30 @@ class Operator:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
 
+    async def _prime_store_while_leading(
+        self, stop: asyncio.Event, kopf_task: asyncio.Task[Any]
+    ) -> bool:
+        """:meth:`_prime_store` until it succeeds (True), within this term and with the
+        watches already running; False once the process stops, the Lease is lost or Kopf
+        ended. An API server that just came back answers lists with 429 for a moment
+        ("storage is (re)initializing"). Kopf is not stopped and started again for that: a
+        restart right after its start left the new term with watches that delivered nothing,
+        so the store never saw another change (two clean-clone CI runs)."""
+        while True:
+            try:
+                await self._prime_store()
+                return True
+            except Exception as error:
+                logger.warning("could not list the watched objects yet: %s; retrying", error)
+            await _first(
+                stop.wait(),
+                self.elector.lost.wait(),
+                kopf_task,
+                asyncio.sleep(self.options.retry_period),
+            )
+            if stop.is_set() or self.elector.lost.is_set() or kopf_task.done():
+                return False
+
     async def _prime_store(self) -> None:
         """List every watched kind once before the first reconcile.
 
@@ -472,17 +496,11 @@ class Operator:
         resync: asyncio.Task[None] | None = None
         reclaim = asyncio.create_task(self._reclaim_signals(stop))
         try:
-            try:
-                await self._prime_store()
-            except Exception as error:
-                logger.warning("could not list the watched objects yet: %s; retrying", error)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.options.retry_period)
-                return "retry"
-            self.queue.start()
-            self._enqueue_all()
-            resync = asyncio.create_task(self.resync())
-            await _first(stop.wait(), self.elector.lost.wait(), kopf_task)
+            if await self._prime_store_while_leading(stop, kopf_task):
+                self.queue.start()
+                self._enqueue_all()
+                resync = asyncio.create_task(self.resync())
+                await _first(stop.wait(), self.elector.lost.wait(), kopf_task)
         finally:
             reclaim.cancel()
             kopf_stop.set()
