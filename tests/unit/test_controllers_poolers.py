@@ -29,6 +29,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakePatroni:
 
     monkeypatch.setattr(certificates, "console_context", context)
     monkeypatch.setattr(poolers, "SETTLE_SECONDS", 0.0)
+    monkeypatch.setattr(poolers, "INLINE_SECONDS", 0.0)  # one look, unless a test waits
     return fake
 
 
@@ -66,6 +67,38 @@ async def test_the_pooler_is_paused_before_and_resumed_after_the_switchover(
     fake.console_calls.clear()
     await operator.reconcile()
     assert fake.console_calls == []  # nothing more to do at rest
+
+
+async def test_the_reconcile_that_switches_over_resumes_as_soon_as_the_service_follows(
+    fake: FakePatroni, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    operator = await pooled(fake)
+    monkeypatch.setattr(poolers, "INLINE_SECONDS", 5.0)
+    monkeypatch.setattr(poolers, "POLL", 0.01)
+    fake.primary_endpoints = [fake.members["demo-0"].address]  # kube-proxy not there yet
+    looks = 0
+    list_objects = fake.list_objects
+
+    async def slices(*args: Any, **kwargs: Any) -> Any:
+        nonlocal looks
+        looks += 1
+        if looks == 3:
+            fake.primary_endpoints = None  # the Service follows the new primary
+        return await list_objects(*args, **kwargs)
+
+    monkeypatch.setattr(fake, "list_objects", slices)
+    operator.request_switchover("demo-1")
+
+    await operator.reconcile()
+    assert sorted(fake.console_calls[:2]) == [(p, "PAUSE") for p in POOLERS]
+    assert sorted(fake.console_calls[2:]) == [(p, "RESUME") for p in POOLERS]
+    assert looks >= 3 and fake.paused == set()
+    assert "poolerPaused" not in operator.switchover
+
+    fake.console_calls.clear()
+    await operator.reconcile()
+    assert operator.switchover["phase"] == "Succeeded"
+    assert fake.console_calls == []  # resumed already: nothing more to send
 
 
 async def test_a_pooler_that_cannot_be_paused_is_resumed_and_the_switchover_goes_on(

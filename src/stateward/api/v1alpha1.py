@@ -908,6 +908,12 @@ class PostgresCluster(_Resource):
         return f"{self.name}-pooler"
 
     @property
+    def pooler_host(self) -> str:
+        """The name clients of the pooler connect to and verify (its serving certificate
+        covers it whether or not the cluster has a pooler yet)."""
+        return f"{self.pooler_name}.{self.namespace}.svc"
+
+    @property
     def leader_config_map_name(self) -> str:
         """Patroni's leader lock (Kubernetes DCS in ConfigMaps mode)."""
         return f"{self.name}-leader"

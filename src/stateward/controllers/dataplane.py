@@ -334,7 +334,8 @@ class DataPlane:
         current = scope.switchover
         running = current is not None and current.get("phase") == RUNNING
         left = await poolers.resume_left_behind(scope, running)
-        if current is not None and current.get("phase") == RUNNING:
+        if running:
+            assert current is not None
             return await self._follow(scope, current)
         if left:
             return left
@@ -357,7 +358,7 @@ class DataPlane:
                     ("Switchover", f"{leader.name} is the primary; resuming the pooler")
                 )
                 return "waiting for the primary Service before resuming the pooler"
-            current = {k: v for k, v in current.items() if k != "poolerPaused"}
+            current = _unpaused(current)
             scope.switchover = {
                 **current,
                 "phase": SUCCEEDED,
@@ -377,7 +378,7 @@ class DataPlane:
             )
             if current.get("poolerPaused"):
                 await poolers.resume(scope, current["poolerPaused"])
-            await _fail(scope, {k: v for k, v in current.items() if k != "poolerPaused"}, message)
+            await _fail(scope, _unpaused(current), message)
             return "switchover failed"
         scope.progressing.append(
             ("Switchover", f"switching over from {source} to {target} ({current['reason']})")
@@ -495,6 +496,11 @@ def _record(scope: Scope, phase: str, source: str, target: str, reason: str) -> 
     }
 
 
+def _unpaused(record: dict[str, Any]) -> dict[str, Any]:
+    """A switchover record without ``poolerPaused``: once the pooler is resumed."""
+    return {k: v for k, v in record.items() if k != "poolerPaused"}
+
+
 async def _fail(scope: Scope, record: dict[str, Any], message: str) -> None:
     scope.switchover = {**record, "phase": FAILED, "finishedAt": scope.now, "message": message}
     await scope.event("SwitchoverFailed", message, warning=True)
@@ -595,6 +601,11 @@ async def start_switchover(
             await poolers.resume(scope, paused)
         await _fail(scope, record, f"Patroni refused the switchover to {name}: {text}")
         return "switchover refused"
+    # Patroni answers once the new primary holds the lock: resume as soon as the primary
+    # Service leads to it, not at a later reconcile (those resume what this leaves paused).
+    address = next((x.address for x in scope.members if x.name == name), None)
+    if paused and address and await poolers.resume_when_served(scope, address, paused):
+        paused = []
     if paused:
         record["poolerPaused"] = paused
     scope.switchover = record

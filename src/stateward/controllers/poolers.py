@@ -5,7 +5,9 @@ Paused, PgBouncer lets the transactions running finish, closes its server connec
 holds every new query; resumed, it opens new ones through the primary Service. So a client
 of the pooler sees a switchover as a pause, not as an error: nothing reaches the old primary
 while it steps down, and nothing is sent on before the Service's endpoint is the new primary
-(``EndpointSlice``) and kube-proxy had a moment to follow.
+(``EndpointSlice``) and kube-proxy had a moment to follow. The reconcile that asked for the
+switchover waits for that itself (:data:`INLINE_SECONDS`), so the pause ends as soon as the
+Service follows rather than at a later reconcile.
 
 What is paused is kept in ``status.switchover.poolerPaused`` and in the reconciler's memory;
 an operator that starts and finds no switchover running resumes every pooler pod once, so a
@@ -15,6 +17,7 @@ pause is never left behind by a crash between the ``PAUSE`` and the status write
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Final
 
 from stateward.controllers import certificates, pgbouncer
@@ -34,6 +37,11 @@ SETTLE_SECONDS: Final = 1.0
 one second) before PgBouncer opens connections through the Service again."""
 RETRY: Final = 0.5
 """While a switchover waits to resume the pooler."""
+INLINE_SECONDS: Final = 10.0
+"""How long the reconcile that started a switchover watches the primary Service for the new
+primary before it leaves the resume to the reconciles that follow (every :data:`RETRY`)."""
+POLL: Final = 0.2
+"""Between two looks at the primary Service's EndpointSlice within :data:`INLINE_SECONDS`."""
 LEFT_BEHIND_RETRY: Final = 30.0
 """While a pause left behind cannot be resumed (a pod not answering)."""
 ALREADY: Final = ("already suspended/paused", "not paused")
@@ -111,10 +119,8 @@ async def resume(scope: Scope, names: list[str] | None = None) -> bool:
     return True
 
 
-async def resume_once_served(scope: Scope, primary_address: str, names: list[str]) -> bool:
-    """RESUME ``names`` once the primary Service leads only to ``primary_address`` (and
-    kube-proxy had :data:`SETTLE_SECONDS`); False while it does not yet, or a pod did not
-    answer (the caller asks again shortly)."""
+async def _served_only_by(scope: Scope, address: str) -> bool:
+    """Whether the primary Service's ready endpoints are ``address`` and nothing else."""
     slices = await scope.kube.list_objects(
         "discovery.k8s.io/v1",
         "EndpointSlice",
@@ -122,13 +128,20 @@ async def resume_once_served(scope: Scope, primary_address: str, names: list[str
         {"kubernetes.io/service-name": scope.cluster.primary_service_name},
     )
     serving = {
-        address
+        found
         for s in slices
         for endpoint in s.get("endpoints") or []
         if (endpoint.get("conditions") or {}).get("ready") is not False
-        for address in endpoint.get("addresses") or []
+        for found in endpoint.get("addresses") or []
     }
-    if serving != {primary_address}:
+    return serving == {address}
+
+
+async def resume_once_served(scope: Scope, primary_address: str, names: list[str]) -> bool:
+    """RESUME ``names`` once the primary Service leads only to ``primary_address`` (and
+    kube-proxy had :data:`SETTLE_SECONDS`); False while it does not yet, or a pod did not
+    answer (the caller asks again shortly)."""
+    if not await _served_only_by(scope, primary_address):
         scope.requeue(RETRY)
         return False
     await asyncio.sleep(SETTLE_SECONDS)
@@ -136,6 +149,19 @@ async def resume_once_served(scope: Scope, primary_address: str, names: list[str
         scope.requeue(RETRY)
         return False
     return True
+
+
+async def resume_when_served(scope: Scope, primary_address: str, names: list[str]) -> bool:
+    """As :func:`resume_once_served`, watching the Service for up to :data:`INLINE_SECONDS`
+    instead of once; False if it did not lead to ``primary_address`` alone by then or a pod
+    did not answer."""
+    deadline = time.monotonic() + INLINE_SECONDS
+    while not await _served_only_by(scope, primary_address):
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(POLL)
+    await asyncio.sleep(SETTLE_SECONDS)
+    return await resume(scope, names)
 
 
 async def resume_left_behind(scope: Scope, running: bool) -> str | None:

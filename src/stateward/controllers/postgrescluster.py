@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 import pydantic
@@ -344,13 +344,25 @@ async def remove_backup_cronjob(scope: Scope) -> str | None:
             )
             notes.append("deleted the backup CronJob")
     if cluster.spec.backup is None:
-        for kind in ("RoleBinding", "Role", "ServiceAccount"):
-            observed = scope.observed(kind, cluster.backup_account_name)
-            if observed is not None:
-                await scope.kube.delete(Ref.of(observed))
-                scope.forget(kind, cluster.backup_account_name)
-                notes.append(f"deleted {kind} {cluster.backup_account_name}")
+        account = cluster.backup_account_name
+        for kind in await _delete_observed(
+            scope, ("RoleBinding", "Role", "ServiceAccount"), account
+        ):
+            notes.append(f"deleted {kind} {account}")
     return "; ".join(notes) or None
+
+
+async def _delete_observed(scope: Scope, kinds: Iterable[str], name: str) -> list[str]:
+    """Delete the children called ``name`` of each of ``kinds`` that the store holds, and
+    forget them; the kinds it deleted."""
+    deleted = []
+    for kind in kinds:
+        observed = scope.observed(kind, name)
+        if observed is not None:
+            await scope.kube.delete(Ref.of(observed))
+            scope.forget(kind, name)
+            deleted.append(kind)
+    return deleted
 
 
 async def remove_pooler(scope: Scope) -> str | None:
@@ -358,13 +370,7 @@ async def remove_pooler(scope: Scope) -> str | None:
     cluster = scope.cluster
     if cluster.spec.pooler is not None:
         return None
-    removed = []
-    for kind in pooler_spec.KINDS:
-        observed = scope.observed(kind, cluster.pooler_name)
-        if observed is not None:
-            await scope.kube.delete(Ref.of(observed))
-            scope.forget(kind, cluster.pooler_name)
-            removed.append(kind)
+    removed = await _delete_observed(scope, pooler_spec.KINDS, cluster.pooler_name)
     if not removed:
         return None
     await scope.event("PoolerRemoved", f"spec.pooler was cleared: deleted {cluster.pooler_name}")
@@ -1073,7 +1079,7 @@ def pooler_status(scope: Scope) -> dict[str, Any] | None:
     deployment = scope.observed("Deployment", cluster.pooler_name)
     ready = int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0)
     return {
-        "host": f"{cluster.pooler_name}.{cluster.namespace}.svc",
+        "host": cluster.pooler_host,
         "instances": wanted.instances,
         "readyInstances": ready,
         "poolMode": wanted.pool_mode.value,

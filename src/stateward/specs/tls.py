@@ -335,7 +335,7 @@ def required_names(cluster: Served) -> tuple[str, ...]:
     pooler (``spec.pooler``), which serves the same certificate, also its Service's name."""
     names = [f"{cluster.primary_service_name}.{cluster.namespace}.svc"]
     if isinstance(cluster, v1alpha1.PostgresCluster) and cluster.spec.pooler is not None:
-        names.append(f"{cluster.pooler_name}.{cluster.namespace}.svc")
+        names.append(cluster.pooler_host)
     if isinstance(cluster, v1alpha1.Database):
         headless = f"{cluster.headless_service_name}.{cluster.namespace}.svc.{CLUSTER_DOMAIN}"
         names.append(f"{cluster.name}-0.{headless}")
