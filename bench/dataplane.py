@@ -55,6 +55,7 @@ import httpx
 from lightkube import Client
 from lightkube.config.kubeconfig import KubeConfig
 
+from bench import pgbench
 from bench.nodes import Interrupted, environment, memory_path, pss_kib, say, status_kib
 from stateward.api import v1alpha1
 from stateward.cli.run import (
@@ -713,7 +714,39 @@ def measure(
                 f" {pooled['failed_attempts']} failed"
             )
             result[kind].append(entry)
+    say(f"==> pgbench through the pooler across {pgbench.SWITCHOVERS} switchovers")
+    result["pgbench"] = pgbench_across_switchovers(kube, ns, name)
+    p = result["pgbench"]
+    say(
+        f"    {p['processed']} transactions, {p['failed']} failed, aborted clients"
+        f" {p['aborted_clients'] or 'none'}; p99 {p['steady_p99_ms']:.1f} ms steady,"
+        f" worst in a switchover {max(w['max_ms'] for w in p['windows'] or [{'max_ms': 0}]):.0f} ms"
+    )
     return result
+
+
+def pgbench_across_switchovers(kube: Kube, ns: str, name: str) -> dict[str, Any]:
+    """:func:`bench.pgbench.across_switchovers` on the measured cluster's pooler."""
+    status = wait_until(
+        lambda: settled(kube, ns, name, NODES), what="a settled cluster", timeout=240
+    )
+    password = kube.secret(ns, f"{name}-app", "password")
+    primary_ip = (kube.pod(ns, status["primaryPod"]) or {}).get("status", {}).get("podIP")
+    pgbench.initialize(dsn([primary_ip]), password)
+    address = kube.service_ip(ns, f"{name}-pooler")
+    pooled = f"host={address} port=5432 dbname=app user=app sslmode=require connect_timeout=5"
+
+    def switch(n: int) -> tuple[float, float]:
+        wait_until(lambda: settled(kube, ns, name, NODES), what="a settled cluster", timeout=240)
+        after = stamp()
+        requested = time.time()
+        kube.annotate(ns, name, v1alpha1.SWITCHOVER_ANNOTATION, "any")
+        record = wait_switchover(kube, ns, name, after)
+        if record.get("phase") != "Succeeded":
+            raise RuntimeError(f"pgbench switchover {n} failed: {record}")
+        return requested, time.time()
+
+    return pgbench.across_switchovers(pooled, password, switch)
 
 
 def execute(args: argparse.Namespace) -> dict[str, Any]:
@@ -813,6 +846,35 @@ def pooler_rows(sw: list[dict[str, Any]], fo: list[dict[str, Any]]) -> list[str]
     return rows
 
 
+def pgbench_rows(p: dict[str, Any]) -> list[str]:
+    """pgbench's view of the switchovers through the pooler: failures, latency, stalls."""
+    windows = p["windows"]
+
+    def one(label: str, value: str, target: str = "") -> str:
+        return f"| {label} | {value} | | | {target} |"
+
+    return [
+        f"**pgbench through the pooler across {p['switchovers']} switchovers** ({p['clients']}"
+        f" clients on persistent connections, transaction pooling, {p['seconds']} s,"
+        f" {p['tps']:.0f} tps)",
+        "",
+        "| | median | max | runs | target |",
+        "|---|---|---|---|---|",
+        one("transactions", str(p["processed"])),
+        one("**failed transactions**", f"**{max(p['failed'], p['logged_failed'])}**", "0"),
+        one("**clients aborted by an error**", f"**{len(p['aborted_clients'])}**", "0"),
+        one(
+            "latency p50 / p99 away from the switchovers",
+            f"{_s(p['steady_p50_ms'], 1, ' ms')} / {_s(p['steady_p99_ms'], 1, ' ms')}",
+        ),
+        one("latency p99 over the whole run", _s(p["overall_p99_ms"], 1, " ms")),
+        _row(
+            "worst latency in a switchover's window", [w["max_ms"] / 1000 for w in windows], "", 2
+        ),
+        _row("longest stall in a switchover's window", [w["stall_s"] for w in windows], "", 2),
+    ]
+
+
 def memory_rows(m: dict[str, Any]) -> list[str]:
     lines = [
         "| instance | role | node | anon (RSS) | shmem | working set | PSS of its processes |",
@@ -848,6 +910,8 @@ def markdown(r: dict[str, Any], env: dict[str, str]) -> str:
         "",
         *memory_rows(r["memory"]),
     ]
+    if r.get("pgbench"):
+        lines += ["", *pgbench_rows(r["pgbench"])]
     for failure in r.get("up_failures") or []:
         lines += ["", f"A first `up()` failed and was retried: {failure.split(' (logs')[0]}"]
     return "\n".join(lines) + "\n"
