@@ -41,7 +41,7 @@ from stateward.cli.run import (
     start_operator,
 )
 from stateward.local.cluster import OPERATOR_USER, LocalCluster
-from stateward.runtime import webhook
+from stateward.runtime import rbac, webhook
 from tests.conftest import client_for
 from tests.integration.conftest import AuditLog, metric, pgc_body, wait_leading
 from tests.support import clusters
@@ -219,6 +219,64 @@ def test_operator_recovers_after_the_api_server_is_down_for_30s(
     reaction = time.monotonic() - changed_at
     assert reaction < 20, f"the operator took {reaction:.1f}s to react after the outage"
     assert handle.process.poll() is None
+
+
+def _withhold_from_operator(client: Client, group: str, resource: str) -> None:
+    """The operator's ClusterRole without ``resource``: its LISTs of it are refused (403)."""
+    role = rbac.cluster_role()
+    role["rules"] = [
+        {**rule, "resources": [r for r in rule["resources"] if r != resource]}
+        for rule in role["rules"]
+        if rule["resources"] != [resource] or rule["apiGroups"] != [group]
+    ]
+    client.apply(codecs.from_dict(role), field_manager="stateward-local", force=True)
+
+
+def _operator_may_list(client: Client, group: str, resource: str) -> bool:
+    return _may(client, "list", resource, group)
+
+
+def test_a_leader_whose_first_lists_are_refused_retries_them_in_its_term(
+    apiserver: LocalCluster, bare: Client, operators: list[OperatorProcess]
+) -> None:
+    # Two clean-clone CI runs lost a cluster's events for good when an API server that had
+    # just come back answered the new leader's first LIST with 429: the operator restarted
+    # its watches, and the new ones delivered nothing. It must retry the LIST in its term,
+    # whatever refused it (here RBAC: a 403 for one kind, given back a moment later).
+    grant_operator(bare)
+    as_operator = _operator_client(apiserver)
+    namespace = _new_namespace(bare)
+    bare.create(codecs.from_dict(pgc_body("waiting", namespace)))
+    _withhold_from_operator(bare, "policy", "poddisruptionbudgets")
+    try:
+        wait_for(
+            lambda: not _operator_may_list(as_operator, "policy", "poddisruptionbudgets"),
+            what="the operator's list of PodDisruptionBudgets to be refused",
+        )
+        handle = start_operator(
+            apiserver,
+            extra=["--identity=refused", *FAST_LEASE],
+            name=f"operator-refused-{uuid.uuid4().hex[:6]}",
+            kubeconfig=apiserver.state_dir / "operator.kubeconfig",  # as granted above
+        )
+        operators.append(handle)
+        wait_for(
+            lambda: "could not list the watched objects yet" in handle.log.read_text(),
+            what="the leader's first list to be refused",
+        )
+        # Refused, it does nothing rather than act on a store it could not fill.
+        assert bare.get(PostgresClusterResource, "waiting", namespace=namespace).status is None
+    finally:
+        grant_operator(bare)
+    _reconciled(bare, namespace, "waiting")
+    log = handle.log.read_text()
+    assert "forbidden" in log, log[-2000:]
+    assert log.count("leading: starting the watches") == 1, "the watches were restarted"
+    assert "Kopf stopped unexpectedly" not in log
+    assert handle.process.poll() is None
+    # The same term goes on following changes: a second cluster is acted on.
+    bare.create(codecs.from_dict(pgc_body("later", namespace)))
+    _reconciled(bare, namespace, "later")
 
 
 def test_a_restarted_operator_writes_nothing_for_a_converged_cluster(

@@ -468,6 +468,7 @@ class Operator:
     async def _lead(self, stop: asyncio.Event) -> str:
         """One term as leader: Kopf watches and the work queue run until it ends."""
         metrics.LEADER.set(1)
+        logger.info("leading: starting the watches")
         self.store = ObjectStore()
         self.reconciler = Reconciler(
             self.kube,
