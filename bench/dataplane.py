@@ -20,7 +20,10 @@ do), and measures, each ``--runs`` times (median and max reported):
 4. **memory of the idle 3-instance cluster**: after Ready and a settle period, each instance
    pod's memory cgroup (under ``/sys/fs/cgroup/.../stateward/NODE/kubepods``): anonymous
    memory, shared memory and working set, plus the PSS of its processes; and the operator's
-   RSS.
+   RSS;
+5. **pgbench through the pooler across 5 switchovers** (:mod:`bench.pgbench`): failed
+   transactions and the latency each switchover costs an application on persistent
+   connections.
 
 Prints a table and writes it into docs/benchmarks.md between ``<!-- dataplane:begin -->``
 and ``<!-- dataplane:end -->``; the rest of that file is left alone. Needs root, and no other
@@ -99,7 +102,14 @@ the primary's pod (default grace period), after which the cluster is waited for 
 with every instance again. *Through the pooler*: the measured 3-instance cluster has
 `spec.pooler` (2 PgBouncer pods, transaction pooling); during each switchover and failover a
 second writer does the same through the pooler's Service address (`sslmode=require`), and
-its downtime, failed inserts and lost rows are counted the same way. *Memory*: after Ready
+its downtime, failed inserts and lost rows are counted the same way. *pgbench through the
+pooler*: afterwards, pgbench (`-i -s 1` on the primary, then 4 clients, 2 threads,
+`--protocol=simple`, `--log`, 240 s) through the pooler's Service while 5 switchovers are
+requested one after another (each once the cluster is settled); failed transactions are
+pgbench's count (and its log's) plus the clients it aborted; latency percentiles are over
+the transactions completed outside the switchovers' windows (request until 5 s after
+`Succeeded`), and each window reports its worst latency and its longest time with no
+transaction completed. *Memory*: after Ready
 and a settle period with no client, each instance pod's memory cgroup (pause and
 PostgreSQL/Patroni container together; cgroup v1 `total_rss`/`total_shmem`, v2
 `anon`/`shmem`; working set = usage minus inactive file), the PSS summed over the pod's
