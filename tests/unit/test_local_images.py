@@ -554,7 +554,11 @@ def test_the_instance_image_installs_from_its_suites_locks(
             "--comment", "PostgreSQL administrator", "postgres",
         ],
     ]  # fmt: skip
-    assert installed == [
+    upgrade_source = installed[:3] if spec is images.POSTGRES_17 else []  # 15's server
+    assert [argv[:2] for argv in upgrade_source] == (
+        [["apt-get", "install"], ["sh", "-c"], ["sh", "-c"]] if upgrade_source else []
+    )
+    assert installed[len(upgrade_source) :] == [
         *locked_install(suite, from_source=("ydiff",)),
         COMPILE,
         ["/opt/stateward/bin/patroni", "--version"],
@@ -1262,3 +1266,50 @@ def test_the_pause_image_holds_a_static_pause_that_exits_0_on_sigterm(
     time.sleep(0.2)
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=5) == 0
+
+
+def test_the_17_image_carries_15s_server_from_15s_own_suite() -> None:
+    """pg_upgrade needs the old server beside the new one: every image that upgrades names
+    a major with an image of its own, from the suite that image is built from."""
+    assert set(images.UPGRADE_SOURCES) == {17}
+    for major, source in images.UPGRADE_SOURCES.items():
+        assert source.major < major and source.major in images.INSTANCE_REFS
+        old_image = {15: images.POSTGRES_15, 17: images.POSTGRES_17}[source.major]
+        base = images._lookup(old_image.from_image or "", images.IMAGES)
+        assert base.debootstrap == source.suite
+
+
+@pytest.mark.parametrize(
+    "script", [images._UPGRADE_SOURCE_SCRIPT, images._UPGRADE_CHECK_SCRIPT], ids=["add", "check"]
+)
+def test_the_upgrade_scripts_are_valid_shell(script: str) -> None:
+    result = subprocess.run(["sh", "-n", "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_adding_the_upgrade_source_installs_unpacks_then_checks_the_pair(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "usr/share/keyrings").mkdir(parents=True)
+    (rootfs / "usr/share/keyrings/debian-archive-keyring.pgp").write_bytes(b"keys")  # trixie's
+    calls: list[list[str]] = []
+    monkeypatch.setattr(images, "chroot_session", lambda _build: contextlib.nullcontext())
+    monkeypatch.setattr(
+        images.Build, "chroot", lambda _self, argv, *, what, env=None: calls.append(list(argv))
+    )
+    build = images.Build(
+        spec=images.POSTGRES_17, rootfs=rootfs, sources=tmp_path, log=tmp_path / "log",
+        progress=lambda _: None,
+    )  # fmt: skip
+    images._add_upgrade_source(build, images.UPGRADE_SOURCES[17])
+    install, add, check = calls
+    assert install == ["apt-get", "install", "--yes", "--no-install-recommends", "libgnutls30t64"]
+    assert add[:3] == ["sh", "-c", images._UPGRADE_SOURCE_SCRIPT]
+    assert add[3:] == [
+        "sh", "15", "bookworm", "/usr/share/keyrings/debian-archive-keyring.pgp",
+        "http://deb.debian.org/debian", "http://deb.debian.org/debian-security",
+        "libicu72", "libldap-2.5-0",
+    ]  # fmt: skip
+    assert check == ["sh", "-c", images._UPGRADE_CHECK_SCRIPT, "sh", "15", "17"]
+    assert "--check" in images._UPGRADE_CHECK_SCRIPT and "jit=off" in images._UPGRADE_CHECK_SCRIPT

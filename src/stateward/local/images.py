@@ -501,9 +501,106 @@ def _install_stateward(build: Build, *, checks: Sequence[Sequence[str]]) -> None
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class UpgradeSource:
+    """An older PostgreSQL major an instance image carries for ``pg_upgrade``: its server
+    from Debian ``suite``; ``libraries``, that suite's packages of the libraries it links
+    which the image's suite has only under another soname (unpacked as they are, beside the
+    image's own, never replacing one); ``packages``, the image suite's packages of the rest
+    it links that the image lacks."""
+
+    major: int
+    suite: str
+    libraries: tuple[str, ...] = ()
+    packages: tuple[str, ...] = ()
+
+
+UPGRADE_SOURCES: Mapping[int, UpgradeSource] = {
+    # Debian has no suite with both 15 and 17: bookworm has 15, trixie 17. Trixie has ICU
+    # 76 and OpenLDAP 2.6 (on OpenSSL, so no GnuTLS until bookworm's libldap needs it).
+    17: UpgradeSource(15, "bookworm", ("libicu72", "libldap-2.5-0"), ("libgnutls30t64",)),
+}
+"""For an instance image's major, the older one it can upgrade from."""
+_UPGRADE_SOURCE_SCRIPT = r"""
+set -eu
+old=$1 suite=$2 keyring=$3 mirror=$4 security=$5
+shift 5
+work=$(mktemp -d /tmp/stateward-upgrade-source.XXXXXX)
+printf 'deb [signed-by=%s] %s %s main\n' \
+    "$keyring" "$mirror" "$suite" "$keyring" "$mirror" "$suite-updates" \
+    "$keyring" "$security" "$suite-security" > "$work/sources.list"
+mkdir -p "$work/lists/partial" "$work/cache/archives/partial"
+apt_old() {
+    apt-get -o Dir::Etc::SourceList="$work/sources.list" -o Dir::Etc::SourceParts=- \
+        -o Dir::State::Lists="$work/lists" -o Dir::Cache="$work/cache" "$@"
+}
+apt_old update
+cd "$work"
+apt_old download "postgresql-$old" "$@"
+dpkg-deb -x "postgresql-${old}_"*.deb "$work/server"
+cp -a "$work/server/usr/lib/postgresql/$old" /usr/lib/postgresql/
+cp -a "$work/server/usr/share/postgresql/$old" /usr/share/postgresql/
+for library in "$@"; do dpkg-deb -x "${library}_"*.deb /; done
+cd /
+rm -rf "$work"
+missing=$(ldd "/usr/lib/postgresql/$old/bin/postgres" | grep 'not found' || true)
+[ -z "$missing" ] || { echo "PostgreSQL $old lacks libraries: $missing" >&2; exit 1; }
+"""
+_UPGRADE_CHECK_SCRIPT = r"""
+set -eu
+old=$1 new=$2
+work=$(mktemp -d /tmp/stateward-upgrade-check.XXXXXX)
+chown postgres:postgres "$work"
+cd "$work"
+as_postgres() { setpriv --reuid=postgres --regid=postgres --clear-groups -- "$@"; }
+for major in "$old" "$new"; do
+    as_postgres "/usr/lib/postgresql/$major/bin/initdb" -D "$work/$major" -U postgres \
+        -E UTF8 --locale=C.UTF-8 --data-checksums >/dev/null
+done
+as_postgres "/usr/lib/postgresql/$new/bin/pg_upgrade" --check \
+    -b "/usr/lib/postgresql/$old/bin" -B "/usr/lib/postgresql/$new/bin" \
+    -d "$work/$old" -D "$work/$new" -s "$work" --old-options "-c jit=off"
+cd /
+rm -rf "$work"
+"""
+
+
+def _add_upgrade_source(build: Build, source: UpgradeSource) -> None:
+    """The older major's server beside the image's own (under ``/usr/lib/postgresql/OLD``,
+    where its package puts it), for ``pg_upgrade -b``; then a ``pg_upgrade --check`` of a
+    fresh old cluster against a fresh new one proves the pair works in this image. The old
+    server's JIT (LLVM) is not carried: an upgrade runs it with ``jit=off``."""
+    started = time.monotonic()
+    old, suite = source.major, source.suite
+    keyring = "/usr/share/keyrings/debian-archive-keyring.pgp"
+    if not (build.rootfs / keyring.lstrip("/")).is_file():
+        keyring = "/usr/share/keyrings/debian-archive-keyring.gpg"
+    new = _instance_major(build.spec)
+    with chroot_session(build):
+        if source.packages:
+            build.chroot(
+                ["apt-get", "install", "--yes", "--no-install-recommends", *source.packages],
+                what=f"apt-get install {' '.join(source.packages)} for PostgreSQL {old}",
+            )
+        build.chroot(
+            ["sh", "-c", _UPGRADE_SOURCE_SCRIPT, "sh", str(old), suite, keyring,
+             DEBIAN_MIRROR, DEBIAN_SECURITY_MIRROR, *source.libraries],
+            what=f"PostgreSQL {old} from {suite} for pg_upgrade",
+        )  # fmt: skip
+        build.chroot(
+            ["sh", "-c", _UPGRADE_CHECK_SCRIPT, "sh", str(old), str(new)],
+            what=f"pg_upgrade --check from {old} to {new}",
+        )
+    build.progress(
+        f"  {build.spec.name}: PostgreSQL {old} from {suite} added for pg_upgrade and checked"
+        f" in {time.monotonic() - started:.0f}s"
+    )
+
+
 def _install_instance(build: Build) -> None:
-    """After apt: drop any Debian cluster and the snakeoil key, then the venv with Patroni
-    and stateward, smoke-tested."""
+    """After apt: drop any Debian cluster and the snakeoil key, add the older major's server
+    where the image carries one for upgrades (:data:`UPGRADE_SOURCES`), then the venv with
+    Patroni and stateward, smoke-tested."""
     rootfs, major = build.rootfs, _instance_major(build.spec)
     _no_main_cluster(rootfs / "etc/postgresql-common/createcluster.conf")
     for cluster in (f"etc/postgresql/{major}/main", f"var/lib/postgresql/{major}/main"):
@@ -512,6 +609,8 @@ def _install_instance(build: Build) -> None:
     # ssl-cert made a key pair at install; an image must not ship one private key to all.
     for name in ("etc/ssl/private/ssl-cert-snakeoil.key", "etc/ssl/certs/ssl-cert-snakeoil.pem"):
         (rootfs / name).unlink(missing_ok=True)
+    if major in UPGRADE_SOURCES:
+        _add_upgrade_source(build, UPGRADE_SOURCES[major])
     venv = STATEWARD_VENV
     _install_stateward(
         build,
