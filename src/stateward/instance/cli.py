@@ -33,7 +33,7 @@ from typing import Any, Final
 import yaml
 
 from stateward.api import v1alpha1
-from stateward.instance import backup, patroni, pgbackrest, pooler, supervisor
+from stateward.instance import backup, patroni, pgbackrest, pooler, supervisor, upgrade
 
 PROGRAM: Final = "stateward-instance"
 
@@ -472,6 +472,13 @@ def _parser() -> argparse.ArgumentParser:
         pooler.CONFIG_FILE,
         "pgbouncer.ini",
     )
+    upgrade_parser = commands.add_parser(
+        "upgrade",
+        help="pg_upgrade the cleanly stopped data directory to a newer major (the upgrade Job)",
+    )
+    upgrade_parser.add_argument("--from", dest="old", type=int, required=True, help="its major")
+    upgrade_parser.add_argument("--to", dest="new", type=int, required=True, help="the new major")
+    upgrade_parser.add_argument("--data-dir", default=patroni.DATA_DIR, help="PGDATA")
     commands.add_parser("version", help="print the stateward version")
     return parser
 
@@ -499,6 +506,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         if arguments.command == "pooler":
             return run_pooler(arguments.config)
+        if arguments.command == "upgrade":
+            return upgrade.main(arguments.old, arguments.new, data_dir=arguments.data_dir)
         if arguments.command == "backup":
             return backup.main(
                 cluster=arguments.cluster,
