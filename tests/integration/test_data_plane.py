@@ -367,6 +367,63 @@ def test_postgresql_17_runs_replicates_synchronously_and_its_metrics_move(
     assert (inserted, table) not in scrape(real_cluster, ns, replica)
 
 
+@pytest.mark.timeout(900)
+def test_a_15_cluster_upgrades_in_place_to_17_keeping_its_data(
+    real_cluster: LocalCluster, client: Client, ns: str
+) -> None:
+    create_cluster(client, ns, "up", replicas=3, version="15")
+    ready(client, ns, "up")
+    primary = status_of(client, ns, "up")["primaryPod"]
+    rows = "create table t as select g, md5(g::text) as m from generate_series(1, 20000) g"
+    assert sql(real_cluster, ns, primary, rows, database="app") == "SELECT 20000"
+    digest = "select md5(string_agg(m, ',' order by g)) from t"
+    before = sql(real_cluster, ns, primary, digest, database="app")
+    assert len(before) == 32
+    wait_for(lambda: status_of(client, ns, "up").get("version") == "15", what="status.version")
+
+    client.patch(
+        PostgresClusterResource, "up", {"spec": {"version": "17"}},
+        namespace=ns, patch_type=PatchType.MERGE,
+    )  # fmt: skip
+
+    def upgraded() -> dict[str, Any] | None:
+        record = status_of(client, ns, "up").get("upgrade") or {}
+        if record.get("phase") in ("Refused", "Failed"):
+            raise AssertionError(f"the upgrade ended {record['phase']}: {record.get('message')}")
+        return record if record.get("phase") == "Succeeded" else None
+
+    record = wait_for(upgraded, what="the upgrade to succeed", timeout=600, interval=1)
+    assert (record["from"], record["to"]) == ("15", "17")
+    status = ready(client, ns, "up")["status"]
+    assert status["version"] == "17"
+    members = [status["primaryPod"], *status["replicaPods"]]
+    assert len(members) == 3
+    for pod in members:
+        assert sql(real_cluster, ns, pod, "show server_version_num").startswith("17"), pod
+    new_primary = status["primaryPod"]
+    assert sql(real_cluster, ns, new_primary, digest, database="app") == before
+    # The replicas were cloned from the upgraded primary and follow it.
+    insert = "insert into t values (20001, 'after')"
+    assert sql(real_cluster, ns, new_primary, insert, database="app") == "INSERT 0 1"
+    for pod in status["replicaPods"]:
+        wait_for(
+            lambda pod=pod: sql(real_cluster, ns, pod, "select count(*) from t", "app") == "20001",
+            what=f"the new row on {pod}",
+        )
+    reasons = event_reasons(client, ns)
+    for reason in ("UpgradeStarted", "DataUpgraded", "Upgraded"):
+        assert reason in reasons, reasons
+    # Back below the data's major: refused by the API server.
+    with pytest.raises(ApiError) as downgrade:
+        client.patch(
+            PostgresClusterResource, "up", {"spec": {"version": "15"}},
+            namespace=ns, patch_type=PatchType.MERGE,
+        )  # fmt: skip
+    assert "older than the data files, which are PostgreSQL 17" in str(
+        downgrade.value.status.message
+    )
+
+
 def test_parameters_are_applied_through_patroni_without_recreating_pods(
     real_cluster: LocalCluster, client: Client, ns: str
 ) -> None:

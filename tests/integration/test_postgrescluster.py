@@ -447,9 +447,35 @@ def test_version_change_rolls_replicas_first_primary_last(
 ) -> None:
     name = make_cluster(version="16")
     wait_phase(kube, name, namespace, "Ready", timeout=90)
-    with pytest.raises(ApiError) as major:
-        patch_cluster(kube, name, namespace, {"spec": {"version": "17"}})
-    assert "major version" in str(major.value.status.message)
+    wait_for(
+        lambda: get_pgc(kube, name, namespace)["status"].get("version") == "16",
+        what="status.version to record the data's version",
+    )
+    # Below the data's major: refused by the API server (the CRD's rule on status.version).
+    with pytest.raises(ApiError) as downgrade:
+        patch_cluster(kube, name, namespace, {"spec": {"version": "15"}})
+    assert "older than the data files, which are PostgreSQL 16" in str(
+        downgrade.value.status.message
+    )
+    # A major the default image cannot upgrade from in place: refused by the operator, the
+    # cluster left running on 16 (no pod is stopped, no image changes).
+    pods_before = {
+        p.metadata.name: p.metadata.uid  # type: ignore[union-attr]
+        for p in kube.list(Pod, namespace=namespace, labels={"stateward.io/cluster": name})
+    }
+    patch_cluster(kube, name, namespace, {"spec": {"version": "17"}})
+    refused = wait_condition(kube, name, namespace, "Degraded", reason="UpgradeRefused")
+    assert (
+        "PostgreSQL 16 cannot be upgraded to 17 in place"
+        in condition(refused, "Degraded")["message"]
+    )
+    template = kube.get(StatefulSet, name, namespace=namespace).spec.template  # type: ignore[union-attr]
+    assert template.spec.containers[0].image.endswith(":16")  # type: ignore[union-attr]
+    assert {
+        p.metadata.name: p.metadata.uid  # type: ignore[union-attr]
+        for p in kube.list(Pod, namespace=namespace, labels={"stateward.io/cluster": name})
+    } == pods_before
+    # Back to the data's major, with a minor update: allowed, and rolled.
     patch_cluster(kube, name, namespace, {"spec": {"version": "16.4"}})
 
     def all_updated() -> bool:

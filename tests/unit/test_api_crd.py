@@ -247,6 +247,8 @@ def test_status_is_complete(schema: dict[str, Any]) -> None:
         "lastFailover",
         "rollingRestart",
         "pooler",
+        "version",
+        "upgrade",
     }
     assert "required" not in status
     condition = at(schema, "status.conditions.[]")
@@ -271,7 +273,7 @@ def test_every_rule_has_a_message_naming_its_field(schema: dict[str, Any]) -> No
     for path, node in nodes(schema):
         for rule in rules(node):
             found += 1
-            field = path.lstrip(".") + rule.get("fieldPath", "")
+            field = (path.lstrip(".") + rule.get("fieldPath", "")).lstrip(".")
             assert rule["message"].startswith(field + " "), (field, rule["message"])
             if "messageExpression" in rule:
                 assert rule["messageExpression"].startswith(f"'{field} "), rule
@@ -310,15 +312,24 @@ def test_version_rules(schema: dict[str, Any]) -> None:
     field = rule_containing(at(schema, "spec.version"), "matches")
     assert field["rule"] == f"self.matches('{VERSION_REGEX}')"
     assert "13, 14, 15, 16, 17 or 18" in field["message"]
-    major_change = rule_containing(at(schema, "spec"), "version.split")
-    assert (
-        "int(self.version.split('.')[0]) == int(oldSelf.version.split('.')[0])"
-        in (major_change["rule"])
+    # A new major is an in-place upgrade; below the data's (status.version) is refused: a
+    # rule on the object, the only place that sees the status.
+    assert not [r for r in rules(at(schema, "spec")) if "version.split" in r["rule"]]
+    downgrade = rule_containing(schema, "oldSelf.status.version")
+    assert downgrade["rule"].endswith(
+        "int(self.spec.version.split('.')[0]) >= int(oldSelf.status.version.split('.')[0])"
     )
-    # a malformed old value cannot make int() fail and lock the object
-    assert major_change["rule"].startswith("!self.version.matches(")
-    assert "|| !oldSelf.version.matches(" in major_change["rule"]
-    assert major_change["fieldPath"] == ".version"
+    # an unrecorded data version, a status update (the spec as it was) and malformed values
+    # cannot make it refuse or fail
+    for guard in (
+        "!has(oldSelf.status) || !has(oldSelf.status.version) || ",
+        "self.spec.version == oldSelf.spec.version || ",
+        "!self.spec.version.matches(",
+        "!oldSelf.status.version.matches(",
+    ):
+        assert guard in downgrade["rule"], guard
+    assert downgrade["fieldPath"] == ".spec.version"
+    assert downgrade["reason"] == "FieldValueForbidden"
 
 
 def test_backup_schedule_rule(schema: dict[str, Any]) -> None:
@@ -368,6 +379,8 @@ def test_rules_only_use_kubernetes_cel_functions(schema: dict[str, Any]) -> None
                 without_strings = re.sub(r"'(?:[^'\\]|\\.)*'", "''", expr)
                 words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", without_strings))
                 fields = {
+                    "spec",
+                    "status",
                     "storageSize",
                     "storageClassName",
                     "version",

@@ -133,3 +133,23 @@ def test_the_report_shows_where_the_pooler_answers_and_how_many_pods_serve() -> 
     assert (
         "  Pooler: PgBouncer at orders-pooler.shop.svc:5432, 2/2 ready, transaction pooling" in text
     )
+
+
+def test_the_report_follows_an_upgrade_and_names_the_datas_version() -> None:
+    body = cluster()
+    assert "Upgrade" not in "\n".join(plugin.report(body, [], now=NOW))
+    body["spec"]["version"] = "17"  # type: ignore[index]
+    body["status"]["version"] = "15"  # type: ignore[index]
+    body["status"]["upgrade"] = {"phase": "Upgrading", "from": "15", "to": "17",  # type: ignore[index]
+                                 "startedAt": "2026-12-02T11:59:00Z",
+                                 "message": "every instance stopped; pg_upgrade runs"}  # fmt: skip
+    text = "\n".join(plugin.report(body, [], now=NOW))
+    assert "  PostgreSQL 15 (spec: 17), 3/3 instances ready" in text
+    assert (
+        "Upgrade: PostgreSQL 15 -> 17, Upgrading (step 2 of 5), started 1m ago:"
+        " every instance stopped; pg_upgrade runs"
+    ) in text
+    body["status"]["version"] = "17"  # type: ignore[index]
+    body["status"]["upgrade"]["phase"] = "Refused"  # type: ignore[index]
+    text = "\n".join(plugin.report(body, [], now=NOW))
+    assert "  PostgreSQL 17, 3/3" in text and "Upgrade: PostgreSQL 15 -> 17, Refused," in text

@@ -209,7 +209,7 @@ def scaling(
     assert observed is not None
     observed["spec"] = {"replicas": 3}
     desired = [{"kind": "StatefulSet", "spec": {"replicas": want}}]
-    postgrescluster._hold_scale_down(scope, desired)
+    postgrescluster._hold_scale_down(scope, desired, scope.cluster.spec.replicas)
     return scope, desired
 
 

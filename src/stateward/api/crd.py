@@ -445,7 +445,38 @@ _NUMERIC_VERSION = _cel_string("^[0-9]+([.][0-9]+)?$")
 MAX_PARAMETERS = 256
 _MANAGED_LIST = "[" + ", ".join(_cel_string(p) for p in MANAGED_PARAMETERS) + "]"
 
+_DATA_MAJOR = "int(oldSelf.status.version.split('.')[0])"
+
 POSTGRESCLUSTER_EXTRAS: dict[str, dict[str, Any]] = {
+    # The object, not the spec: only there does a rule see the status, where the data's
+    # version is (status.version). Raising the major starts an in-place upgrade; lowering it
+    # below the data's is refused. Back to the data's major (after a refused upgrade) is not a
+    # downgrade. A status update leaves the spec as it was, so it always passes.
+    "": {
+        "x-kubernetes-validations": [
+            Rule(
+                rule=(
+                    "!has(oldSelf.status) || !has(oldSelf.status.version) || "
+                    "self.spec.version == oldSelf.spec.version || "
+                    f"!self.spec.version.matches({_NUMERIC_VERSION}) || "
+                    f"!oldSelf.status.version.matches({_NUMERIC_VERSION}) || "
+                    f"int(self.spec.version.split('.')[0]) >= {_DATA_MAJOR}"
+                ),
+                message=(
+                    "spec.version cannot go below the major of the data files"
+                    " (status.version): a downgrade is not possible in place"
+                ),
+                message_expression=(
+                    "'spec.version ' + self.spec.version + ' is older than the data files,"
+                    " which are PostgreSQL ' + oldSelf.status.version + ': a downgrade is not"
+                    " possible in place; restore a backup into a new cluster of version ' + "
+                    "self.spec.version + ' instead'"
+                ),
+                field_path=".spec.version",
+                reason="FieldValueForbidden",
+            ),
+        ]
+    },
     "spec": {
         "x-kubernetes-validations": [
             Rule(
@@ -472,25 +503,6 @@ POSTGRESCLUSTER_EXTRAS: dict[str, dict[str, Any]] = {
                     "after the cluster is created"
                 ),
                 field_path=".storageClassName",
-                reason="FieldValueForbidden",
-            ),
-            Rule(
-                rule=(
-                    f"!self.version.matches({_NUMERIC_VERSION}) || "
-                    f"!oldSelf.version.matches({_NUMERIC_VERSION}) || "
-                    "int(self.version.split('.')[0]) == int(oldSelf.version.split('.')[0])"
-                ),
-                message=(
-                    "spec.version cannot change the PostgreSQL major version: minor updates"
-                    " roll the pods, major upgrades (pg_upgrade) are not supported yet"
-                ),
-                message_expression=(
-                    "'spec.version cannot change the PostgreSQL major version (from ' + "
-                    "oldSelf.version.split('.')[0] + ' to ' + self.version.split('.')[0] + "
-                    "'): minor updates such as ' + oldSelf.version.split('.')[0] + "
-                    "'.5 roll the pods; major upgrades (pg_upgrade) are not supported yet'"
-                ),
-                field_path=".version",
                 reason="FieldValueForbidden",
             ),
             Rule(

@@ -276,6 +276,10 @@ class PoolMode(enum.StrEnum):
     TRANSACTION = "transaction"
 
 
+UPGRADES: dict[int, tuple[int, ...]] = {17: (15,)}
+"""For a major, the older majors its default image can upgrade from in place (the image
+carries their servers for ``pg_upgrade``). With ``spec.image`` set, the image must carry
+the old major's server under ``/usr/lib/postgresql/OLD/bin`` itself."""
 POOLER_MAJOR = 17
 """The instance image the pooler runs by default (see ``Pooler.image``)."""
 POOLER_PORT = 5432
@@ -590,6 +594,30 @@ class SwitchoverStatus(_Model):
     """The PgBouncer pods paused for it, while they are (``spec.pooler``)."""
 
 
+class UpgradePhase(enum.StrEnum):
+    STOPPING = "Stopping"
+    UPGRADING = "Upgrading"
+    STARTING = "Starting"
+    CLONING = "Cloning"
+    SUCCEEDED = "Succeeded"
+    REFUSED = "Refused"
+    FAILED = "Failed"
+
+
+class UpgradeStatus(_Model):
+    """An in-place major upgrade: the instances stop, ``pg_upgrade --link`` runs in a Job on
+    the primary's volume, the primary starts on the new major, the replicas are cloned anew."""
+
+    phase: UpgradePhase
+    from_version: str = Field(alias="from")
+    """The version the data ran before (``status.version`` when the upgrade started)."""
+
+    to_version: str = Field(alias="to")
+    started_at: str
+    finished_at: str | None = None
+    message: str = ""
+
+
 class FailoverStatus(_Model):
     """An unplanned change of primary: Patroni promoted a replica after the primary was lost."""
 
@@ -753,6 +781,13 @@ class PostgresClusterStatus(_Model):
     pooler: PoolerStatus | None = None
     """The PgBouncer pooler, when ``spec.pooler`` asks for one."""
 
+    version: str | None = None
+    """The PostgreSQL version the data files are of: ``spec.version`` once reached. A
+    ``spec.version`` whose major is below it is refused (no downgrade)."""
+
+    upgrade: UpgradeStatus | None = None
+    """The running or last major upgrade."""
+
 
 class _Resource(_Model):
     """What a Stateward resource's children are named after: its metadata, and the three
@@ -863,6 +898,11 @@ class PostgresCluster(_Resource):
     @property
     def backup_cronjob_name(self) -> str:
         return f"{self.name}-backup"
+
+    @property
+    def upgrade_job_name(self) -> str:
+        """The Job that runs ``pg_upgrade`` on the primary's volume."""
+        return f"{self.name}-upgrade"
 
     @property
     def final_backup_job_name(self) -> str:

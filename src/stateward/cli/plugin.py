@@ -90,6 +90,12 @@ def _ago(stamp: str | None, now: datetime.datetime) -> str:
     return f"{max(seconds, 0)}s ago"
 
 
+def _version(spec: dict[str, Any], status: dict[str, Any]) -> str:
+    """The spec's version, and the data's while they differ (an upgrade running or refused)."""
+    wanted, running = spec.get("version", "?"), status.get("version")
+    return wanted if running in (None, wanted) else f"{running} (spec: {wanted})"
+
+
 def _table(rows: list[list[str]]) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return [
@@ -122,7 +128,7 @@ def report(
     sync = (spec.get("synchronous") or {}).get("mode", "Preferred")
     lines = [
         f"PostgresCluster {namespace}/{name}: {status.get('phase', 'Pending')}",
-        f"  PostgreSQL {spec.get('version', '?')}, {status.get('readyReplicas', 0)}/"
+        f"  PostgreSQL {_version(spec, status)}, {status.get('readyReplicas', 0)}/"
         f"{spec.get('replicas', '?')} instances ready, primary"
         f" {status.get('primaryPod') or '-'}, synchronous replication {sync}",
         "",
@@ -169,6 +175,17 @@ def report(
             f" {switchover.get('fromPod')} to {switchover.get('target')},"
             f" {_ago(switchover.get('startedAt'), now)}"
             + (f": {switchover['message']}" if switchover.get("message") else ""),
+        ]
+    upgrade = status.get("upgrade")
+    if upgrade:
+        steps = ["Stopping", "Upgrading", "Starting", "Cloning", "Succeeded"]
+        phase = upgrade.get("phase")
+        step = f" (step {steps.index(phase) + 1} of {len(steps)})" if phase in steps else ""
+        lines += [
+            "",
+            f"Upgrade: PostgreSQL {upgrade.get('from')} -> {upgrade.get('to')}, {phase}{step},"
+            f" started {_ago(upgrade.get('startedAt'), now)}"
+            + (f": {upgrade['message']}" if upgrade.get("message") else ""),
         ]
     failover = status.get("lastFailover")
     if failover:

@@ -43,6 +43,17 @@ class Scope(core.Scope):
     paused_poolers: dict[tuple[str, str], list[str]] = dataclasses.field(default_factory=dict)
     """Shared by one reconciler's scopes: per cluster, the pooler pods this operator paused
     and has not resumed; no entry yet: unknown (``controllers.poolers``)."""
+    upgrade: dict[str, Any] | None = None
+    """``status.upgrade``: the running or last major upgrade (``controllers.upgrades``)."""
+    version: str | None = None
+    """``status.version``: the version the data files are of, as last recorded."""
+    children_version: str | None = None
+    """While an upgrade runs: the version the children are built for instead of the spec's."""
+    children_replicas: int | None = None
+    """While an upgrade runs: the instances wanted instead of the spec's (1, then 0)."""
+    hold_data_plane: bool = False
+    """Set while an upgrade has (or is taking) every instance down: the phases that follow
+    Patroni do not run (``controllers.upgrades.gate``)."""
     halted: bool = False
     """Set by a phase after which none may run (the spec must change first)."""
     _members: list[Member] | None = dataclasses.field(default=None, init=False, repr=False)
@@ -96,11 +107,13 @@ class Scope(core.Scope):
             self._members = None
 
 
-def instance_pods(scope: Scope) -> list[Body]:
+def instance_pods(scope: Scope, *, including_deleting: bool = False) -> list[Body]:
+    """The instance pods; those being deleted too with ``including_deleting`` (a terminating
+    pod may still run PostgreSQL)."""
     return [
         pod
         for pod in scope.owned("Pod")
-        if not pod["metadata"].get("deletionTimestamp")
+        if (including_deleting or not pod["metadata"].get("deletionTimestamp"))
         and (pod["metadata"].get("labels") or {}).get(meta.COMPONENT_LABEL)
         == meta.INSTANCE_COMPONENT
     ]

@@ -22,7 +22,7 @@ from lightkube import ApiError
 from stateward import rfc3339, specs
 from stateward.api import v1alpha1, validation
 from stateward.api.v1alpha1 import PostgresCluster
-from stateward.controllers import backups, certificates, core
+from stateward.controllers import backups, certificates, core, upgrades
 from stateward.controllers import conditions as cond
 from stateward.controllers.dataplane import DataPlane, start_switchover
 from stateward.controllers.kube import Body, Kube, Ref
@@ -111,6 +111,8 @@ class Reconciler:
             rolling_restart=(body.get("status") or {}).get("rollingRestart"),
             backups=(body.get("status") or {}).get("backups"),
             on_demand_backup=(body.get("status") or {}).get("onDemandBackup"),
+            upgrade=(body.get("status") or {}).get("upgrade"),
+            version=(body.get("status") or {}).get("version"),
         )
         deleting = bool(body["metadata"].get("deletionTimestamp"))
         paths: list[core.Phase[Scope]] = (
@@ -126,11 +128,13 @@ class Reconciler:
                 ensure_secrets,
                 check_storage_class,
                 check_fencing,
+                upgrades.run_upgrade,
                 apply_children,
                 remove_backup_cronjob,
                 remove_pooler,
                 check_backup_credentials,
                 expand_volumes,
+                upgrades.gate,
                 self.data_plane.follow_leader_lock,
                 self.data_plane.report_failover,
                 self.data_plane.apply_configuration,
@@ -305,24 +309,39 @@ async def apply_children(scope: Scope) -> str | None:
     """
     if any(reason == "StorageClassNotFound" for reason, _ in scope.degraded):
         return None
-    cluster = scope.cluster
+    cluster = _children_cluster(scope)
     desired = specs.children(
         cluster,
         patroni_config=config_spec.patroni_config(cluster),
         operator_namespace=scope.operator_namespace,
     )
-    _hold_scale_down(scope, desired)
+    if cluster.spec.replicas > 0:  # an upgrade stopping the last instance holds nothing
+        _hold_scale_down(scope, desired, cluster.spec.replicas)
     return await core.converge(
         scope, desired, immutable={"StatefulSet": IMMUTABLE_STATEFULSET_FIELDS}
     )
 
 
-def _hold_scale_down(scope: Scope, desired: list[Body]) -> None:
+def _children_cluster(scope: Scope) -> PostgresCluster:
+    """The cluster the children are built for: the spec, but for the version and the
+    instances a running major upgrade asks for (``controllers.upgrades``)."""
+    update: dict[str, Any] = {}
+    if scope.children_version is not None:
+        update["version"] = scope.children_version
+    if scope.children_replicas is not None:
+        update["replicas"] = scope.children_replicas
+    if not update:
+        return scope.cluster
+    spec = scope.cluster.spec.model_copy(update=update)
+    return scope.cluster.model_copy(update={"spec": spec})
+
+
+def _hold_scale_down(scope: Scope, desired: list[Body], wanted: int) -> None:
     leader = next((x for x in scope.members if x.is_primary), None)
     scope.scale_down_to = core.hold_scale_down(
         scope,
         desired,
-        wanted=scope.cluster.spec.replicas,
+        wanted=wanted,
         primary=None if leader is None else leader.name,
         pods=instance_pods(scope),
     )
@@ -1065,6 +1084,8 @@ async def write_status(scope: Scope, *, deleting: bool) -> None:
         "lastFailover": scope.last_failover,
         "rollingRestart": scope.rolling_restart,
         "pooler": pooler_status(scope),
+        "version": upgrades.status_version(scope),
+        "upgrade": scope.upgrade,
     }
     await core.patch_status(scope, status)
 
