@@ -252,12 +252,21 @@ def test_an_unreachable_repository_fails_visibly_and_never_counts_as_a_backup(
 CHECKSUM = "SELECT count(*) || ':' || md5(string_agg(n::text, ',' ORDER BY n)) FROM t"
 
 
-def restored(client: Client, ns: str, name: str, source: str, replicas: int, **target: str) -> None:
+def restored(
+    client: Client,
+    ns: str,
+    name: str,
+    source: str,
+    replicas: int,
+    version: str = "15",
+    **target: str,
+) -> None:
     create_cluster(
         client,
         ns,
         name,
         replicas=replicas,
+        version=version,
         backup=local_repository(client, ns, f"/{ns}/{name}"),
         bootstrap={"restore": {"cluster": source, **target}},
     )
@@ -283,23 +292,7 @@ def test_restores_to_a_point_in_time_a_clone_and_a_deleted_cluster_into_its_own_
     lines: list[str] = []
     argv = ["--kubeconfig", str(real_cluster.kubeconfig), "-n", ns, "backup", "src"]
     assert plugin.COMMANDS["backup"](plugin.parse(argv), lines.append) == 0, lines
-    # Two writes with a known moment between them, both archived.
-    sql(real_cluster, ns, primary, "INSERT INTO t VALUES (1001)")
-    between = sql(
-        real_cluster,
-        ns,
-        primary,
-        """SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')""",
-    )
-    sql(real_cluster, ns, primary, "INSERT INTO t VALUES (1002)")
-    archiver = "SELECT archived_count FROM pg_stat_archiver"
-    archived = int(sql(real_cluster, ns, primary, archiver))
-    sql(real_cluster, ns, primary, "SELECT pg_switch_wal()")
-    wait_for(
-        lambda: int(sql(real_cluster, ns, primary, archiver) or 0) > archived,
-        what="the WAL with both writes archived",
-        timeout=60,
-    )
+    between = _two_writes_with_a_moment_between(real_cluster, ns, primary)
     source_sum = sql(real_cluster, ns, primary, CHECKSUM)
     assert source_sum.startswith("1002:")
 
@@ -339,3 +332,64 @@ def test_restores_to_a_point_in_time_a_clone_and_a_deleted_cluster_into_its_own_
     restored(client, ns, "src", "src", 1)
     again = ready(client, ns, "src", timeout=300)["status"]["primaryPod"]
     assert sql(real_cluster, ns, again, CHECKSUM) == source_sum
+
+
+def _two_writes_with_a_moment_between(real: LocalCluster, ns: str, primary: str) -> str:
+    """Rows 1001 and 1002 into ``t``, both archived; the moment between them (RFC 3339)."""
+    sql(real, ns, primary, "INSERT INTO t VALUES (1001)")
+    between = sql(
+        real,
+        ns,
+        primary,
+        """SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')""",
+    )
+    sql(real, ns, primary, "INSERT INTO t VALUES (1002)")
+    _archived_after_switch(real, ns, primary)
+    return between
+
+
+def _archived_after_switch(real: LocalCluster, ns: str, pod: str) -> None:
+    """A new WAL segment archived: archiving works (pgBackRest accepts this major)."""
+    archiver = "SELECT archived_count FROM pg_stat_archiver"
+    archived = int(sql(real, ns, pod, archiver) or 0)
+    sql(real, ns, pod, "SELECT pg_switch_wal()")
+    wait_for(
+        lambda: int(sql(real, ns, pod, archiver) or 0) > archived,
+        what=f"a WAL segment of {pod} archived",
+        timeout=90,
+    )
+
+
+@pytest.mark.timeout(900)
+def test_an_upgraded_cluster_archives_again_and_restores_to_a_point_in_time_on_17(
+    real_cluster: LocalCluster, client: Client, ns: str
+) -> None:
+    # pgBackRest refuses WAL of another major than its stanza's: after pg_upgrade the
+    # upgraded primary upgrades the stanza itself, so archiving goes on, and a backup taken
+    # on 17 restores to a point in time on 17.
+    create_cluster(client, ns, "old", replicas=1, backup=local_repository(client, ns, f"/{ns}/old"))
+    primary = ready(client, ns, "old")["status"]["primaryPod"]
+    assert sql(real_cluster, ns, primary, "CREATE TABLE t AS SELECT generate_series(1, 1000) n")
+    argv = ["--kubeconfig", str(real_cluster.kubeconfig), "-n", ns, "backup", "old"]
+    lines: list[str] = []
+    assert plugin.COMMANDS["backup"](plugin.parse(argv), lines.append) == 0, lines
+    client.patch(
+        PostgresClusterResource, "old", {"spec": {"version": "17"}},
+        namespace=ns, patch_type=PatchType.MERGE,
+    )  # fmt: skip
+    wait_for(
+        lambda: (status_of(client, ns, "old").get("upgrade") or {}).get("phase") == "Succeeded",
+        what="the upgrade to 17",
+        timeout=600,
+    )
+    primary = ready(client, ns, "old")["status"]["primaryPod"]
+    assert sql(real_cluster, ns, primary, "SHOW server_version_num").startswith("17")
+    _archived_after_switch(real_cluster, ns, primary)
+    lines.clear()
+    assert plugin.COMMANDS["backup"](plugin.parse(argv), lines.append) == 0, lines
+    between = _two_writes_with_a_moment_between(real_cluster, ns, primary)
+
+    restored(client, ns, "pitr17", "old", 1, version="17", targetTime=between)
+    pitr = ready(client, ns, "pitr17", timeout=300)["status"]["primaryPod"]
+    assert sql(real_cluster, ns, pitr, "SHOW server_version_num").startswith("17")
+    assert sql(real_cluster, ns, pitr, "SELECT count(*), max(n) FROM t") == "1001|1001"

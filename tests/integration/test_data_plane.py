@@ -424,6 +424,55 @@ def test_a_15_cluster_upgrades_in_place_to_17_keeping_its_data(
     )
 
 
+@pytest.mark.timeout(600)
+def test_an_upgrade_pg_upgrade_refuses_leaves_the_cluster_running_on_15_saying_why(
+    real_cluster: LocalCluster, client: Client, ns: str
+) -> None:
+    create_cluster(client, ns, "stay", replicas=1, version="15")
+    primary = ready(client, ns, "stay")["status"]["primaryPod"]
+    # aclitem's format changed in 16: pg_upgrade --check refuses a table that stores it.
+    made = sql(real_cluster, ns, primary, "CREATE TABLE grants (a aclitem)", database="app")
+    assert made == "CREATE TABLE"
+    client.patch(
+        PostgresClusterResource, "stay", {"spec": {"version": "17"}},
+        namespace=ns, patch_type=PatchType.MERGE,
+    )  # fmt: skip
+    record = wait_for(
+        lambda: (
+            (r := status_of(client, ns, "stay").get("upgrade") or {}).get("phase")
+            in ("Refused", "Failed", "Succeeded")
+            and r
+        ),
+        what="the upgrade to end",
+        timeout=300,
+    )
+    assert record["phase"] == "Refused", record
+    assert '"aclitem" data type in user tables' in record["message"]
+    assert "public.grants.a" in record["message"]  # pg_upgrade's listing, kept in the status
+    status = ready(client, ns, "stay")["status"]
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] == "UpgradeRefused" and "aclitem" in degraded["message"]
+    assert status["version"] == "15"
+    primary = status["primaryPod"]
+    assert sql(real_cluster, ns, primary, "SHOW server_version_num").startswith("15")
+    assert sql(real_cluster, ns, primary, "SELECT count(*) FROM grants", database="app") == "0"
+    # Back to 15: the refusal is answered, nothing is degraded any more.
+    client.patch(
+        PostgresClusterResource, "stay", {"spec": {"version": "15"}},
+        namespace=ns, patch_type=PatchType.MERGE,
+    )  # fmt: skip
+    wait_for(
+        lambda: (
+            next(c for c in status_of(client, ns, "stay")["conditions"] if c["type"] == "Degraded")[
+                "status"
+            ]
+            == "False"
+        ),
+        what="Degraded to clear",
+        timeout=60,
+    )
+
+
 def test_parameters_are_applied_through_patroni_without_recreating_pods(
     real_cluster: LocalCluster, client: Client, ns: str
 ) -> None:

@@ -204,3 +204,53 @@ def test_main_reports_on_one_line_and_exits_3_when_refused(
     assert capsys.readouterr().out == "refused: 15 is not newer than 17\n"
     assert upgrade.main(15, 17, data_dir=str(tmp_path / "pgdata")) == upgrade.REFUSED
     assert "holds PostgreSQL nothing, not 15" in capsys.readouterr().out
+
+
+def test_a_finished_upgrade_leaves_its_marker_beside_the_data_not_in_it(
+    layout: upgrade.Layout,
+) -> None:
+    run(layout, Tools(layout))
+    assert Path(layout.marker).read_text() == "15\n"
+    assert Path(layout.marker).parent == Path(layout.data_dir).parent  # a clone does not copy it
+
+
+class Stanza:
+    """psql (is this the primary?) and pgbackrest stanza-upgrade."""
+
+    def __init__(self, primary: bool = True, upgrade_code: int = 0) -> None:
+        self.primary, self.upgrade_code = primary, upgrade_code
+        self.calls: list[str] = []
+
+    def __call__(self, argv: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
+        tool = Path(argv[0]).name
+        self.calls.append(tool)
+        if tool == "psql":
+            return subprocess.CompletedProcess(argv, 0, "t\n" if self.primary else "f\n", "")
+        return subprocess.CompletedProcess(argv, self.upgrade_code, "", "ERROR: [055]: unable")
+
+
+def test_the_primary_upgrades_the_stanza_once_then_forgets_the_marker(
+    layout: upgrade.Layout,
+) -> None:
+    env = {"PGBACKREST_STANZA": "demo"}
+    stanza = Stanza()
+    assert upgrade.upgrade_stanza_once("psql", layout.data_dir, env=env, run=stanza)
+    assert stanza.calls == []  # no marker: no upgrade happened here
+    marker = Path(layout.marker)
+    marker.write_text("15\n")
+    replica = Stanza(primary=False)
+    assert not upgrade.upgrade_stanza_once("psql", layout.data_dir, env=env, run=replica)
+    assert replica.calls == ["psql"] and marker.exists()  # a replica waits
+    failing = Stanza(upgrade_code=55)
+    assert not upgrade.upgrade_stanza_once("psql", layout.data_dir, env=env, run=failing)
+    assert marker.exists()  # tried again later
+    assert upgrade.upgrade_stanza_once("psql", layout.data_dir, env=env, run=stanza)
+    assert stanza.calls == ["psql", "pgbackrest"] and not marker.exists()
+
+
+def test_without_a_repository_the_marker_just_goes(layout: upgrade.Layout) -> None:
+    marker = Path(layout.marker)
+    marker.write_text("15\n")
+    stanza = Stanza()
+    assert upgrade.upgrade_stanza_once("psql", layout.data_dir, env={}, run=stanza)
+    assert stanza.calls == [] and not marker.exists()

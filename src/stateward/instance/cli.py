@@ -404,19 +404,11 @@ def create_stanza(env: Mapping[str, str], run: Callable[..., Any] = subprocess.r
     creates the stanza too, and the operator reports what fails)."""
     if not env.get("PGBACKREST_STANZA"):
         return False
-    try:
-        result = run(
-            ["pgbackrest", "--io-timeout=5", "stanza-create"],
-            capture_output=True,
-            text=True,
-            timeout=STANZA_TIMEOUT,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as error:
-        print(f"{PROGRAM}: pgbackrest stanza-create did not finish: {type(error).__name__}")
-        return False
-    if result.returncode != 0:
-        print(f"{PROGRAM}: pgbackrest stanza-create failed: {result.stderr.strip()[-500:]}")
+    problem = pgbackrest.stanza_command(
+        "stanza-create", timeout=STANZA_TIMEOUT, options=["--io-timeout=5"], run=run
+    )
+    if problem is not None:
+        print(f"{PROGRAM}: {problem}")
         return False
     print(f"{PROGRAM}: created the pgBackRest stanza {env['PGBACKREST_STANZA']}")
     return True

@@ -13,7 +13,8 @@ environment holds a key. The stanza is the cluster's name, the repository its
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping, Sequence
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from stateward import rfc3339
@@ -207,3 +208,28 @@ def restore_command(cluster: v1alpha1.PostgresCluster) -> str | None:
     elif restore.restore_point is not None:
         words += ["--restore-point", restore.restore_point]
     return " ".join(words)
+
+
+def stanza_command(
+    command: str,
+    *,
+    timeout: float,
+    options: Sequence[str] = (),
+    run: Callable[..., Any] = subprocess.run,
+) -> str | None:
+    """``pgbackrest [options] COMMAND`` (``stanza-create``, ``stanza-upgrade``) in this
+    container, where the environment names the stanza and the repository: None once it
+    succeeded, else why not, in a line."""
+    try:
+        result = run(
+            ["pgbackrest", *options, command],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"pgbackrest {command} did not finish: {type(error).__name__}"
+    if result.returncode != 0:
+        return f"pgbackrest {command} failed: {str(result.stderr).strip()[-500:]}"
+    return None

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from stateward.instance import metrics, pooler
+from stateward.instance import metrics, pooler, upgrade
 
 FENCING_SUFFIX: Final = "-fencing"
 FENCING_KEY: Final = "instances"
@@ -380,6 +380,7 @@ def supervise(
     threading.Thread(target=source.run, args=(stop,), daemon=True).start()
     if metrics_from is not None:
         pooler.ensure_in_background(metrics_from[0], stop)
+        upgrade.upgrade_stanza_in_background(*metrics_from, stop)
     try:
         return Supervisor(argv, source, port=port, certificate=certificate).run()
     finally:

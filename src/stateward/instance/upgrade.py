@@ -31,11 +31,12 @@ import dataclasses
 import os
 import shutil
 import subprocess
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from stateward.instance import patroni
+from stateward.instance import localsql, patroni, pgbackrest
 
 REFUSED: Final = 3
 """The exit code of an upgrade that changed nothing: the old data is as it was."""
@@ -47,6 +48,9 @@ OLD_SERVER_OPTIONS: Final = "-c ssl=off -c archive_mode=off -c jit=off"
 """Patroni's settings name certificate files and an archive command the Job has not; the
 old image's JIT library (LLVM) is not carried beside the new major."""
 SUPERUSER: Final = patroni.SUPERUSER_USERNAME
+MARKER_NAME: Final = "stateward-upgraded-from"
+STANZA_INTERVAL: Final = 5.0
+STANZA_TIMEOUT: Final = 120.0
 
 Run = Callable[..., "subprocess.CompletedProcess[str]"]
 
@@ -79,6 +83,13 @@ class Layout:
     def old_dir(self) -> str:
         """Where the old directory goes while the new one takes its place."""
         return f"{self.volume}/pgdata-{self.old}.old"
+
+    @property
+    def marker(self) -> str:
+        """Left on the volume by a finished upgrade, outside the data directory (a clone of it
+        does not carry it): the primary then upgrades pgBackRest's stanza
+        (:func:`upgrade_stanza_once`) and removes it."""
+        return f"{self.volume}/{MARKER_NAME}"
 
     @property
     def work_dir(self) -> str:
@@ -191,6 +202,7 @@ class Upgrade:
         layout = self.layout
         if self.resume_swap():
             shutil.rmtree(layout.old_dir, ignore_errors=True)
+            self._mark()
             return f"the data directory is PostgreSQL {layout.new}: upgraded"
         found = major_of(layout.data_dir)
         if found != layout.old:
@@ -230,11 +242,15 @@ class Upgrade:
                 self._discard_new()  # the link step was not reached: the old cluster is intact
                 raise UpgradeRefused(f"pg_upgrade failed before linking: {problem}")
             raise UpgradeFailed(f"pg_upgrade failed after linking: {explain(link)}")
+        self._mark()
         os.rename(layout.data_dir, layout.old_dir)
         os.rename(layout.new_dir, layout.data_dir)
         shutil.rmtree(layout.old_dir, ignore_errors=True)
         shutil.rmtree(layout.work_dir, ignore_errors=True)
         return f"upgraded the data directory from PostgreSQL {layout.old} to {layout.new}"
+
+    def _mark(self) -> None:
+        Path(self.layout.marker).write_text(f"{self.layout.old}\n")
 
     def _discard_new(self) -> None:
         shutil.rmtree(self.layout.new_dir, ignore_errors=True)
@@ -257,3 +273,50 @@ def main(old: int, new: int, *, data_dir: str = patroni.DATA_DIR) -> int:
     with contextlib.suppress(OSError):  # not in a pod
         Path(TERMINATION_LOG).write_text(outcome[-4000:])
     return code
+
+
+IS_PRIMARY: Final = "select not pg_catalog.pg_is_in_recovery()"
+
+
+def upgrade_stanza_once(
+    psql: str,
+    data_dir: str = patroni.DATA_DIR,
+    *,
+    env: Mapping[str, str] | None = None,
+    run: Run = subprocess.run,
+) -> bool:
+    """After an upgrade (its marker on this volume), once this instance is the primary:
+    ``pgbackrest stanza-upgrade``, so WAL archiving, which refuses a stanza of the old major,
+    goes on. True once there is nothing (more) to do; False to try again later."""
+    marker = Path(Layout(0, 0, data_dir).marker)
+    if not marker.exists():
+        return True
+    if not (os.environ if env is None else env).get("PGBACKREST_STANZA"):
+        marker.unlink(missing_ok=True)  # no repository: nothing to upgrade
+        return True
+    if localsql.answer(psql, IS_PRIMARY, user=SUPERUSER, timeout=10, run=run) != "t\n":
+        return False
+    problem = pgbackrest.stanza_command(
+        "stanza-upgrade", timeout=STANZA_TIMEOUT, options=["--log-level-console=info"], run=run
+    )
+    if problem is not None:
+        print(f"stateward-instance: {problem}")
+        return False
+    marker.unlink(missing_ok=True)
+    print("stateward-instance: upgraded the pgBackRest stanza to this major", flush=True)
+    return True
+
+
+def upgrade_stanza_in_background(
+    psql: str, data_dir: str, stop: threading.Event, interval: float = STANZA_INTERVAL
+) -> threading.Thread:
+    """:func:`upgrade_stanza_once` now and every ``interval`` seconds until it is done."""
+
+    def loop() -> None:
+        while not upgrade_stanza_once(psql, data_dir):
+            if stop.wait(interval):
+                return
+
+    thread = threading.Thread(target=loop, daemon=True, name="stanza-upgrade")
+    thread.start()
+    return thread
