@@ -207,12 +207,17 @@ class Kube:
         return dict(self.pgc(ns, name).get("status") or {})
 
     def create_pgc(
-        self, ns: str, name: str, replicas: int, pooler: dict[str, Any] | None = None
+        self,
+        ns: str,
+        name: str,
+        replicas: int,
+        pooler: dict[str, Any] | None = None,
+        storage: str = "1Gi",
     ) -> None:
         spec: dict[str, Any] = {
             "version": "15",
             "replicas": replicas,
-            "storageSize": "1Gi",
+            "storageSize": storage,
             "deletionPolicy": {"finalBackup": False},
         }
         if pooler is not None:
@@ -226,10 +231,16 @@ class Kube:
         self._json(self.client.post(f"{API}/namespaces/{ns}/{v1alpha1.PLURAL}", json=body))
 
     def annotate(self, ns: str, name: str, key: str, value: str) -> None:
+        self._merge(ns, name, {"metadata": {"annotations": {key: value}}})
+
+    def patch_spec(self, ns: str, name: str, spec: dict[str, Any]) -> None:
+        self._merge(ns, name, {"spec": spec})
+
+    def _merge(self, ns: str, name: str, patch: dict[str, Any]) -> None:
         self._json(
             self.client.patch(
                 f"{API}/namespaces/{ns}/{v1alpha1.PLURAL}/{name}",
-                content=json.dumps({"metadata": {"annotations": {key: value}}}),
+                content=json.dumps(patch),
                 headers={"Content-Type": "application/merge-patch+json"},
             )
         )

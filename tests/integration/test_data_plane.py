@@ -449,7 +449,17 @@ def test_an_upgrade_pg_upgrade_refuses_leaves_the_cluster_running_on_15_saying_w
     assert record["phase"] == "Refused", record
     assert '"aclitem" data type in user tables' in record["message"]
     assert "public.grants.a" in record["message"]  # pg_upgrade's listing, kept in the status
-    status = ready(client, ns, "stay")["status"]
+    # Serving again on 15, Ready; the phase says Failing while Degraded asks for attention.
+    status = wait_for(
+        lambda: (
+            (s := status_of(client, ns, "stay")).get("primaryPod")
+            and any(c["type"] == "Ready" and c["status"] == "True" for c in s["conditions"])
+            and s
+        ),
+        what="stay Ready again on 15",
+        timeout=240,
+    )
+    assert status["phase"] == "Failing"
     degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
     assert degraded["reason"] == "UpgradeRefused" and "aclitem" in degraded["message"]
     assert status["version"] == "15"
@@ -471,6 +481,7 @@ def test_an_upgrade_pg_upgrade_refuses_leaves_the_cluster_running_on_15_saying_w
         what="Degraded to clear",
         timeout=60,
     )
+    ready(client, ns, "stay")
 
 
 def test_parameters_are_applied_through_patroni_without_recreating_pods(
