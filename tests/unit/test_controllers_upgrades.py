@@ -218,6 +218,8 @@ async def test_upgraded_data_forgets_the_old_cluster_then_starts_the_first_insta
     assert await upgrades.run_upgrade(s) == "upgrade: data upgraded"
     assert s.upgrade is not None and s.upgrade["phase"] == "Starting"
     assert "from PostgreSQL 15 to 17" in s.upgrade["message"]
+    # Nothing starts before the status says Starting: at the next reconcile.
+    assert (s.children_version, s.children_replicas) == ("15", 0)
     deleted = kube(s).deleted
     # Patroni's state of the old cluster (not our own NAME-patroni), the others' volumes
     assert ("ConfigMap", f"{NAME}-leader") in deleted and ("ConfigMap", f"{NAME}-config") in deleted

@@ -237,6 +237,9 @@ async def _upgrading(scope: Scope, record: dict[str, Any]) -> str | None:
     outcome = _outcome(scope) or f"Job {cluster.upgrade_job_name} {state.lower()}"
     if state == "Complete":
         await _forget_old_cluster(scope)
+        # The first instance starts at the next reconcile, once this one's status says
+        # Starting: were it to start now and the status write fail, the next reconcile
+        # would forget the old cluster again, under a Patroni already running.
         _record(scope, UpgradePhase.STARTING, f"{outcome}; the first instance starts on it")
         await scope.event("DataUpgraded", outcome)
         return "upgrade: data upgraded"
