@@ -43,7 +43,6 @@ import json
 import math
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -59,7 +58,15 @@ from lightkube import Client
 from lightkube.config.kubeconfig import KubeConfig
 
 from bench import pgbench
-from bench.nodes import Interrupted, environment, memory_path, pss_kib, say, status_kib
+from bench.nodes import (
+    Interrupted,
+    environment,
+    memory_path,
+    pss_kib,
+    ready_for_real_nodes,
+    say,
+    status_kib,
+)
 from stateward.api import v1alpha1
 from stateward.cli.run import (
     OPERATOR_NAMESPACE,
@@ -975,14 +982,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    if os.geteuid() != 0:
-        say("real nodes need root: run this as root")
+    if not ready_for_real_nodes():
         return 2
-
-    def interrupted(signum: int, _frame: Any) -> None:
-        raise Interrupted(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, interrupted)
     env = environment()
     say(f"==> Stateward data-plane benchmark: {env['machine']}")
     try:

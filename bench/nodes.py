@@ -108,6 +108,20 @@ class Interrupted(Exception):
     """SIGTERM, turned into an exception so that teardown runs."""
 
 
+def ready_for_real_nodes() -> bool:
+    """As root (real nodes need it), with SIGTERM raising :class:`Interrupted` so that the
+    cluster is torn down; False (and why, said) when not root."""
+    if os.geteuid() != 0:
+        say("real nodes need root: run this as root")
+        return False
+
+    def interrupted(signum: int, _frame: Any) -> None:
+        raise Interrupted(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupted)
+    return True
+
+
 # --- /proc and cgroups ----------------------------------------------------------------------
 
 
@@ -869,14 +883,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    if os.geteuid() != 0:
-        say("real nodes need root: run this as root")
+    if not ready_for_real_nodes():
         return 2
-
-    def interrupted(signum: int, _frame: Any) -> None:
-        raise Interrupted(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, interrupted)
     env = environment()
     say(f"==> Stateward real-node benchmark: {env['machine']}")
     try:

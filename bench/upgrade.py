@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -30,7 +28,7 @@ from typing import Any
 import httpx
 
 from bench import dataplane as dp
-from bench.nodes import Interrupted, environment, say
+from bench.nodes import environment, ready_for_real_nodes, say
 
 BEGIN = "<!-- upgrade:begin -->"
 END = "<!-- upgrade:end -->"
@@ -155,14 +153,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    if os.geteuid() != 0:
-        say("real nodes need root: run this as root")
+    if not ready_for_real_nodes():
         return 2
-
-    def interrupted(signum: int, _frame: Any) -> None:
-        raise Interrupted(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, interrupted)
     dp.warm_caches()
     failures: list[str] = []
     runs: list[dict[str, Any]] = []
