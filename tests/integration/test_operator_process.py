@@ -139,6 +139,12 @@ def test_exactly_one_leader_and_failover_by_lease(
     assert metric(second.probe_port, "stateward_reconcile_total") == 0
     assert metric(second.probe_port, "stateward_api_writes_total") == 0
     assert _ready(second), "a standby serves admission, so it is Ready"
+    # The children exist before the reconcile that made them ends; its duration (a labelled
+    # histogram, absent until observed) is recorded when it does.
+    wait_for(
+        lambda: metric(first.probe_port, "stateward_reconcile_total", 'result="success"') >= 1,
+        what="the first reconcile to finish",
+    )
     exposed = httpx.get(f"http://127.0.0.1:{first.probe_port}/metrics", timeout=5).text
     for name in (
         "stateward_reconcile_total",
@@ -149,7 +155,6 @@ def test_exactly_one_leader_and_failover_by_lease(
         "stateward_workqueue_depth",
     ):
         assert name in exposed, name
-    assert metric(first.probe_port, "stateward_reconcile_total", 'result="success"') >= 1
 
     killed_at = time.monotonic()
     first.process.kill()
