@@ -173,7 +173,7 @@ class FakePatroni:
                 "name": x.name,
                 "namespace": NAMESPACE,
                 "uid": f"uid-{x.name}",
-                "resourceVersion": "1",
+                "resourceVersion": str(1 + x.restarts),  # Patroni's record changed meanwhile
                 "labels": labels,
                 "annotations": {"status": json.dumps(record)},
             },
@@ -303,6 +303,8 @@ class FakePatroni:
         if path in ("/switchover", "/failover"):
             if path == "/switchover" and body.get("leader") != target.name:
                 return 412, "leader name does not match"
+            if path == "/switchover" and self.sync and body.get("candidate") not in self.sync:
+                return 412, "candidate name does not match with sync_standby"
             if self.switch_at_once:
                 self.complete_switchover(body["candidate"])
         elif path == "/restart":

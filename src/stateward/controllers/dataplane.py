@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from lightkube import ApiError
@@ -24,7 +25,7 @@ from stateward.api import v1alpha1
 from stateward.controllers import members as m
 from stateward.controllers import poolers, takeover
 from stateward.controllers.kube import Body, PatroniError, Ref
-from stateward.controllers.pgscope import Scope
+from stateward.controllers.pgscope import Scope, instance_pods, pod_role
 from stateward.instance import patroni
 from stateward.specs import meta
 from stateward.specs.statefulset import CONTAINER_NAME
@@ -34,6 +35,11 @@ SWITCHOVER_TIMEOUT = 120.0
 """A switchover not observed complete by then is reported failed (Patroni gives up sooner)."""
 RETRY_AFTER = 15.0
 """A failed automatic switchover (rolling update, scale-down) is retried after this long."""
+SYNC_CONFIRM = 10.0
+"""Patroni's loop: a synchronous-standby record read after the members changed is read again
+this long after, once Patroni has had a loop to choose anew."""
+SYNC_MAX_AGE = 60.0
+"""The longest a settled synchronous-standby record is believed without a read."""
 
 RUNNING = v1alpha1.SwitchoverPhase.RUNNING.value
 SUCCEEDED = v1alpha1.SwitchoverPhase.SUCCEEDED.value
@@ -82,13 +88,31 @@ class Lost:
     released: bool = False
 
 
+@dataclasses.dataclass(frozen=True)
+class SyncSeen:
+    """Patroni's synchronous standbys as last read, and what the members looked like then.
+
+    ``members``: the primary's uid and the streaming replicas; ``versions``: the instance
+    pods' resourceVersions (a member can restart between two reconciles and look the same
+    after it, while Patroni chose another standby meanwhile); ``settled``: two reads a
+    Patroni loop apart agreed with the members unchanged in between.
+    """
+
+    members: str
+    versions: str
+    found: frozenset[str]
+    read_at: float
+    settled: bool
+
+
 class DataPlane:
     """The data-plane phases, with the little memory they keep between reconciles (only to
     save requests; every decision is re-derived from observations)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         self._applied: dict[tuple[str, str], tuple[str, str]] = {}
-        self._sync_seen: dict[tuple[str, str], tuple[str, frozenset[str]]] = {}
+        self._sync_seen: dict[tuple[str, str], SyncSeen] = {}
         self._primaries: dict[tuple[str, str], str] = {}
         self._lost: dict[tuple[str, str], Lost] = {}
 
@@ -155,9 +179,10 @@ class DataPlane:
     async def observe_sync(self, scope: Scope) -> str | None:
         """Which replicas are synchronous standbys, from Patroni's ``NAME-sync`` ConfigMap.
 
-        Read when the members' roles changed since the last read; while Patroni has fewer
-        synchronous standbys than it will choose (it picks them within a loop or two after a
-        replica starts streaming) the read repeats every few seconds.
+        Patroni's record is not watched, so it is read when the members changed since the
+        last read (their roles, or any instance pod at all), read once more a Patroni loop
+        later (Patroni chooses anew within a loop of a change), and at least every
+        :data:`SYNC_MAX_AGE` seconds. A cluster at rest costs no request between those.
         """
         cluster = scope.cluster
         key = (cluster.namespace, cluster.name)
@@ -166,19 +191,37 @@ class DataPlane:
         if not patroni.synchronous_settings(cluster)["synchronous_mode"] or leader is None:
             self._sync_seen.pop(key, None)
             return None
-        shape = json.dumps([leader.uid, streaming])
+        members = json.dumps([leader.uid, streaming])
+        versions = json.dumps(
+            sorted(str(p["metadata"].get("resourceVersion")) for p in instance_pods(scope))
+        )
         seen = self._sync_seen.get(key)
-        if seen is not None and seen[0] == shape:
-            scope.sync = seen[1]
-            return None
-        state = await scope.kube.get("v1", "ConfigMap", scope.namespace, f"{cluster.name}-sync")
-        found = m.sync_standbys((state or {}).get("metadata", {}).get("annotations"))
-        scope.sync = found
+        now = self._clock()
+        if seen is not None and seen.members == members:
+            age = now - seen.read_at
+            if seen.settled and seen.versions == versions and age < SYNC_MAX_AGE:
+                scope.sync = seen.found
+                return None
+            if not seen.settled and age < SYNC_CONFIRM:
+                scope.sync = seen.found
+                scope.requeue(SYNC_CONFIRM - age)
+                return None
+        found = await read_sync(scope)
+        scope.sync = found if found is not None else frozenset()
         expected = min(cluster.spec.synchronous.number, len(streaming))
-        if len(found & set(streaming)) >= expected or state is None:
-            self._sync_seen[key] = (shape, found)
-        else:
-            scope.requeue(RECHECK * 2)
+        complete = found is None or len(found & set(streaming)) >= expected
+        # Settled: this read agrees with the last, and it confirms that one (which followed
+        # a change), or nothing at all changed since (a read only because it was old).
+        settled = (
+            complete
+            and seen is not None
+            and seen.members == members
+            and seen.found == scope.sync
+            and (not seen.settled or seen.versions == versions)
+        )
+        self._sync_seen[key] = SyncSeen(members, versions, scope.sync, now, settled)
+        if not settled:
+            scope.requeue(SYNC_CONFIRM if complete else RECHECK * 2)
         return None
 
     # --- failover ------------------------------------------------------------------------
@@ -198,8 +241,8 @@ class DataPlane:
         remembers when and how the primary was first seen failing, for the failover report.
         """
         key = (scope.cluster.namespace, scope.cluster.name)
-        pods = _instance_pods(scope)
-        labelled = [p for p in pods if _role(p) == meta.PRIMARY_ROLE]
+        pods = instance_pods(scope, including_deleting=True)  # a dying primary keeps its label
+        labelled = [p for p in pods if pod_role(p) == meta.PRIMARY_ROLE]
         if len(labelled) > 1:
             return await self._unlabel_stale(scope, labelled)
         lock: Body | None = None
@@ -224,7 +267,7 @@ class DataPlane:
         node = await scope.kube.get("v1", "Node", "", node_name) if node_name else None
         lost = self._lost.get(key)
         if lost is None or lost.pod != name:
-            lost = Lost(name, time.monotonic(), takeover.failure_cause(pod, node, CONTAINER_NAME))
+            lost = Lost(name, self._clock(), takeover.failure_cause(pod, node, CONTAINER_NAME))
             self._lost[key] = lost
         scope.requeue(RECHECK)
         if lost.released:
@@ -303,7 +346,7 @@ class DataPlane:
         }
         how = ""
         if lost is not None and lost.pod == previous:
-            seconds = round(time.monotonic() - lost.since, 1)
+            seconds = round(self._clock() - lost.since, 1)
             record["cause"] = lost.cause
             record["seconds"] = seconds
             record["lockReleased"] = lost.released
@@ -311,7 +354,8 @@ class DataPlane:
             after = f" {seconds} s after it was seen failing"
         else:
             after = ""
-        synced = leader.name in (self._sync_seen.get(key) or ("", frozenset()))[1]
+        seen = self._sync_seen.get(key)
+        synced = seen is not None and leader.name in seen.found
         guarantee = (
             "; it was a synchronous standby, so every acknowledged commit is on it"
             if synced
@@ -473,6 +517,8 @@ class DataPlane:
             scope.requeue(RECHECK * 5)
             return f"restart of {victim.name} refused"
         scope.rolling_restart = {**roll, "restarted": sorted(done | {victim.name})}
+        # Patroni may have chosen another synchronous standby while the member was down.
+        self._sync_seen.pop((scope.cluster.namespace, scope.cluster.name), None)
         role = "primary, in place: no replica to switch over to" if victim.is_primary else "replica"
         await scope.event(
             "InstanceRestarted", f"Restarted {victim.name} ({role}) to apply pending parameters"
@@ -547,6 +593,11 @@ async def start_switchover(
         scope.requeue(RETRY_AFTER)
         return f"switchover for {reason} failed recently; retrying shortly"
     synchronous = bool(patroni.synchronous_settings(scope.cluster)["synchronous_mode"])
+    if synchronous:
+        # Patroni promotes only the standby its record names, which may have changed since
+        # it was last read (a member restarting within one reconcile): ask it as it is now.
+        found = await read_sync(scope)
+        scope.sync = scope.sync if found is None else found
     if target is not None:
         chosen = next((x for x in scope.members if x.name == target), None)
         problem = None
@@ -617,24 +668,18 @@ async def start_switchover(
     return f"switchover from {leader.name} to {name} ({reason})"
 
 
-def _instance_pods(scope: Scope) -> list[Body]:
-    """Every instance pod, deleting or not (a dying primary keeps its label)."""
-    return [
-        pod
-        for pod in scope.owned("Pod")
-        if (pod["metadata"].get("labels") or {}).get(meta.COMPONENT_LABEL)
-        == meta.INSTANCE_COMPONENT
-    ]
-
-
-def _role(pod: Body) -> str | None:
-    return (pod["metadata"].get("labels") or {}).get(meta.ROLE_LABEL)
-
-
 def _named_primary(scope: Scope, pods: list[Body]) -> Body | None:
     """The pod status names as the primary, when no pod is labelled one."""
     named = (scope.body.get("status") or {}).get("primaryPod")
     return next((p for p in pods if p["metadata"]["name"] == named), None)
+
+
+async def read_sync(scope: Scope) -> frozenset[str] | None:
+    """Patroni's synchronous standbys, read fresh; None when Patroni has no record yet."""
+    state = await scope.kube.get("v1", "ConfigMap", scope.namespace, f"{scope.cluster.name}-sync")
+    if state is None:
+        return None
+    return m.sync_standbys(state.get("metadata", {}).get("annotations"))
 
 
 async def _read_lock(scope: Scope) -> Body | None:
