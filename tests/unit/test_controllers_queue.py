@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 
 import pytest
 
@@ -97,6 +98,35 @@ async def test_failures_retry_with_backoff_and_success_resets_it() -> None:
     gaps = [b - a for a, b in itertools.pairwise(attempts)]
     assert gaps[0] >= 0.04 and gaps[1] >= 0.09, gaps
     assert queue.backoff.failures("k") == 0
+
+
+async def test_an_outage_is_logged_as_a_warning_and_a_defect_with_its_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The API server down fails every reconcile for as long as it lasts: a warning a retry,
+    # not an error with a traceback; anything else is a defect and keeps its traceback.
+    errors = [ConnectionRefusedError("All connection attempts failed"), KeyError("spec")]
+
+    async def handle(_: str) -> Outcome:
+        if errors:
+            raise errors.pop(0)
+        return Outcome()
+
+    caplog.set_level(logging.WARNING, logger="stateward.controllers.queue")
+    queue: WorkQueue[str] = WorkQueue(
+        handle,
+        workers=1,
+        backoff=Backoff(base=0.01, cap=0.05),
+        transient=lambda error: isinstance(error, OSError),
+    )
+    queue.start()
+    queue.add("k")
+    await _until(lambda: not errors and queue.backoff.failures("k") == 0)
+    await queue.stop()
+    outage, defect = caplog.records
+    assert outage.levelno == logging.WARNING and outage.exc_info is None
+    assert "ConnectionRefusedError: All connection attempts failed" in outage.getMessage()
+    assert defect.levelno == logging.ERROR and defect.exc_info is not None
 
 
 async def test_events_during_a_backoff_wait_for_the_retry_and_an_urgent_add_does_not() -> None:

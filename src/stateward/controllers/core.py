@@ -25,7 +25,7 @@ from stateward import rfc3339
 from stateward.api import v1alpha1, validation
 from stateward.controllers import conditions as cond
 from stateward.controllers import diff
-from stateward.controllers.kube import Body, Kube, Ref
+from stateward.controllers.kube import Body, Kube, Ref, transient
 from stateward.controllers.queue import Outcome
 from stateward.controllers.store import ObjectStore
 from stateward.specs import meta
@@ -298,8 +298,11 @@ async def report_failure(
         await write_status()
         if previous.get("reason") != RECONCILE_FAILED or previous.get("message") != message:
             await scope.event(RECONCILE_FAILED, message, warning=True)
-    except Exception:
-        logger.exception("could not report the failed reconcile in status")
+    except Exception as failure:
+        if transient(failure):
+            logger.warning("could not report the failed reconcile in status: %s", failure)
+        else:
+            logger.exception("could not report the failed reconcile in status")
 
 
 # --- phases every resource shares ---------------------------------------------------------

@@ -13,9 +13,10 @@ import logging
 import ssl
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import httpx
+import httpx2
 from lightkube import ApiError, AsyncClient, codecs
 from lightkube.core.resource_registry import resource_registry
 from lightkube.generic_resource import create_namespaced_resource
@@ -27,6 +28,22 @@ from stateward.api import v1alpha1
 logger = logging.getLogger(__name__)
 
 FIELD_MANAGER = "stateward"
+
+UNREACHABLE: Final = (OSError, TimeoutError, httpx2.TransportError)
+"""What a request raises when the API server cannot be reached or does not answer in time
+(lightkube's client is httpx2's)."""
+OVERLOADED: Final = frozenset({429, 500, 502, 503, 504})
+"""The API server's answers while it restarts or sheds load ("storage is (re)initializing")."""
+
+
+def transient(error: BaseException) -> bool:
+    """An API server down, restarting or overloaded: a failure to retry and log as a warning,
+    not a defect to log with its traceback."""
+    if isinstance(error, ApiError):
+        return error.status.code in OVERLOADED
+    return isinstance(error, UNREACHABLE)
+
+
 Body = dict[str, Any]
 
 PostgresClusterResource = create_namespaced_resource(

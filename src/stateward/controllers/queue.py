@@ -54,8 +54,12 @@ class WorkQueue(Generic[K]):
         *,
         workers: int = 4,
         backoff: Backoff | None = None,
+        transient: Callable[[BaseException], bool] = lambda error: False,
     ) -> None:
         self._handler = handler
+        self._transient = transient
+        """Failures that are an outage to ride out (the API server down): logged as a
+        warning, without the traceback every retry would otherwise repeat."""
         self._workers = workers
         self.backoff = backoff or Backoff()
         self._ready: asyncio.Queue[K] = asyncio.Queue()
@@ -125,9 +129,15 @@ class WorkQueue(Generic[K]):
                 outcome = await self._handler(key)
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as error:
                 delay = self.backoff.next(key)
-                logger.exception("processing %s failed; retrying in %.1fs", key, delay)
+                if self._transient(error):
+                    logger.warning(
+                        "processing %s failed (%s: %s); retrying in %.1fs",
+                        key, type(error).__name__, error, delay,
+                    )  # fmt: skip
+                else:
+                    logger.exception("processing %s failed; retrying in %.1fs", key, delay)
                 self.add_after(key, delay, retry=True)
             else:
                 self.backoff.reset(key)

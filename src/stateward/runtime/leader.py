@@ -28,6 +28,8 @@ from lightkube.models.coordination_v1 import LeaseSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
 
+from stateward.controllers.kube import UNREACHABLE
+
 logger = logging.getLogger(__name__)
 
 
@@ -93,10 +95,10 @@ class LeaderElector:
             sent = self.clock()  # a term counts from when its renew was sent, not answered
             try:
                 renewed = await asyncio.wait_for(self._try_acquire_or_renew(), self.retry_period)
-            except (ApiError, OSError, TimeoutError) as error:
+            except (ApiError, *UNREACHABLE) as error:  # the API server down or refusing
                 logger.warning("leader election: lease %s/%s: %s", self.namespace, self.name, error)
                 renewed = False
-            except Exception:  # the API client raises its own transport errors too
+            except Exception:
                 logger.exception("leader election: unexpected error")
                 renewed = False
             if renewed and self.lost.is_set():
@@ -107,7 +109,7 @@ class LeaderElector:
                     logger.info("became leader as %s", self.identity)
                     self.acquired.set()
             elif self.acquired.is_set() and not self.lost.is_set() and not self.is_leader():
-                logger.error("lost leadership: could not renew within %.0fs", self.renew_deadline)
+                logger.warning("lost leadership: could not renew within %.0fs", self.renew_deadline)
                 self.lost.set()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.retry_period)

@@ -34,7 +34,7 @@ from pythonjsonlogger.json import JsonFormatter
 
 from stateward.api import v1alpha1
 from stateward.controllers.database import DatabaseReconciler
-from stateward.controllers.kube import FIELD_MANAGER, Kube
+from stateward.controllers.kube import FIELD_MANAGER, Kube, transient
 from stateward.controllers.members import progress_only
 from stateward.controllers.postgrescluster import Reconciler
 from stateward.controllers.queue import Outcome, WorkQueue
@@ -137,7 +137,9 @@ class Operator:
             leadership=self.elector.term_left,
             operator_namespace=options.namespace,
         )
-        self.queue: WorkQueue[Key] = WorkQueue(self._reconcile, workers=options.workers)
+        self.queue: WorkQueue[Key] = WorkQueue(
+            self._reconcile, workers=options.workers, transient=transient
+        )
         self.kopf_ready = asyncio.Event()
         self.client = client
         self.endpoint = webhook.Endpoint(
@@ -339,10 +341,14 @@ class Operator:
                 await asyncio.wait_for(stop.wait(), self.options.webhook_certificate_interval)
             if stop.is_set() or self.certificate_monitor is None:
                 return
+            # The next check tries again; the gauge keeps its verdict.
             try:
                 await self.certificate_monitor.check()
-            except Exception:  # the next check tries again; the gauge keeps its verdict
-                logger.exception("the webhook certificate check failed")
+            except Exception as error:
+                if transient(error):
+                    logger.warning("the webhook certificate check failed: %s", error)
+                else:
+                    logger.exception("the webhook certificate check failed")
 
     async def _certificate_changed(self, certificate: webhook.Certificate) -> None:
         self.certificate = certificate
@@ -512,7 +518,7 @@ class Operator:
                 await asyncio.wait_for(kopf_task, 10)
             metrics.LEADER.set(0)
         if self.elector.lost.is_set():
-            logger.error("leadership lost: stopped reconciling; campaigning again")
+            logger.warning("leadership lost: stopped reconciling; campaigning again")
             self.elector.reset()
             return "lost"
         if not stop.is_set():
@@ -608,6 +614,22 @@ def quiet_chatty_loggers() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+class RetriesAreWarnings(logging.Filter):
+    """Kopf logs every failed attempt of a request it will retry at ERROR ("Request attempt
+    #1/9 failed; will retry"): an API server restarting makes a burst of them, although
+    nothing is wrong yet. They become warnings; the attempt it gives up on ("escalating")
+    stays an error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if (
+            record.levelno == logging.ERROR
+            and record.name.startswith("kopf.")
+            and "; will retry:" in record.getMessage()
+        ):
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
 def run(options: Options) -> int:
     """Run until SIGINT/SIGTERM (exit 0) or lost leadership (exit 1). Raises StartupError,
     with a message naming the flag to change, when it cannot start."""
@@ -622,6 +644,7 @@ def run(options: Options) -> int:
             rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
         )
     )
+    handler.addFilter(RetriesAreWarnings())
     logging.basicConfig(level=options.log_level.upper(), handlers=[handler])
     quiet_chatty_loggers()
 
