@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from stateward.api import v1alpha1
-from stateward.controllers import core, postgrescluster, upgrades
+from stateward.controllers import pgscope, postgrescluster, upgrades
 from stateward.controllers.kube import Ref
 from stateward.controllers.store import ObjectStore
 from stateward.instance import patroni
@@ -67,7 +67,7 @@ def job(state: str | None, message: str = "") -> list[dict[str, Any]]:
          "status": {"conditions": conditions}},
         {"apiVersion": "v1", "kind": "Pod",
          "metadata": {"name": f"{NAME}-upgrade-x", "namespace": NAMESPACE,
-                      "labels": {**LABELS, upgrades.JOB_NAME_LABEL: f"{NAME}-upgrade"}},
+                      "labels": {**LABELS, pgscope.JOB_NAME_LABEL: f"{NAME}-upgrade"}},
          "status": {"containerStatuses": [{"state": {"terminated": {"message": message}}}]}},
     ]  # fmt: skip
 
@@ -301,4 +301,3 @@ def test_the_children_are_built_for_the_upgrades_version_and_instances() -> None
     assert (built.spec.version, built.spec.replicas) == ("15", 0)
     assert built.image == f"{v1alpha1.DEFAULT_IMAGE_REPOSITORY}:15"
     assert s.cluster.spec.version == "17"  # the spec itself is untouched
-    assert core.now()  # the module's clock is importable alongside

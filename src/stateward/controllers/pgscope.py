@@ -5,13 +5,16 @@ plane's (``dataplane``), which import it from here rather than from each other."
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Final
 
 from stateward.api.v1alpha1 import PostgresCluster
 from stateward.controllers import core
-from stateward.controllers.kube import Body, PatroniAccess
+from stateward.controllers.kube import Body, PatroniAccess, Ref
 from stateward.controllers.members import Member, member
+from stateward.instance import patroni
 from stateward.specs import meta, secrets, tls
+
+JOB_NAME_LABEL: Final = "batch.kubernetes.io/job-name"
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -121,3 +124,38 @@ def instance_pods(scope: Scope, *, including_deleting: bool = False) -> list[Bod
 
 def pod_role(pod: Body) -> str | None:
     return (pod["metadata"].get("labels") or {}).get(meta.ROLE_LABEL)
+
+
+def job_state(job: Body) -> str:
+    """``Complete``, ``Failed`` or ``Running``, by the Job's conditions."""
+    for condition in (job.get("status") or {}).get("conditions") or []:
+        if condition.get("status") == "True" and condition.get("type") in ("Complete", "Failed"):
+            return str(condition["type"])
+    return "Running"
+
+
+def job_pods(scope: Scope, job_name: str, *, including_deleting: bool = False) -> list[Body]:
+    """The pods of the cluster's Job ``job_name``."""
+    return [
+        pod
+        for pod in scope.owned("Pod")
+        if (pod["metadata"].get("labels") or {}).get(JOB_NAME_LABEL) == job_name
+        and (including_deleting or not pod["metadata"].get("deletionTimestamp"))
+    ]
+
+
+async def delete_patroni_state(scope: Scope) -> None:
+    """Patroni's own ConfigMaps (``NAME-leader``, ``NAME-config``, ...) carry no owner
+    reference, so garbage collection would leave them behind; a later cluster of the same
+    name (or the same cluster on upgraded data) would then find a stale leader lock, system
+    identifier and timeline history. Only those exact names, and only without an owner: a
+    user's ConfigMap that merely carries our label stays."""
+    found = await scope.kube.list_objects(
+        "v1", "ConfigMap", scope.namespace, {meta.CLUSTER_LABEL: scope.cluster.name}
+    )
+    names = patroni.state_config_maps(scope.cluster.name)
+    for config_map in found:
+        if config_map["metadata"]["name"] in names and not config_map["metadata"].get(
+            "ownerReferences"
+        ):
+            await scope.kube.delete(Ref.of(config_map))

@@ -27,10 +27,17 @@ from stateward.controllers import conditions as cond
 from stateward.controllers.dataplane import DataPlane, start_switchover
 from stateward.controllers.kube import Body, Kube, Ref
 from stateward.controllers.members import instances
-from stateward.controllers.pgscope import Scope, instance_pods, pod_role
+from stateward.controllers.pgscope import (
+    Scope,
+    delete_patroni_state,
+    instance_pods,
+    job_pods,
+    job_state,
+    pod_role,
+)
 from stateward.controllers.queue import Outcome
 from stateward.controllers.store import ObjectStore
-from stateward.instance import patroni, pgbackrest
+from stateward.instance import pgbackrest
 from stateward.specs import backup, meta, secrets
 from stateward.specs import config as config_spec
 from stateward.specs import pooler as pooler_spec
@@ -43,7 +50,6 @@ PROGRESS_RECHECK = 5.0
 UNSATISFIABLE_RECHECK = 30.0
 FINAL_BACKUP_MAX_DELAY = 300.0
 REVISION_LABEL = "controller-revision-hash"
-JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 
 IMMUTABLE_STATEFULSET_FIELDS = core.IMMUTABLE_STATEFULSET_FIELDS
 
@@ -494,11 +500,11 @@ async def run_backup_request(scope: Scope) -> str | None:
 async def _follow_backup_request(scope: Scope, record: dict[str, Any]) -> str | None:
     name = str(record.get("job") or "")
     job = scope.observed("Job", name)
-    pods = _job_pods(scope, name)
+    pods = job_pods(scope, name)
     if job is None:
         phase, message = v1alpha1.SwitchoverPhase.FAILED, f"its Job {name} is gone"
     else:
-        state = _job_state(job)
+        state = job_state(job)
         report = backups.job_report(pods)
         latest = report.latest
         if state == "Complete" and latest is not None:
@@ -643,13 +649,6 @@ async def _restart_onto_tls(scope: Scope, pods: list[Body], revision: str) -> st
 FINALIZER_REMOVED = "removed the finalizer"
 
 
-def _job_state(job: Body) -> str:
-    for condition in (job.get("status") or {}).get("conditions") or []:
-        if condition.get("status") == "True" and condition.get("type") in ("Complete", "Failed"):
-            return str(condition["type"])
-    return "Running"
-
-
 async def finalize(scope: Scope) -> str | None:
     if v1alpha1.FINALIZER not in (scope.body["metadata"].get("finalizers") or []):
         return None
@@ -685,7 +684,7 @@ async def finalize(scope: Scope) -> str | None:
                 removed.append(claim["metadata"]["name"])
         if removed:
             await scope.event("VolumesDeleted", f"Deleted data volumes {', '.join(removed)}")
-    await _delete_patroni_state(scope)
+    await delete_patroni_state(scope)
     await core.remove_finalizer(scope, v1alpha1.FINALIZER)
     return FINALIZER_REMOVED
 
@@ -699,33 +698,17 @@ def _overdue(pod: Body) -> bool:
     return bool(deadline) and rfc3339.seconds_since(deadline) > STOP_OVERDUE
 
 
-async def _delete_patroni_state(scope: Scope) -> None:
-    """Patroni's own ConfigMaps (``NAME-leader``, ``NAME-config``, ...) carry no owner
-    reference, so garbage collection would leave them behind; a later cluster of the same
-    name would then find a stale leader lock and timeline history. Only those exact names,
-    and only without an owner: a user's ConfigMap that merely carries our label stays."""
-    found = await scope.kube.list_objects(
-        "v1", "ConfigMap", scope.namespace, {meta.CLUSTER_LABEL: scope.cluster.name}
-    )
-    names = patroni.state_config_maps(scope.cluster.name)
-    for config_map in found:
-        if config_map["metadata"]["name"] in names and not config_map["metadata"].get(
-            "ownerReferences"
-        ):
-            await scope.kube.delete(Ref.of(config_map))
-
-
 async def _final_backup(scope: Scope) -> str | None:
     """Run the final backup Job to success; None once it has succeeded."""
     cluster = scope.cluster
     job = scope.observed("Job", cluster.final_backup_job_name)
-    state = _job_state(job) if job is not None else None
+    state = job_state(job) if job is not None else None
     previous = cond.get_condition(scope.conditions, "FinalBackup")
     # The count lives in status.finalBackupAttempts, a machine field, so a restarted operator
     # continues the same backoff whatever the condition's message says.
     attempts = scope.final_backup_attempts or 0
     delay = min(FINAL_BACKUP_MAX_DELAY, 5.0 * 2 ** max(attempts - 1, 0))
-    pods = _job_pods(scope, cluster.final_backup_job_name)
+    pods = job_pods(scope, cluster.final_backup_job_name)
     report = backups.job_report(pods)
     reported = report.latest is not None
     unreported = state == "Complete" and not reported
@@ -820,15 +803,6 @@ async def _final_backup(scope: Scope) -> str | None:
         await scope.event(event, f"Final backup {message}", warning=True)
     scope.set_condition("FinalBackup", None, reason, message)
     return f"final backup: {reason}"
-
-
-def _job_pods(scope: Scope, job_name: str) -> list[Body]:
-    return [
-        pod
-        for pod in scope.owned("Pod")
-        if (pod["metadata"].get("labels") or {}).get(JOB_NAME_LABEL) == job_name
-        and not pod["metadata"].get("deletionTimestamp")
-    ]
 
 
 WAITING_PROBLEMS = frozenset(

@@ -31,9 +31,14 @@ from lightkube import ApiError
 
 from stateward.api import v1alpha1
 from stateward.api.v1alpha1 import UpgradePhase
-from stateward.controllers.kube import Body, Ref
-from stateward.controllers.pgscope import Scope, instance_pods
-from stateward.instance import patroni
+from stateward.controllers.kube import Ref
+from stateward.controllers.pgscope import (
+    Scope,
+    delete_patroni_state,
+    instance_pods,
+    job_pods,
+    job_state,
+)
 from stateward.specs import meta
 from stateward.specs import upgrade as upgrade_spec
 
@@ -50,7 +55,6 @@ DATA_UPGRADED: Final = frozenset(
 REFUSED: Final = "UpgradeRefused"
 FAILED: Final = "UpgradeFailed"
 DOWNGRADE: Final = "DowngradeRefused"
-JOB_NAME_LABEL: Final = "batch.kubernetes.io/job-name"
 
 
 def major(version: str) -> int:
@@ -231,7 +235,7 @@ async def _upgrading(scope: Scope, record: dict[str, Any]) -> str | None:
         else:
             scope.observe(created)
         return "upgrade: started pg_upgrade"
-    state = _job_state(job)
+    state = job_state(job)
     if state == "Running":
         return "upgrade: pg_upgrade running"
     outcome = _outcome(scope) or f"Job {cluster.upgrade_job_name} {state.lower()}"
@@ -265,21 +269,9 @@ async def _upgrading(scope: Scope, record: dict[str, Any]) -> str | None:
     return "upgrade failed"
 
 
-def _job_state(job: Body) -> str:
-    for condition in (job.get("status") or {}).get("conditions") or []:
-        if condition.get("status") == "True" and condition.get("type") in ("Complete", "Failed"):
-            return str(condition["type"])
-    return "Running"
-
-
 def _outcome(scope: Scope) -> str | None:
     """The last line ``stateward-instance upgrade`` wrote, from its pods' termination."""
-    pods = [
-        pod
-        for pod in scope.owned("Pod")
-        if (pod["metadata"].get("labels") or {}).get(JOB_NAME_LABEL)
-        == scope.cluster.upgrade_job_name
-    ]
+    pods = job_pods(scope, scope.cluster.upgrade_job_name, including_deleting=True)
     pods.sort(key=lambda p: p["metadata"].get("creationTimestamp") or "")
     for pod in reversed(pods):
         for status in (pod.get("status") or {}).get("containerStatuses") or []:
@@ -302,15 +294,7 @@ async def _forget_old_cluster(scope: Scope) -> None:
     instances' volumes, whose old-major files could not start. Done once, while no instance
     pod exists (the StatefulSet has none until the next reconcile asks for one)."""
     cluster = scope.cluster
-    found = await scope.kube.list_objects(
-        "v1", "ConfigMap", scope.namespace, {meta.CLUSTER_LABEL: cluster.name}
-    )
-    names = patroni.state_config_maps(cluster.name)
-    for config_map in found:
-        if config_map["metadata"]["name"] in names and not config_map["metadata"].get(
-            "ownerReferences"
-        ):
-            await scope.kube.delete(Ref.of(config_map))
+    await delete_patroni_state(scope)
     for claim in scope.owned("PersistentVolumeClaim"):
         name = claim["metadata"]["name"]
         if name.startswith(f"{upgrade_spec.DATA_VOLUME}-{cluster.name}-") and name != (

@@ -86,15 +86,19 @@ class Layout:
 
     @property
     def marker(self) -> str:
-        """Left on the volume by a finished upgrade, outside the data directory (a clone of it
-        does not carry it): the primary then upgrades pgBackRest's stanza
-        (:func:`upgrade_stanza_once`) and removes it."""
-        return f"{self.volume}/{MARKER_NAME}"
+        return marker_path(self.data_dir)
 
     @property
     def work_dir(self) -> str:
         """pg_upgrade's socket, the trust-only pg_hba for the old server."""
         return f"{self.volume}/upgrade-{self.new}"
+
+
+def marker_path(data_dir: str) -> str:
+    """Left on the volume by a finished upgrade, outside the data directory (a clone of it
+    does not carry it): the primary then upgrades pgBackRest's stanza
+    (:func:`upgrade_stanza_once`) and removes it."""
+    return str(Path(data_dir).parent / MARKER_NAME)
 
 
 def major_of(data_dir: str) -> int | None:
@@ -288,7 +292,7 @@ def upgrade_stanza_once(
     """After an upgrade (its marker on this volume), once this instance is the primary:
     ``pgbackrest stanza-upgrade``, so WAL archiving, which refuses a stanza of the old major,
     goes on. True once there is nothing (more) to do; False to try again later."""
-    marker = Path(Layout(0, 0, data_dir).marker)
+    marker = Path(marker_path(data_dir))
     if not marker.exists():
         return True
     if not (os.environ if env is None else env).get("PGBACKREST_STANZA"):
