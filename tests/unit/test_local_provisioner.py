@@ -7,9 +7,10 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 import yaml
+from lightkube import Client, ConfigError, KubeConfig
 
 from stateward.local import provisioner as prov
 from stateward.local.provisioner import Delete, Expand, Provision, Skip, plan
@@ -346,31 +347,11 @@ def test_finishing_an_expansion_keeps_other_resource_statuses() -> None:
 # --- the kubeconfig -------------------------------------------------------------------------
 
 
-def test_kubeconfig_with_inline_credentials_and_a_token(tmp_path: Path) -> None:
-    config = {
-        "clusters": [
-            {
-                "name": "c",
-                "cluster": {"server": "https://10.0.0.1:6443/", "insecure-skip-tls-verify": True},
-            }
-        ],
-        "users": [{"name": "u", "user": {"token": "abc"}}],
-        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "x",
-    }
+def test_a_kubeconfig_without_its_current_context_is_refused_at_once(tmp_path: Path) -> None:
     path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    connection = prov.load_kubeconfig(path, tmp_path)
-    assert connection.server == "https://10.0.0.1:6443"
-    assert connection.verify is False
-    assert connection.headers == {"Authorization": "Bearer abc"}
-
-
-def test_kubeconfig_without_the_current_context_is_an_error(tmp_path: Path) -> None:
-    path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump({"current-context": "missing", "contexts": []}))
-    with pytest.raises(ValueError, match="missing"):
-        prov.load_kubeconfig(path, tmp_path)
+    path.write_text(yaml.safe_dump({"current-context": "missing", "contexts": [], "clusters": []}))
+    with pytest.raises(ConfigError, match="missing"):
+        prov.connect(path)
 
 
 def test_main_reports_an_unusable_kubeconfig(
@@ -393,37 +374,44 @@ class FakeApi:
     def __init__(self) -> None:
         self.requests: list[tuple[str, str, Any]] = []
 
-    def handle(self, request: httpx.Request) -> httpx.Response:
+    def handle(self, request: httpx2.Request) -> httpx2.Response:
         body: dict[str, Any] = json.loads(request.content) if request.content else {}
         self.requests.append((request.method, request.url.path, body or None))
         if request.method == "DELETE":
-            return httpx.Response(200, json={"kind": "Status"})
+            return httpx2.Response(200, json={"kind": "Status", "apiVersion": "v1"})
         if request.method == "POST":
-            return httpx.Response(201, json=body)
+            return httpx2.Response(201, json=body)
         # PATCH: the patched object, as far as the test cares (its identity).
         parts = request.url.path.strip("/").split("/")
         name = parts[-2] if parts[-1] == "status" else parts[-1]
         meta = {"name": name, **(body.get("metadata") or {})}
         if "namespaces" in parts:
             meta["namespace"] = parts[parts.index("namespaces") + 1]
-        return httpx.Response(200, json={**body, "metadata": meta})
+        return httpx2.Response(200, json={**body, "metadata": meta})
 
-    def client(self) -> httpx.Client:
-        return httpx.Client(base_url="https://api", transport=httpx.MockTransport(self.handle))
+    def client(self) -> Client:
+        config = KubeConfig.from_dict(
+            {
+                "clusters": [{"name": "c", "cluster": {"server": "https://api"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+        return Client(config, transport=httpx2.MockTransport(self.handle))
 
 
-def make_provisioner(root: Path) -> prov.Provisioner:
-    connection = prov.Connection("https://api", False, {})
-    return prov.Provisioner(connection, root, prov.STORAGE_CLASS)
+def make_provisioner(root: Path, api: FakeApi) -> prov.Provisioner:
+    return prov.Provisioner(api.client, root, prov.STORAGE_CLASS)
 
 
 def test_provision_makes_a_world_writable_directory_then_the_volume(tmp_path: Path) -> None:
     root = tmp_path.resolve()
-    api, runner = FakeApi(), make_provisioner(root)
+    api = FakeApi()
+    runner = make_provisioner(root, api)
     [action] = plan([claim()], {}, root)
-    with api.client() as client:
-        runner.execute(client, action)
-        runner.execute(client, action)  # again, as after a stale cache: still fine
+    runner.execute(action)
+    runner.execute(action)  # again, as after a stale cache: still fine
     directory = root / "stateward-node-1" / PV
     assert directory.is_dir()
     assert directory.stat().st_mode & 0o777 == 0o777
@@ -439,9 +427,9 @@ def test_delete_removes_the_directory_then_the_volume(tmp_path: Path) -> None:
     (directory / "pgdata" / "file").write_text("x")
     pv = volume(phase="Released", path=str(directory))
     [action] = plan([], {PV: pv}, root)
-    api, runner = FakeApi(), make_provisioner(root)
-    with api.client() as client:
-        runner.execute(client, action)
+    api = FakeApi()
+    runner = make_provisioner(root, api)
+    runner.execute(action)
     assert not directory.exists()
     assert (root / "stateward-node-1").is_dir()
     assert [(m, p) for m, p, _ in api.requests] == [("DELETE", f"/api/v1/persistentvolumes/{PV}")]
@@ -455,10 +443,10 @@ def test_a_volume_already_being_deleted_only_loses_its_directory(tmp_path: Path)
     pv["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     [action] = plan([], {PV: pv}, root)
     assert action == Delete(PV, directory, deleting=True)
-    api, runner = FakeApi(), make_provisioner(root)
-    with api.client() as client:
-        runner.execute(client, action)
-        runner.execute(client, action)
+    api = FakeApi()
+    runner = make_provisioner(root, api)
+    runner.execute(action)
+    runner.execute(action)
     assert not directory.exists()
     assert api.requests == []
 
@@ -471,18 +459,19 @@ def test_delete_never_follows_a_symlink_out_of_the_root(tmp_path: Path) -> None:
     (root / "stateward-node-1").symlink_to(outside)
     pv = volume(phase="Released", path=str(root / "stateward-node-1" / PV))
     [action] = plan([], {PV: pv}, root)
-    api, runner = FakeApi(), make_provisioner(root)
-    with api.client() as client, pytest.raises(OSError, match="refusing"):
-        runner.execute(client, action)
+    api = FakeApi()
+    runner = make_provisioner(root, api)
+    with pytest.raises(OSError, match="refusing"):
+        runner.execute(action)
     assert (outside / PV / "keep").exists()
     assert api.requests == []
 
 
 def test_expand_grows_the_volume_then_finishes_the_claim_status(tmp_path: Path) -> None:
-    api, runner = FakeApi(), make_provisioner(tmp_path)
+    api = FakeApi()
+    runner = make_provisioner(tmp_path, api)
     [action] = plan([bound("3Gi")], {PV: volume()}, tmp_path)
-    with api.client() as client:
-        runner.execute(client, action)
+    runner.execute(action)
     assert api.requests == [
         ("PATCH", f"/api/v1/persistentvolumes/{PV}", {"spec": {"capacity": {"storage": "3Gi"}}}),
         (

@@ -18,9 +18,10 @@ directory ``ROOT/N/<pv-name>`` of the host. This host process serves the Storage
 * **Expand.** See ``expansion_status_patch``: kube-controller-manager has no expandable plugin
   for ``local`` volumes and leaves expansion to an external resizer, which is this process.
 
-It is level-triggered: it lists and watches claims and volumes (re-listing on any error or
-``410 Gone``, and in full every ``RESYNC_SECONDS``), decides from the whole picture what to
-do (``plan``, a pure function) and does it idempotently, logging one line per action.
+It is level-triggered: it lists and watches claims and volumes through lightkube, the client
+the operator uses (re-listing on any error or ``410 Gone``), decides from the whole picture
+what to do (``plan``, a pure function) at every change and every ``RESYNC_SECONDS``, and
+does it idempotently, logging one line per action.
 
 Run it as ``python -m stateward.local.provisioner --kubeconfig PATH --root DIR``.
 """
@@ -28,27 +29,26 @@ Run it as ``python -m stateward.local.provisioner --kubeconfig PATH --root DIR``
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
 import dataclasses
 import datetime
-import json
 import os
 import re
 import shutil
 import signal
-import ssl
 import sys
-import tempfile
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from decimal import Decimal
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import httpx
+import httpx2
 import yaml
+from lightkube import ApiError, Client, ConfigError, KubeConfig, codecs
+from lightkube.resources.core_v1 import PersistentVolume, PersistentVolumeClaim
+from lightkube.types import PatchType
 from lightkube.utils import quantity as lightkube_quantity
 
 PROVISIONER = "stateward.io/local"
@@ -387,80 +387,21 @@ def plan(
 # --- the API server -------------------------------------------------------------------------
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, text: str) -> None:
-        super().__init__(f"{status}: {text[:300]}")
-        self.status = status
+def connect(kubeconfig: Path) -> Callable[[], Client]:
+    """A factory of clients of the kubeconfig's current context (one per thread: the watches
+    and the actions each hold their own connection). Raises on an unusable kubeconfig."""
+    config = KubeConfig.from_file(kubeconfig)
+    config.get()  # the current context exists, or ConfigError now rather than in a thread
+    return lambda: Client(config, field_manager="stateward-provisioner")
 
 
-@dataclasses.dataclass(frozen=True)
-class Connection:
-    """Where the API server is and how to authenticate to it, from a kubeconfig."""
-
-    server: str
-    verify: ssl.SSLContext | bool
-    headers: dict[str, str]
-
-    def client(self, timeout: httpx.Timeout | float = 10.0) -> httpx.Client:
-        return httpx.Client(
-            base_url=self.server, verify=self.verify, headers=self.headers, timeout=timeout
-        )
+def _to_dict(obj: Any) -> Object:
+    result: Object = obj.to_dict()
+    return result
 
 
-def _named(entries: Sequence[Mapping[str, Any]], name: str, field: str) -> Mapping[str, Any]:
-    for entry in entries or []:
-        if entry.get("name") == name:
-            return entry.get(field) or {}
-    raise ValueError(f"kubeconfig has no {field} named {name!r}")
-
-
-def load_kubeconfig(path: Path, scratch: Path) -> Connection:
-    """The current context of the kubeconfig at ``path``: server, CA and client certificate
-    (files or inline ``-data``; inline keys are written to ``scratch``) or a bearer token."""
-    config = yaml.safe_load(path.read_text()) or {}
-    context = _named(config.get("contexts", []), config.get("current-context", ""), "context")
-    cluster = _named(config.get("clusters", []), context.get("cluster", ""), "cluster")
-    user = _named(config.get("users", []), context.get("user", ""), "user")
-    base = path.parent
-
-    def file_of(key: str) -> str | None:
-        if user.get(f"{key}-data"):
-            target = scratch / key
-            target.write_bytes(base64.b64decode(user[f"{key}-data"]))
-            target.chmod(0o600)
-            return str(target)
-        value = user.get(key)
-        return str(base / value) if value else None
-
-    verify: ssl.SSLContext | bool
-    if cluster.get("insecure-skip-tls-verify"):
-        verify = False
-    else:
-        if cluster.get("certificate-authority-data"):
-            ca = base64.b64decode(cluster["certificate-authority-data"]).decode()
-            verify = ssl.create_default_context(cadata=ca)
-        elif cluster.get("certificate-authority"):
-            verify = ssl.create_default_context(cafile=str(base / cluster["certificate-authority"]))
-        else:
-            verify = ssl.create_default_context()
-    cert, key = file_of("client-certificate"), file_of("client-key")
-    if cert and key:
-        if not isinstance(verify, ssl.SSLContext):
-            verify = ssl.create_default_context()
-            verify.check_hostname = False
-            verify.verify_mode = ssl.CERT_NONE
-        verify.load_cert_chain(cert, key)
-    headers = {"Authorization": f"Bearer {user['token']}"} if user.get("token") else {}
-    return Connection(str(cluster["server"]).rstrip("/"), verify, headers)
-
-
-def _check(response: httpx.Response, *, allow: Iterable[int] = ()) -> httpx.Response:
-    if response.is_success or response.status_code in allow:
-        return response
-    raise ApiError(response.status_code, response.text)
-
-
-MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
+def _missing(error: ApiError) -> bool:
+    return error.status.code == 404
 
 
 class Cache:
@@ -500,77 +441,65 @@ def log(message: str) -> None:
 
 
 class Watcher(threading.Thread):
-    """List, then watch from the list's resourceVersion; re-list when the watch ends (the
-    server closes it after ``RESYNC_SECONDS``), fails, or reports ``410 Gone``."""
+    """List, then watch from the list's resourceVersion (lightkube renews the watch when the
+    server ends it after ``RESYNC_SECONDS``); list again when the watch fails or reports
+    ``410 Gone``."""
 
     def __init__(
         self,
-        connection: Connection,
-        path: str,
+        client: Client,
+        resource: type[PersistentVolumeClaim] | type[PersistentVolume],
         cache: Cache,
         changed: threading.Event,
         stop: threading.Event,
     ) -> None:
-        super().__init__(name=f"watch {path}", daemon=True)
-        self.connection, self.path, self.cache = connection, path, cache
+        super().__init__(name=f"watch {resource.__name__}", daemon=True)
+        self.client, self.resource, self.cache = client, resource, cache
         self.changed, self.stop = changed, stop
+        self.scope: dict[str, str] = (
+            {"namespace": "*"} if resource is PersistentVolumeClaim else {}
+        )  # every namespace's claims
 
     def run(self) -> None:
-        timeout = httpx.Timeout(10.0, read=RESYNC_SECONDS + 30)
         failures = 0
-        with self.connection.client(timeout) as client:
-            while not self.stop.is_set():
-                try:
-                    self._list_and_watch(client)
-                    failures = 0
-                except (httpx.HTTPError, ApiError, ValueError, OSError) as error:
-                    failures += 1
-                    if failures == 1 or failures % 30 == 0:
-                        log(f"watch {self.path} failed ({error}); re-listing")
-                    self.stop.wait(min(failures, 5))
+        while not self.stop.is_set():
+            try:
+                self._list_and_watch()
+                failures = 0
+            except (httpx2.HTTPError, ApiError, ValueError, OSError) as error:
+                failures += 1
+                if failures == 1 or failures % 30 == 0:
+                    log(f"watch {self.resource.__name__} failed ({error}); re-listing")
+                self.stop.wait(min(failures, 5))
 
-    def _list_and_watch(self, client: httpx.Client) -> None:
-        listed = _check(client.get(self.path)).json()
-        self.cache.replace(listed.get("items") or [])
+    def _list_and_watch(self) -> None:
+        listed = self.client.list(self.resource, **self.scope)  # type: ignore[call-overload]
+        self.cache.replace([_to_dict(item) for item in listed])
         self.changed.set()
-        version = (listed.get("metadata") or {}).get("resourceVersion", "")
-        params = {
-            "watch": "true",
-            "resourceVersion": version,
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": str(int(RESYNC_SECONDS)),
-        }
-        with client.stream("GET", self.path, params=params) as response:
-            _check(response)
-            for line in response.iter_lines():
-                if self.stop.is_set():
-                    return
-                if not line.strip():
-                    continue
-                event = json.loads(line)
-                kind, obj = event.get("type"), event.get("object") or {}
-                if kind == "ERROR":
-                    code = int(obj.get("code") or 500)
-                    if code == 410:
-                        return  # Gone: the resourceVersion is too old; re-list at once
-                    raise ApiError(code, str(obj.get("message")))
-                if kind in ("ADDED", "MODIFIED"):
-                    self.cache.put(obj)
-                elif kind == "DELETED":
-                    self.cache.drop(obj)
-                else:
-                    continue  # BOOKMARK
-                self.changed.set()
+        events = self.client.watch(  # type: ignore[call-overload]
+            self.resource,
+            **self.scope,
+            resource_version=listed.resourceVersion,
+            server_timeout=int(RESYNC_SECONDS),
+        )
+        for kind, obj in events:
+            if self.stop.is_set():
+                return
+            if kind in ("ADDED", "MODIFIED"):
+                self.cache.put(_to_dict(obj))
+            elif kind == "DELETED":
+                self.cache.drop(_to_dict(obj))
+            else:
+                continue  # BOOKMARK
+            self.changed.set()
 
 
 class Provisioner:
     """Runs ``plan`` against the cluster whenever claims or volumes change."""
 
-    CLAIMS = "/api/v1/persistentvolumeclaims"
-    VOLUMES = "/api/v1/persistentvolumes"
-
-    def __init__(self, connection: Connection, root: Path, class_name: str) -> None:
-        self.connection = connection
+    def __init__(self, connect: Callable[[], Client], root: Path, class_name: str) -> None:
+        self.connect = connect
+        self.client = connect()
         self.root = root
         self.class_name = class_name
         self.claims = Cache()
@@ -583,25 +512,24 @@ class Provisioner:
 
     def run(self) -> None:
         watchers = [
-            Watcher(self.connection, self.CLAIMS, self.claims, self.changed, self.stop),
-            Watcher(self.connection, self.VOLUMES, self.volumes, self.changed, self.stop),
+            Watcher(self.connect(), PersistentVolumeClaim, self.claims, self.changed, self.stop),
+            Watcher(self.connect(), PersistentVolume, self.volumes, self.changed, self.stop),
         ]
         for watcher in watchers:
             watcher.start()
         log(f"serving storage class {self.class_name} ({PROVISIONER}) under {self.root}")
         wait = RESYNC_SECONDS
-        with self.connection.client() as client:
-            while not self.stop.is_set():
-                self.changed.wait(wait)
-                self.changed.clear()
-                if self.stop.is_set():
-                    break
-                if not (self.claims.synced and self.volumes.synced):
-                    wait = RETRY_SECONDS
-                    continue
-                wait = RETRY_SECONDS if not self.reconcile(client) else RESYNC_SECONDS
+        while not self.stop.is_set():
+            self.changed.wait(wait)
+            self.changed.clear()
+            if self.stop.is_set():
+                break
+            if not (self.claims.synced and self.volumes.synced):
+                wait = RETRY_SECONDS
+                continue
+            wait = RETRY_SECONDS if not self.reconcile() else RESYNC_SECONDS
 
-    def reconcile(self, client: httpx.Client) -> bool:
+    def reconcile(self) -> bool:
         """One pass over the whole picture; False if some action failed (retry soon)."""
         volumes = self.volumes.snapshot()  # cluster-scoped: keyed by name
         actions = plan(self.claims.snapshot().values(), volumes, self.root, self.class_name)
@@ -609,8 +537,8 @@ class Provisioner:
         for action in actions:
             what = describe(action)
             try:
-                self.execute(client, action)
-            except (httpx.HTTPError, ApiError, OSError) as error:
+                self.execute(action)
+            except (httpx2.HTTPError, ApiError, OSError) as error:
                 ok = False
                 if (what, str(error)) not in self.reported:
                     self.reported.add((what, str(error)))
@@ -619,24 +547,27 @@ class Provisioner:
                 self.reported = {entry for entry in self.reported if entry[0] != what}
         return ok
 
-    def execute(self, client: httpx.Client, action: Action) -> None:
+    def execute(self, action: Action) -> None:
         if isinstance(action, Skip):
             if (action.key, action.reason) not in self.reported:
                 self.reported.add((action.key, action.reason))
                 log(f"skipping {action.key}: {action.reason}")
         elif isinstance(action, Provision):
-            self._provision(client, action)
+            self._provision(action)
         elif isinstance(action, Delete):
-            self._delete(client, action)
+            self._delete(action)
         else:
-            self._expand(client, action)
+            self._expand(action)
 
-    def _provision(self, client: httpx.Client, action: Provision) -> None:
+    def _provision(self, action: Provision) -> None:
         self._make_directory(action.path)
-        response = _check(client.post(self.VOLUMES, json=action.pv), allow=(409,))
-        if response.status_code == 409:
-            return  # created earlier; the cache had not seen it yet
-        self.volumes.put(response.json())
+        try:
+            created = self.client.create(codecs.from_dict(action.pv))
+        except ApiError as error:
+            if error.status.code == 409:
+                return  # created earlier; the cache had not seen it yet
+            raise
+        self.volumes.put(_to_dict(created))
         log(
             f"provisioned {action.pv['metadata']['name']} for {action.claim} on node"
             f" {action.node}: {action.path}"
@@ -651,7 +582,7 @@ class Provisioner:
             raise OSError(f"{path} exists and is not a directory")
         path.chmod(0o777)  # mkdir's mode is masked by the umask
 
-    def _delete(self, client: httpx.Client, action: Delete) -> None:
+    def _delete(self, action: Delete) -> None:
         path = action.path
         existed = path.exists() or path.is_symlink()
         if os.path.realpath(path) != str(path):
@@ -664,34 +595,38 @@ class Provisioner:
             if existed:
                 log(f"removed {path} of {action.pv}, which is being deleted")
             return
-        response = _check(client.delete(f"{self.VOLUMES}/{action.pv}"), allow=(404,))
-        if response.status_code != 404:
-            log(f"deleted {action.pv} and removed {path}")
-        # Until the watch reports it gone, the volume stays in the cache as being deleted.
-        body = response.json() if response.status_code == 200 else {}
-        if (body.get("metadata") or {}).get("deletionTimestamp"):
-            self.volumes.put(body)
-        else:
+        try:
+            self.client.delete(PersistentVolume, action.pv)
+        except ApiError as error:
+            if not _missing(error):
+                raise
             self.volumes.drop({"metadata": {"name": action.pv}})
+            return
+        log(f"deleted {action.pv} and removed {path}")
+        # Until the watch reports it gone (its protection finalizer may hold it a moment),
+        # the volume stays in the cache as being deleted: nothing deletes it twice.
+        cached = self.volumes.snapshot().get(action.pv)
+        if cached is not None:
+            stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            metadata = {**cached["metadata"], "deletionTimestamp": stamp}
+            self.volumes.put({**cached, "metadata": metadata})
 
-    def _expand(self, client: httpx.Client, action: Expand) -> None:
+    def _expand(self, action: Expand) -> None:
         namespace, name = action.claim.split("/", 1)
         if action.grow_pv:
             patch = {"spec": {"capacity": {"storage": action.size}}}
-            response = _check(
-                client.patch(
-                    f"{self.VOLUMES}/{action.pv}", content=json.dumps(patch), headers=MERGE_PATCH
-                )
+            grown = self.client.patch(
+                PersistentVolume, action.pv, patch, patch_type=PatchType.MERGE
             )
-            self.volumes.put(response.json())
-        response = _check(
-            client.patch(
-                f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{name}/status",
-                content=json.dumps(action.status_patch),
-                headers=MERGE_PATCH,
-            )
+            self.volumes.put(_to_dict(grown))
+        claim = self.client.patch(
+            PersistentVolumeClaim.Status,
+            name,
+            action.status_patch,
+            namespace=namespace,
+            patch_type=PatchType.MERGE,
         )
-        self.claims.put(response.json())
+        self.claims.put(_to_dict(claim))
         log(f"expanded {action.pv} for {action.claim} to {action.size} (a directory: no resize)")
 
 
@@ -741,15 +676,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     root = args.root.resolve()
     root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="stateward-provisioner-") as scratch:
-        try:
-            connection = load_kubeconfig(args.kubeconfig, Path(scratch))
-        except (OSError, ValueError, KeyError, ssl.SSLError, yaml.YAMLError) as error:
-            print(f"cannot use kubeconfig {args.kubeconfig}: {error}", file=sys.stderr)
-            return 2
-        provisioner = Provisioner(connection, root, args.storage_class)
-        with _signals(provisioner):
-            provisioner.run()
+    try:
+        clients = connect(args.kubeconfig)
+        provisioner = Provisioner(clients, root, args.storage_class)
+    except (OSError, ValueError, KeyError, ConfigError, yaml.YAMLError) as error:
+        print(f"cannot use kubeconfig {args.kubeconfig}: {error}", file=sys.stderr)
+        return 2
+    with _signals(provisioner):
+        provisioner.run()
     log("stopped")
     return 0
 
