@@ -16,6 +16,7 @@ import pytest
 
 from stateward import specs
 from stateward.api.v1alpha1 import PostgresCluster
+from stateward.controllers.core import IMMUTABLE_STATEFULSET_FIELDS
 from stateward.controllers.diff import (
     FIELDS_DROPPED,
     NOT_YET_STAMPED,
@@ -24,7 +25,6 @@ from stateward.controllers.diff import (
     drift,
     stamped,
 )
-from stateward.controllers.postgrescluster import IMMUTABLE_STATEFULSET_FIELDS
 from stateward.specs import config, meta
 from tests.support import clusters
 

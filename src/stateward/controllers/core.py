@@ -90,6 +90,8 @@ IMMUTABLE_STATEFULSET_FIELDS: Final = (
 )
 """StatefulSet fields the API server refuses to change; a change to any of them is made by
 deleting the StatefulSet with orphan propagation (its pods keep running) and recreating it."""
+IMMUTABLE_FIELDS: Final = {"StatefulSet": IMMUTABLE_STATEFULSET_FIELDS}
+"""Per kind of child, the fields :func:`converge` changes by recreation."""
 
 
 def hold_scale_down(
@@ -432,24 +434,21 @@ async def remove_finalizer(scope: Scope, finalizer: str) -> None:
     )
 
 
-async def converge(
-    scope: Scope, desired: Iterable[Body], *, immutable: dict[str, tuple[str, ...]] | None = None
-) -> str | None:
+async def converge(scope: Scope, desired: Iterable[Body]) -> str | None:
     """Apply every desired child whose observed state does not contain it, or that was last
     applied from another desired object (a field we stopped setting is pruned so).
 
-    ``immutable`` names, per kind, fields the API server refuses to change: a change to one
-    is made by deleting the object with orphan propagation (a StatefulSet's pods keep
-    running) and applying it anew. The applies go out concurrently; one Event names
+    A change to a field the API server refuses to change (:data:`IMMUTABLE_FIELDS`) is made
+    by deleting the object with orphan propagation (a StatefulSet's pods keep running) and
+    applying it anew. The applies go out concurrently; one Event names
     everything created and one everything repaired.
     """
-    immutable = immutable or {}
     created: list[str] = []
     updated: list[str] = []
     pending: list[Body] = []
     for built in desired:
         kind, name = built["kind"], built["metadata"]["name"]
-        fixed = immutable.get(kind, ())
+        fixed = IMMUTABLE_FIELDS.get(kind, ())
         # A removal from the immutable fields could never be applied; those change by
         # recreation, which containment detects.
         child = diff.stamped(built, exclude=fixed)

@@ -36,7 +36,6 @@ from stateward.specs import mysql as mysql_spec
 logger = logging.getLogger(__name__)
 
 FINALIZER = v1alpha1.FINALIZER
-IMMUTABLE_STATEFULSET_FIELDS = core.IMMUTABLE_STATEFULSET_FIELDS
 RECHECK = 5.0
 """Seconds between looks at servers that are not settled yet (SQL state has no watch)."""
 DELETE_RECHECK = 2.0
@@ -725,9 +724,7 @@ async def ensure_tls(scope: Scope) -> str | None:
 async def apply_servers(scope: Scope) -> str | None:
     desired = mysql_spec.children(scope.database, operator_namespace=scope.operator_namespace)
     _hold_scale_down(scope, desired)
-    return await core.converge(
-        scope, desired, immutable={"StatefulSet": IMMUTABLE_STATEFULSET_FIELDS}
-    )
+    return await core.converge(scope, desired)
 
 
 def _hold_scale_down(scope: Scope, desired: list[Body]) -> None:

@@ -51,8 +51,6 @@ UNSATISFIABLE_RECHECK = 30.0
 FINAL_BACKUP_MAX_DELAY = 300.0
 REVISION_LABEL = "controller-revision-hash"
 
-IMMUTABLE_STATEFULSET_FIELDS = core.IMMUTABLE_STATEFULSET_FIELDS
-
 
 class Reconciler:
     def __init__(
@@ -323,9 +321,7 @@ async def apply_children(scope: Scope) -> str | None:
     )
     if cluster.spec.replicas > 0:  # an upgrade stopping the last instance holds nothing
         _hold_scale_down(scope, desired, cluster.spec.replicas)
-    return await core.converge(
-        scope, desired, immutable={"StatefulSet": IMMUTABLE_STATEFULSET_FIELDS}
-    )
+    return await core.converge(scope, desired)
 
 
 def _children_cluster(scope: Scope) -> PostgresCluster:
