@@ -39,6 +39,15 @@ def with_clock(fake: FakePatroni) -> tuple[Operator, Clock]:
     return operator, clock
 
 
+async def settled(fake: FakePatroni) -> tuple[Operator, Clock]:
+    """An operator that has read the record twice, a Patroni loop apart: it believes it."""
+    operator, clock = with_clock(fake)
+    await operator.reconcile()
+    clock.now += dataplane.SYNC_CONFIRM
+    await operator.reconcile()
+    return operator, clock
+
+
 def sync_reads(fake: FakePatroni) -> int:
     return sum(1 for c in fake.calls if c.method == "GET" and c.member == f"{NAME}-sync")
 
@@ -66,10 +75,7 @@ async def test_read_when_new_again_a_patroni_loop_later_then_not_at_rest() -> No
 
 async def test_a_settled_record_is_read_again_after_a_minute() -> None:
     fake = three()
-    operator, clock = with_clock(fake)
-    await operator.reconcile()
-    clock.now += dataplane.SYNC_CONFIRM
-    await operator.reconcile()
+    operator, clock = await settled(fake)
     fake.sync = {"demo-0"}  # Patroni chose anew; nothing on the pods shows it
     clock.now += dataplane.SYNC_MAX_AGE - 1
     await operator.reconcile()
@@ -83,10 +89,7 @@ async def test_a_member_restarted_between_two_reconciles_has_the_record_read_aga
     # The member looks as it did (streaming, ready) but restarted meanwhile, and Patroni
     # chose another standby while it was down: its pod changed, so the record is read.
     fake = three()
-    operator, clock = with_clock(fake)
-    await operator.reconcile()
-    clock.now += dataplane.SYNC_CONFIRM
-    await operator.reconcile()
+    operator, clock = await settled(fake)
     fake.members["demo-2"].restarts += 1
     fake.sync = {"demo-0"}
     clock.now += 1
@@ -98,10 +101,7 @@ async def test_a_new_choice_read_right_after_a_change_is_confirmed_a_loop_later(
     # Read as the member came back, before Patroni's loop chose another standby: the read a
     # loop later sees the new choice although nothing changed on the pods since.
     fake = three()
-    operator, clock = with_clock(fake)
-    await operator.reconcile()
-    clock.now += dataplane.SYNC_CONFIRM
-    await operator.reconcile()
+    operator, clock = await settled(fake)
     fake.members["demo-2"].restarts += 1
     clock.now += 1
     await operator.reconcile()
@@ -114,10 +114,7 @@ async def test_a_new_choice_read_right_after_a_change_is_confirmed_a_loop_later(
 
 async def test_a_requested_switchover_asks_for_the_standby_patroni_names_now() -> None:
     fake = three()
-    operator, clock = with_clock(fake)
-    await operator.reconcile()
-    clock.now += dataplane.SYNC_CONFIRM
-    await operator.reconcile()
+    operator, _clock = await settled(fake)
     fake.sync = {"demo-0"}  # not read yet: the record is settled and the pods are as they were
     operator.request_switchover("any")
     await operator.reconcile()
