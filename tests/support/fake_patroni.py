@@ -80,6 +80,8 @@ class FakePatroni:
         self.members = {x.name: x for x in members}
         self.sync: set[str] = set(sync or ())
         """The synchronous standbys Patroni chose (``NAME-sync``)."""
+        self.sync_written = True
+        """False: Patroni has no ``NAME-sync`` record (nothing runs Patroni)."""
         self.dcs: dict[str, Any] | None = None
         """Patroni's dynamic configuration (``NAME-config``); None: not written yet."""
         self.calls: list[Call] = []
@@ -342,7 +344,7 @@ class FakePatroni:
         if kind == "Secret":
             data = self._secret_data(name)
             return None if data is None else {"metadata": {"name": name}, "data": data}
-        if kind == "ConfigMap" and name == f"{NAME}-sync":
+        if kind == "ConfigMap" and name == f"{NAME}-sync" and self.sync_written:
             leader = self.primary() or ""
             return {"metadata": {"name": name, "annotations": {
                 "leader": leader, "sync_standby": ",".join(sorted(self.sync))}}}  # fmt: skip

@@ -123,6 +123,17 @@ async def test_a_requested_switchover_asks_for_the_standby_patroni_names_now() -
     assert "SwitchoverFailed" not in fake.reasons()
 
 
+async def test_no_record_at_all_is_read_once() -> None:
+    # Labelled pods with no Patroni behind them (simulated nodes): nothing to confirm.
+    fake = three()
+    fake.sync_written = False
+    operator, clock = with_clock(fake)
+    await operator.reconcile()
+    clock.now += dataplane.SYNC_CONFIRM
+    await operator.reconcile()
+    assert sync_reads(fake) == 1 and standbys(operator) == []
+
+
 async def test_no_read_without_synchronous_replication_or_a_primary() -> None:
     fake = three()
     operator = Operator(fake, synchronous={"mode": "Off"})

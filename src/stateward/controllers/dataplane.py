@@ -210,9 +210,10 @@ class DataPlane:
         scope.sync = found if found is not None else frozenset()
         expected = min(cluster.spec.synchronous.number, len(streaming))
         complete = found is None or len(found & set(streaming)) >= expected
-        # Settled: this read agrees with the last, and it confirms that one (which followed
-        # a change), or nothing at all changed since (a read only because it was old).
-        settled = (
+        # Settled: no Patroni record at all (nothing runs Patroni: a simulated node), or this
+        # read agrees with the last and confirms that one (which followed a change), or
+        # nothing at all changed since (a read only because it was old).
+        settled = found is None or (
             complete
             and seen is not None
             and seen.members == members
