@@ -101,6 +101,9 @@ def test_an_api_server_down_restarting_or_overloaded_is_an_outage_and_a_refusal_
         ConnectionResetError(),
         TimeoutError(),
         *(_api_error(code) for code in (429, 500, 503, 504)),
+        # The leader Lease lapsed while the API server was away: writes are refused until
+        # this process wins it back or another replica takes over.
+        kube.NotLeader("not the leader: refusing to patch PostgresCluster/status"),
     ]
     assert all(kube.transient(error) for error in outages)
     defects = [_api_error(403), _api_error(404), _api_error(422), KeyError("spec"), ValueError()]

@@ -36,12 +36,16 @@ OVERLOADED: Final = frozenset({429, 500, 502, 503, 504})
 """The API server's answers while it restarts or sheds load ("storage is (re)initializing")."""
 
 
+class NotLeader(Exception):
+    """Raised instead of writing when this process no longer holds the leader Lease."""
+
+
 def transient(error: BaseException) -> bool:
-    """An API server down, restarting or overloaded: a failure to retry and log as a warning,
-    not a defect to log with its traceback."""
+    """An API server down, restarting or overloaded, or the leader Lease lost to such an
+    outage: a failure to retry and log as a warning, not a defect to log with its traceback."""
     if isinstance(error, ApiError):
         return error.status.code in OVERLOADED
-    return isinstance(error, UNREACHABLE)
+    return isinstance(error, (NotLeader, *UNREACHABLE))
 
 
 Body = dict[str, Any]
@@ -54,10 +58,6 @@ DatabaseResource = create_namespaced_resource(
     v1alpha1.GROUP, v1alpha1.VERSION, v1alpha1.DATABASE_KIND, v1alpha1.DATABASE_PLURAL
 )
 """The lightkube resource class of Database."""
-
-
-class NotLeader(Exception):
-    """Raised instead of writing when this process no longer holds the leader Lease."""
 
 
 @dataclasses.dataclass(frozen=True)
