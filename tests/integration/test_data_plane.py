@@ -10,11 +10,8 @@ from __future__ import annotations
 import base64
 import http.client
 import os
-import re
 import ssl
 import subprocess
-import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +28,7 @@ from stateward.cli.run import (
     OperatorProcess,
     PostgresClusterResource,
 )
+from stateward.local import netpol, nodes
 from stateward.local.cluster import LocalCluster
 from tests.integration.conftest import get_pgc, metric
 from tests.support import certificates
@@ -977,66 +975,55 @@ print("8008:", reach(ip, 8008, float(sys.argv[3])))
 """Connects to PostgreSQL, retrying for argv[2] seconds (a new pod is admitted by the
 enforcer about a second after it has an address), then to Patroni's REST API for argv[3]."""
 
-GUARDING = re.compile(r"\b[1-9][0-9]* pods guarded")
-"""The enforcer's line for a node whose table guards at least one pod."""
+
+def guarded(cluster: LocalCluster, pod: Pod) -> bool:
+    """Whether the enforcer's table on the pod's node drops what its policy does not admit."""
+    node = next(n for n in cluster.real_nodes() if n.name == pod.spec.nodeName)  # type: ignore[union-attr]
+    table = nodes.run(
+        ["nsenter", f"--net={node.net_ns}", "nft", "list", "table", "inet", netpol.TABLE],
+        check=False,
+    )
+    return f"ip daddr {pod.status.podIP} drop" in table  # type: ignore[union-attr]
 
 
 @pytest.mark.timeout(600)
 def test_the_network_policy_keeps_other_namespaces_and_non_members_out(
     real_cluster: LocalCluster, client: Client, ns: str
 ) -> None:
-    # The local cluster enforcing NetworkPolicies for this namespace, as a policy-enforcing
-    # CNI would (tests only: stateward.local.netpol). The operator's default policy: the
-    # namespace may reach PostgreSQL, only the members reach Patroni, other namespaces nothing.
-    create_cluster(client, ns, "guarded", replicas=1)
+    # The local cluster enforces NetworkPolicies as a policy-enforcing CNI would (its
+    # `netpol` process). The operator's default policy: the namespace may reach PostgreSQL,
+    # only the members reach Patroni, other namespaces nothing — and the cluster, its
+    # operator on the host and a replica that joins under the policy still work.
+    create_cluster(client, ns, "guarded", replicas=2)
     ready(client, ns, "guarded")
-    address = str(client.get(Pod, "guarded-0", namespace=ns).status.podIP)  # type: ignore[union-attr]
+    pod = client.get(Pod, "guarded-0", namespace=ns)
+    address = str(pod.status.podIP)  # type: ignore[union-attr]
+    wait_for(lambda: guarded(real_cluster, pod), what="the enforcer to guard guarded-0", timeout=60)
     image = f"{v1alpha1.DEFAULT_IMAGE_REPOSITORY}:15"
-    enforcer = subprocess.Popen(
-        [sys.executable, "-m", "stateward.local.netpol", f"--kubeconfig={real_cluster.kubeconfig}",
-         f"--state-dir={real_cluster.state_dir}", f"--nodes={len(real_cluster.real_nodes())}",
-         f"--namespace={ns}"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    said: list[str] = []
-
-    def read() -> None:
-        for line in enforcer.stdout or ():
-            said.append(line)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        # Its first round lists the cluster and writes the nodes' tables: until then nothing
-        # is guarded, and a probe that ran first would find Patroni open.
-        wait_for(
-            lambda: any(GUARDING.search(line) for line in said),
-            what="the enforcer to guard the cluster's pod",
-            timeout=120,
-        )
-        neighbour = run_in_pod(
-            client, ns, "neighbour", image, ["python3", "-c", PROBE_PORTS, address, "60", "6"]
-        )
-        assert "5432: open" in neighbour, neighbour
-        assert "8008: closed" in neighbour, f"a non-member reached Patroni: {neighbour}"
-        with fresh_namespace(client) as elsewhere:
-            outsider = run_in_pod(
-                client, elsewhere, "outsider", image,
-                ["python3", "-c", PROBE_PORTS, address, "15", "3"],
-            )  # fmt: skip
-        assert "5432: closed" in outsider, f"another namespace reached PostgreSQL: {outsider}"
-        assert "8008: closed" in outsider, outsider
-        # The members and the operator (on the host) are still let through: still Ready.
-        ready(client, ns, "guarded")
-    finally:
-        enforcer.terminate()
-        enforcer.wait(timeout=60)
-        reader.join(timeout=60)
-    output = "".join(said)
-    assert "pods guarded" in output, output
-    # Stopped, the enforcer leaves no rule behind: the outsider's kind gets in again.
+    neighbour = run_in_pod(
+        client, ns, "neighbour", image, ["python3", "-c", PROBE_PORTS, address, "60", "6"]
+    )
+    assert "5432: open" in neighbour, neighbour
+    assert "8008: closed" in neighbour, f"a non-member reached Patroni: {neighbour}"
     with fresh_namespace(client) as elsewhere:
-        again = run_in_pod(
-            client, elsewhere, "outsider", image, ["python3", "-c", PROBE_PORTS, address, "15", "3"]
-        )
-    assert "5432: open" in again, again
+        outsider = run_in_pod(
+            client, elsewhere, "outsider", image,
+            ["python3", "-c", PROBE_PORTS, address, "15", "3"],
+        )  # fmt: skip
+    assert "5432: closed" in outsider, f"another namespace reached PostgreSQL: {outsider}"
+    assert "8008: closed" in outsider, outsider
+    # The members and the operator (on the host) are still let through: still Ready, and
+    # the replica streams from the primary.
+    ready(client, ns, "guarded")
+    wait_for(
+        lambda: (
+            [
+                i.get("state")
+                for i in get_pgc(client, "guarded", ns)["status"].get("instances") or []
+                if i.get("role") != "primary"
+            ]
+            == ["streaming"]
+        ),
+        what="the replica to stream under the policy",
+        timeout=120,
+    )

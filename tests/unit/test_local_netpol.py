@@ -3,12 +3,13 @@ guarded pod admits, from whom, on which ports; pods no policy selects are left a
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from stateward import specs
-from stateward.local import netpol
+from stateward.local import netpol, nodes
 from stateward.specs import config
 from tests.support import clusters
 
@@ -71,9 +72,10 @@ def test_the_shipped_policy_guards_the_instance_with_a_drop_after_its_rules() ->
         " 10.244.3.4 } tcp dport 9187 accept",
         "ip daddr 10.244.1.2 drop",
     ]
-    # Replies and the host (operator and tests run there) pass first; the app is not guarded.
+    # Replies, the host (operator and tests run there) and the nodes (kube-proxy masquerades
+    # what comes from outside the cluster as them) pass first; the app is not guarded.
     assert rules.index("ct state established,related accept") < rules.index(guarded[0])
-    assert "ip saddr { 10.250.0.1 } accept" in rules
+    assert rules.index("ip saddr { 10.250.0.0/24 } accept") < rules.index(guarded[0])
     assert not [r for r in rules if "10.244.1.3 drop" in r]
     # The script replaces the table as a whole, and works when there is none yet.
     assert rules[:3] == [
@@ -134,3 +136,47 @@ def test_a_rule_without_from_or_ports_admits_everyone_or_every_port() -> None:
     assert "ip daddr 10.244.1.3 accept" in rules and "ip daddr 10.244.1.3 drop" in rules
     egress_only = {**policy, "spec": {**policy["spec"], "policyTypes": ["Egress"]}}
     assert " drop" not in netpol.scripts(["node-1"], PODS, NAMESPACES, [egress_only])["node-1"]
+
+
+class Listing:
+    """What the enforcer lists, as lightkube returns it."""
+
+    def __init__(self, objects: dict[str, list[dict[str, Any]]]) -> None:
+        self.objects = objects
+
+    def list(self, resource: Any, namespace: str | None = None) -> list[Any]:
+        return [
+            type("Item", (), {"to_dict": lambda self, o=o: o})()
+            for o in self.objects[resource.__name__]
+        ]
+
+
+def test_a_table_is_written_once_and_again_into_a_node_started_anew(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    written: list[tuple[str, str]] = []
+    monkeypatch.setattr(netpol, "_nft", lambda node, script: written.append((node.name, script)))
+    (node,) = nodes.nodes_in(tmp_path, 1)
+    node.net_ns.parent.mkdir(parents=True)
+    listing = Listing(
+        {
+            "Pod": [instance("demo-0", "10.244.1.2", node.name)],
+            "Namespace": NAMESPACES,
+            "NetworkPolicy": [shipped()],
+        }
+    )
+    applied: dict[str, tuple[int, str]] = {}
+    real = {node.name: node}
+    # A stopped node (no namespace) gets nothing, and nothing is remembered for it.
+    netpol._round(listing, real, applied, ())  # type: ignore[arg-type]
+    assert written == [] and applied == {}
+    node.net_ns.write_text("")
+    netpol._round(listing, real, applied, ())  # type: ignore[arg-type]
+    netpol._round(listing, real, applied, ())  # type: ignore[arg-type]
+    assert len(written) == 1 and "ip daddr 10.244.1.2 drop" in written[0][1]
+    # Started again, the node has a new namespace without the table: it is written again.
+    anew = node.net_ns.with_name("new")
+    anew.write_text("")
+    anew.replace(node.net_ns)
+    netpol._round(listing, real, applied, ())  # type: ignore[arg-type]
+    assert len(written) == 2 and written[1] == written[0]

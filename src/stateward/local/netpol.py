@@ -5,18 +5,21 @@ there, so every packet to a pod — from a pod on the same node, from another no
 host — is forwarded by that node's namespace. This host process lists pods, namespaces and
 NetworkPolicies once a second and keeps, in each real node's namespace, an nftables table
 ``stateward-policy`` whose forward chain admits to each local pod that a policy selects only
-what its ingress rules allow (packets of connections already admitted, and the host's bridge
-address — where the operator, the tests and the kubelets' neighbours run — always pass).
+what its ingress rules allow. Packets of connections already admitted always pass, and so do
+the host's and the nodes' bridge addresses: the operator, the tests and the API server run
+on the host, and kube-proxy masquerades what comes from outside the cluster to a Service as
+the node it enters by — the host-network traffic policy-enforcing CNIs let through too.
 Pods no policy selects are left alone, as the NetworkPolicy API says.
 
 Not the product: the operator only ships NetworkPolicies; this makes the local cluster honour
 them, as a policy-enforcing CNI would. Egress rules are not enforced (Stateward ships none).
+``local up`` starts it with real nodes (``netpol`` among the cluster's processes). A new
+pod's address is admitted at the next round, about a second after the pod gets it: a SYN it
+sends to a guarded pod before then is dropped, and the kernel sends it again a second later.
 
-Run it as ``python -m stateward.local.netpol --kubeconfig PATH --state-dir DIR --nodes N``
+Run by hand: ``python -m stateward.local.netpol --kubeconfig PATH --state-dir DIR --nodes N``
 (``--namespace NS``, repeatable: guard only those namespaces' pods); it removes its tables
-when it stops. The local cluster does not start it by default yet: the real-node test of the
-policies runs it for its own namespace (a new pod is admitted about a second after it gets
-its address, which a client that connects the moment it starts would have to retry).
+when it stops.
 """
 
 from __future__ import annotations
@@ -122,7 +125,7 @@ def ruleset(
     namespaces: Sequence[Object],
     policies: Sequence[Object],
     *,
-    always: Iterable[str] = (nodes.HOST_IP,),
+    always: Iterable[str] = (str(nodes.NETWORK),),
 ) -> str:
     """The nftables script for one node: ``local_pods`` are the pods it forwards to."""
     lines = [
@@ -237,7 +240,7 @@ def run(
     """Until ``stop``: keep every node's table as the policies say; then remove the tables."""
     client = Client(KubeConfig.from_file(kubeconfig))
     real = {node.name: node for node in nodes.nodes_in(Path(state_dir), count)}
-    applied: dict[str, str] = {}
+    applied: dict[str, tuple[int, str]] = {}
     try:
         while not stop.is_set():
             _round(client, real, applied, only)
@@ -253,7 +256,7 @@ def run(
 def _round(
     client: Client,
     real: Mapping[str, nodes.Node],
-    applied: dict[str, str],
+    applied: dict[str, tuple[int, str]],
     only: Sequence[str],
 ) -> None:
     try:
@@ -268,14 +271,19 @@ def _round(
         print(f"netpol: listing failed: {error}", file=sys.stderr, flush=True)
         return
     for name, script in wanted.items():
-        if applied.get(name) == script or not real[name].net_ns.exists():
+        try:
+            # A node stopped and started again has a new namespace, without the table.
+            namespace = real[name].net_ns.stat().st_ino
+        except OSError:  # the node is stopped
+            continue
+        if applied.get(name) == (namespace, script):
             continue
         try:
             _nft(real[name], script)
         except Exception as error:  # a node stopped: next round
             print(f"netpol: {name}: {error}", file=sys.stderr, flush=True)
             continue
-        applied[name] = script
+        applied[name] = (namespace, script)
         print(f"netpol: {name}: {script.count(' drop')} pods guarded", flush=True)
 
 
