@@ -104,9 +104,10 @@ bench-nodes: binaries ## Benchmark real nodes: bring-up, idle cost per node, cos
 	@$(BIN)/python -m bench.nodes $(BENCH_NODES_FLAGS)
 
 .PHONY: bench-dataplane
-bench-dataplane: binaries ## Benchmark the data plane: apply → Ready, switchover and failover write downtime, idle memory, pgbench through the pooler, major upgrade downtime
+bench-dataplane: binaries ## Benchmark the data plane: apply → Ready, switchover and failover write downtime, idle memory, pgbench through the pooler, major upgrade downtime, what TLS costs
 	@$(BIN)/python -m bench.dataplane $(BENCH_DATAPLANE_FLAGS)
 	@$(BIN)/python -m bench.upgrade $(BENCH_UPGRADE_FLAGS)
+	@$(BIN)/python -m bench.tls $(BENCH_TLS_FLAGS)
 
 .PHONY: bench-faults
 bench-faults: binaries ## The RTO/RPO table: every fault of the matrix 5 times on one cluster with a writer

@@ -220,12 +220,14 @@ class Kube:
         replicas: int,
         pooler: dict[str, Any] | None = None,
         storage: str = "1Gi",
+        extra: dict[str, Any] | None = None,
     ) -> None:
         spec: dict[str, Any] = {
             "version": "15",
             "replicas": replicas,
             "storageSize": storage,
             "deletionPolicy": {"finalBackup": False},
+            **(extra or {}),
         }
         if pooler is not None:
             spec["pooler"] = pooler
@@ -416,11 +418,12 @@ def measure_ready(
     replicas: int,
     timeout: float,
     pooler: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Seconds from the create call until status.phase is Ready, and until each instance
     pod was first seen Ready (the same 0.2 s polls)."""
     began = time.monotonic()
-    kube.create_pgc(ns, name, replicas, pooler)
+    kube.create_pgc(ns, name, replicas, pooler, extra=extra)
     pods_ready: dict[str, float] = {}
 
     def ready() -> bool:

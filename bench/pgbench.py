@@ -61,18 +61,22 @@ _FAILED = re.compile(r"number of failed transactions: (\d+)")
 _PROCESSED = re.compile(r"number of transactions actually processed: (\d+)")
 _TPS = re.compile(r"tps = ([0-9.]+)")
 _ABORTED = re.compile(r"client (\d+) aborted")
+_LATENCY = re.compile(r"latency average = ([0-9.]+) ms")
 
 
 def parse_summary(stdout: str, stderr: str) -> dict[str, Any]:
-    """pgbench's summary: transactions processed, failed (pgbench's count), tps, and the
-    clients it aborted (each on an error it does not retry, such as a lost connection)."""
+    """pgbench's summary: transactions processed, failed (pgbench's count), tps, the average
+    latency (NaN if not printed), and the clients it aborted (each on an error it does not
+    retry, such as a lost connection)."""
     failed = _FAILED.search(stdout)
     processed = _PROCESSED.search(stdout)
     tps = _TPS.search(stdout)
+    latency = _LATENCY.search(stdout)
     return {
         "processed": int(processed.group(1)) if processed else 0,
         "failed": int(failed.group(1)) if failed else 0,
         "tps": float(tps.group(1)) if tps else 0.0,
+        "latency_ms": float(latency.group(1)) if latency else math.nan,
         "aborted_clients": sorted({int(c) for c in _ABORTED.findall(stderr + stdout)}),
     }
 
@@ -135,6 +139,31 @@ def initialize(connection: str, password: str, timeout: float = 300) -> None:
         timeout=timeout,
         check=True,
     )
+
+
+def steady(
+    connection: str, password: str, seconds: int, *, connect: bool = False
+) -> dict[str, Any]:
+    """pgbench's TPC-B-like script on ``connection`` for ``seconds`` with nothing else going
+    on; with ``connect``, a new connection for every transaction (``--connect``: what a
+    connection's setup, a TLS handshake among it, costs)."""
+    command = [
+        "pgbench", "--no-vacuum", f"--client={CLIENTS}", f"--jobs={THREADS}",
+        f"--time={seconds}", *(["--connect"] if connect else []), connection,
+    ]  # fmt: skip
+    result = subprocess.run(
+        command,
+        env={**os.environ, "PGPASSWORD": password},
+        capture_output=True,
+        text=True,
+        timeout=seconds + 120,
+        check=False,
+    )
+    summary = parse_summary(result.stdout, result.stderr)
+    if result.returncode != 0 or not summary["processed"]:
+        detail = (result.stderr or result.stdout).strip().splitlines()[-1:]
+        raise RuntimeError(f"pgbench failed ({result.returncode}): {detail}")
+    return {"seconds": seconds, "connect": connect, **summary}
 
 
 def across_switchovers(

@@ -242,6 +242,37 @@ def test_a_single_instance_bootstraps_to_a_writable_primary(
     statuses = pod.status.containerStatuses or []  # type: ignore[union-attr]
     assert statuses and all(c.restartCount == 0 for c in statuses)
 
+    # An application that cannot speak TLS (spec.tls.allowPlaintextClients): once the
+    # instance runs the new rules, the application logs in without TLS; the superuser, its
+    # password in hand, still does not.
+    client.patch(
+        PostgresClusterResource, "solo", {"spec": {"tls": {"allowPlaintextClients": True}}},
+        namespace=ns, patch_type=PatchType.MERGE,
+    )  # fmt: skip
+
+    def without_tls(user: str, dbname: str, secret: str) -> subprocess.CompletedProcess[str]:
+        current = client.get(Pod, "solo-0", namespace=ns).status.podIP  # type: ignore[union-attr]
+        return subprocess.run(
+            ["psql", f"host={current} port=5432 dbname={dbname} user={user} sslmode=disable"
+             " connect_timeout=5", "-tAc", MY_SSL],
+            env={**os.environ, "PGPASSWORD": secret},
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+
+    def plaintext_application() -> bool:
+        done = without_tls("app", "app", app["password"])
+        if done.returncode != 0:
+            raise AssertionError(done.stderr)  # the last one is reported on timeout
+        return done.stdout.strip() == "f"
+
+    wait_for(plaintext_application, what="the application to log in without TLS", timeout=300)
+    superuser = without_tls("postgres", "postgres", password("solo-superuser"))
+    assert superuser.returncode != 0, superuser
+    assert "no encryption" in superuser.stderr, superuser.stderr
+
+
+MY_SSL = "select ssl from pg_stat_ssl where pid = pg_backend_pid()"
+"""Whether this connection is TLS (``t``) or not (``f``)."""
 
 CUSTOM_QUERIES = """\
 tables:

@@ -34,6 +34,7 @@ def test_the_summary_gives_processed_failed_tps_and_aborted_clients() -> None:
         "transaction type: <builtin: TPC-B (sort of)>\n"
         "number of transactions actually processed: 12345\n"
         "number of failed transactions: 3 (0.024%)\n"
+        "latency average = 19.442 ms\n"
         "tps = 205.75 (without initial connection time)\n"
     )
     stderr = (
@@ -45,9 +46,11 @@ def test_the_summary_gives_processed_failed_tps_and_aborted_clients() -> None:
         "processed": 12345,
         "failed": 3,
         "tps": 205.75,
+        "latency_ms": 19.442,
         "aborted_clients": [0, 2],
     }
     assert pgbench.parse_summary("", "")["aborted_clients"] == []
+    assert math.isnan(pgbench.parse_summary("", "")["latency_ms"])
 
 
 def test_percentile_is_the_nearest_rank() -> None:

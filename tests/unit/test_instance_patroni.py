@@ -9,6 +9,7 @@ import yaml
 
 from stateward.api.v1alpha1 import PostgresCluster
 from stateward.instance import patroni
+from stateward.specs import config
 from tests.support import clusters
 from tests.support.clusters import make_cluster
 
@@ -129,6 +130,45 @@ def test_pg_hba_requires_tls_and_scram_over_the_network() -> None:
         assert any(
             f" {user} " in rule and rule.endswith(" cert") for rule in network[:password_rule]
         )
+
+
+def first_match(pg_hba: list[str], *, tls: bool, database: str, user: str) -> str:
+    """The method of the first rule a network connection meets, as PostgreSQL picks it."""
+    for rule in pg_hba:
+        kind, rule_database, rule_user, *_, method = rule.split()
+        if kind == "local" or kind == ("hostnossl" if tls else "hostssl"):
+            continue
+        if rule_database not in ("all", database) or rule_user not in ("all", user):
+            continue
+        return method
+    return "reject (no rule)"
+
+
+ROLES = ("postgres", "replicator", "stateward_pooler", "app")
+
+
+def test_plaintext_clients_are_the_applications_alone_and_only_when_allowed() -> None:
+    default = rendered(make_cluster())["postgresql"]["pg_hba"]
+    allowed = rendered(make_cluster(tls={"allowPlaintextClients": True}))["postgresql"]["pg_hba"]
+    for user in ROLES:
+        for database in ("app", "replication"):
+            # Over TLS nothing changes.
+            assert first_match(allowed, tls=True, database=database, user=user) == first_match(
+                default, tls=True, database=database, user=user
+            )
+            # Without TLS, by default nobody.
+            assert first_match(default, tls=False, database=database, user=user) == "reject"
+    # Allowed: the application by password; never a role that logs in by certificate, and
+    # nobody streams WAL without TLS.
+    assert first_match(allowed, tls=False, database="app", user="app") == "scram-sha-256"
+    for user in ("postgres", "replicator", "stateward_pooler"):
+        assert first_match(allowed, tls=False, database="app", user=user) == "reject"
+    for user in ROLES:
+        assert first_match(allowed, tls=False, database="replication", user=user) == "reject"
+    # The instances roll to the new rules (pg_hba is local configuration).
+    assert config.config_hash(make_cluster()) != config.config_hash(
+        make_cluster(tls={"allowPlaintextClients": True})
+    )
 
 
 def test_postgresql_and_the_rest_api_serve_the_clusters_certificate() -> None:

@@ -247,6 +247,19 @@ class TLSSpec(_Model):
     and the servers accept client certificates from that CA alone, never from this root."""
 
 
+class PostgresTLSSpec(TLSSpec):
+    """TLS of a PostgresCluster: the certificates, and whether applications may go without."""
+
+    allow_plaintext_clients: bool = False
+    """Also accept application logins without TLS (``sslmode=disable``), by password (SCRAM)
+    as over TLS. Off by default, and leave it off unless a client cannot speak TLS: what such
+    a client sends and reads, queries and rows, crosses the network in the clear. Only the
+    application's logins: the superuser, the replication role and the pooler's role still log
+    in only over TLS with their client certificates, replication and Patroni's REST API stay
+    TLS, and so does the pooler (``spec.pooler``). Changing it rolls the instances, each in
+    turn, the primary last after a switchover."""
+
+
 CONFIG_MAP_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
 """A key of a ConfigMap's data."""
 
@@ -492,8 +505,9 @@ class PostgresClusterSpec(_Model):
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
     """Who may reach the instances over the network; a NetworkPolicy by default."""
 
-    tls: TLSSpec = Field(default_factory=TLSSpec)
-    """The CA that signs the instances' certificates; the cluster's own by default."""
+    tls: PostgresTLSSpec = Field(default_factory=PostgresTLSSpec)
+    """The CA that signs the instances' certificates, the cluster's own by default; TLS is
+    required of every connection over the network."""
 
     placement: Placement = Field(default_factory=Placement)
     """Where the instances run; one per node, required, by default."""

@@ -137,6 +137,25 @@ PG_HBA: Final = (
     "hostssl all all all scram-sha-256",
 )
 
+PLAINTEXT_CLIENTS_HBA: Final = (
+    # spec.tls.allowPlaintextClients: the application's logins by password without TLS too;
+    # never the roles that log in by certificate, never replication.
+    f"hostnossl all {SUPERUSER_USERNAME} all reject",
+    f"hostnossl all {REPLICATION_USERNAME} all reject",
+    f"hostnossl all {pooler.ROLE} all reject",
+    "hostnossl replication all all reject",
+    "hostnossl all all all scram-sha-256",
+)
+
+
+def pg_hba(cluster: v1alpha1.PostgresCluster) -> list[str]:
+    """``PG_HBA``; with ``spec.tls.allowPlaintextClients`` its refusal of every connection
+    without TLS becomes ``PLAINTEXT_CLIENTS_HBA``."""
+    if not cluster.spec.tls.allow_plaintext_clients:
+        return list(PG_HBA)
+    refusal = PG_HBA.index("hostnossl all all all reject")
+    return [*PG_HBA[:refusal], *PLAINTEXT_CLIENTS_HBA, *PG_HBA[refusal + 1 :]]
+
 
 def state_config_maps(scope: str) -> frozenset[str]:
     """The ConfigMaps Patroni keeps its cluster state in (ConfigMaps mode); status and
@@ -276,7 +295,7 @@ def configuration(
             "bin_dir": bin_dir(cluster.spec.major_version),
             "pgpass": PGPASS_FILE,
             "use_unix_socket": True,
-            "pg_hba": list(PG_HBA),
+            "pg_hba": pg_hba(cluster),
             # Merged with each user's name and password at start (``with_credentials``): every
             # connection a member makes to another is TLS, the server checked against the CA.
             "authentication": {
