@@ -62,6 +62,7 @@ from bench.nodes import (
     Interrupted,
     environment,
     memory_path,
+    output_flags,
     pss_kib,
     ready_for_real_nodes,
     say,
@@ -960,6 +961,21 @@ def write_doc(text: str) -> None:
     DOC.write_text(updated)
 
 
+def write_after_dataplane(begin: str, end: str, heading: str, text: str) -> None:
+    """``text`` between ``begin`` and ``end`` in docs/benchmarks.md: where it was, or the
+    first time as a new ``heading`` section after the data-plane table."""
+    current = DOC.read_text()
+    block = f"{begin}\n{text}{end}\n"
+    if begin in current and end in current:
+        head, _, rest = current.partition(begin)
+        _, _, tail = rest.partition(end)
+        DOC.write_text(head + block + tail.removeprefix("\n"))
+    else:
+        marker = END + "\n"
+        head, _, tail = current.partition(marker)
+        DOC.write_text(head + marker + f"\n### {heading}\n\n" + block + tail)
+
+
 # --- entry point ----------------------------------------------------------------------------
 
 
@@ -974,9 +990,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--ready-timeout", type=float, default=300, help="give up on Ready after (300) s"
     )
-    parser.add_argument("--keep", action="store_true", help="keep the state and logs")
-    parser.add_argument("--no-doc", action="store_true", help="do not write docs/benchmarks.md")
-    parser.add_argument("--json", type=Path, help="also write the raw results here")
+    output_flags(parser)
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be at least 1")

@@ -861,6 +861,13 @@ def write_doc(text: str) -> None:
 # --- entry point --------------------------------------------------------------------------------
 
 
+def output_flags(parser: argparse.ArgumentParser) -> None:
+    """``--keep``, ``--no-doc`` and ``--json``: what every benchmark keeps and writes."""
+    parser.add_argument("--keep", action="store_true", help="keep the state and logs")
+    parser.add_argument("--no-doc", action="store_true", help="do not write docs/benchmarks.md")
+    parser.add_argument("--json", type=Path, help="also write the raw results here")
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench.nodes", description=(__doc__ or "").split("\n")[0]
@@ -872,9 +879,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--pod-timeout", type=float, default=180, help="give up on the pods after (180) s"
     )
-    parser.add_argument("--keep", action="store_true", help="keep the state and logs")
-    parser.add_argument("--no-doc", action="store_true", help="do not write docs/benchmarks.md")
-    parser.add_argument("--json", type=Path, help="also write the raw results here")
+    output_flags(parser)
     args = parser.parse_args(argv)
     if args.nodes < 1 or args.pods < 1:
         parser.error("--nodes and --pods must be at least 1")

@@ -34,14 +34,13 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import httpx
 
 from bench import dataplane as dp
 from bench import pgbench
-from bench.nodes import environment, ready_for_real_nodes, say
+from bench.nodes import environment, output_flags, ready_for_real_nodes, say
 from stateward import pki
 from stateward.api import v1alpha1
 from stateward.specs import tls
@@ -259,16 +258,7 @@ def markdown(r: dict[str, Any], env: dict[str, str]) -> str:
 
 
 def write_doc(text: str) -> None:
-    current = dp.DOC.read_text()
-    block = f"{BEGIN}\n{text}{END}\n"
-    if BEGIN in current and END in current:
-        head, _, rest = current.partition(BEGIN)
-        _, _, tail = rest.partition(END)
-        dp.DOC.write_text(head + block + tail.removeprefix("\n"))
-    else:
-        marker = dp.END + "\n"
-        head, _, tail = current.partition(marker)
-        dp.DOC.write_text(head + marker + "\n### What TLS costs\n\n" + block + tail)
+    dp.write_after_dataplane(BEGIN, END, "What TLS costs", text)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -281,9 +271,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--ready-timeout", type=float, default=300, help="give up on Ready after (300) s"
     )
-    parser.add_argument("--keep", action="store_true", help="keep the state and logs")
-    parser.add_argument("--no-doc", action="store_true", help="do not write docs/benchmarks.md")
-    parser.add_argument("--json", type=Path, help="also write the raw results here")
+    output_flags(parser)
     args = parser.parse_args(argv)
     if min(args.runs, args.rounds, args.seconds) < 1:
         parser.error("--runs, --rounds and --seconds must be at least 1")

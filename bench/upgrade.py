@@ -22,13 +22,12 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 
 from bench import dataplane as dp
-from bench.nodes import environment, ready_for_real_nodes, say
+from bench.nodes import environment, output_flags, ready_for_real_nodes, say
 
 BEGIN = "<!-- upgrade:begin -->"
 END = "<!-- upgrade:end -->"
@@ -123,16 +122,7 @@ def markdown(runs: list[dict[str, Any]], env: dict[str, str]) -> str:
 
 
 def write_doc(text: str) -> None:
-    current = dp.DOC.read_text()
-    block = f"{BEGIN}\n{text}{END}\n"
-    if BEGIN in current and END in current:
-        head, _, rest = current.partition(BEGIN)
-        _, _, tail = rest.partition(END)
-        dp.DOC.write_text(head + block + tail.removeprefix("\n"))
-    else:
-        marker = dp.END + "\n"
-        head, _, tail = current.partition(marker)
-        dp.DOC.write_text(head + marker + "\n### Major upgrade\n\n" + block + tail)
+    dp.write_after_dataplane(BEGIN, END, "Major upgrade", text)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -141,9 +131,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--sizes", default="100,1024", help="data sizes in MB (100,1024)")
     parser.add_argument("--timeout", type=float, default=900, help="per wait (900) s")
-    parser.add_argument("--keep", action="store_true", help="keep the state and logs")
-    parser.add_argument("--no-doc", action="store_true", help="do not write docs/benchmarks.md")
-    parser.add_argument("--json", type=Path, help="also write the raw results here")
+    output_flags(parser)
     args = parser.parse_args(argv)
     args.sizes = [int(s) for s in str(args.sizes).split(",") if s.strip()]
     if not args.sizes or min(args.sizes) < 1:

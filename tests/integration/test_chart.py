@@ -16,9 +16,11 @@ import pytest
 import yaml
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.apps_v1 import Deployment
+from lightkube.resources.core_v1 import Pod
 from lightkube.resources.rbac_authorization_v1 import ClusterRole
 
 from stateward import specs
+from stateward.api import v1alpha1
 from stateward.cli.run import PostgresClusterResource
 from stateward.local import binaries, images
 from stateward.local.cluster import LocalCluster
@@ -37,6 +39,8 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "stateward"
 RELEASE = "stateward"
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+PINNED = f"ghcr.io/stateward/postgres-instance:17@{DIGEST}"
 HELM_ONLY_LABELS = (
     "app.kubernetes.io/instance",
     "app.kubernetes.io/version",
@@ -149,8 +153,13 @@ def test_values_change_what_they_say(helm_env: dict[str, str]) -> None:
         "image.tag=0.1.0-rc1",
         "crds.create=false",
         "allowForeignRepositoryPaths=true",
+        f"image.digest={DIGEST}",
+        f"pinnedImages={{{PINNED}}}",
     )
     args = operator_args(tuned)
+    # Pinned by digest: the operator itself, and what it starts.
+    assert f"--pin-image={PINNED}" in args
+    assert not [a for a in operator_args(render(helm_env)) if a.startswith("--pin-image")]
     assert "--log-level=DEBUG" in args
     # Off by default: no cluster may name another namespace's backups.
     assert "--allow-foreign-repository-paths" in args
@@ -162,7 +171,7 @@ def test_values_change_what_they_say(helm_env: dict[str, str]) -> None:
     deployment = one(tuned, "Deployment")
     assert deployment["spec"]["replicas"] == 3
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    assert container["image"] == "registry.example/stateward:0.1.0-rc1"
+    assert container["image"] == f"registry.example/stateward:0.1.0-rc1@{DIGEST}"
     assert not [d for d in tuned if d["kind"] == "CustomResourceDefinition"]
     crds = [d for d in render(helm_env) if d["kind"] == "CustomResourceDefinition"]
     assert sorted(c["metadata"]["name"] for c in crds) == [
@@ -292,6 +301,8 @@ def served_series() -> set[str]:
         ("replicaCount=0", "replicaCount"),
         ("watchNamespaces={Team_A}", "watchNamespaces"),
         ("image.pullPolicy=Sometimes", "pullPolicy"),
+        ("image.digest=sha256:abc", "digest"),
+        ("pinnedImages={ghcr.io/stateward/postgres-instance:17}", "pinnedImages"),
         ("replicas=3", "replicas"),  # not a key of this chart: replicaCount is
     ],
 )
@@ -307,12 +318,19 @@ def test_helm_installs_upgrades_and_uninstalls_the_operator_on_the_real_nodes(
     real_cluster: LocalCluster, helm_env: dict[str, str]
 ) -> None:
     kube = client_for(real_cluster)
+    # Installed as a release should be: the operator and the instances it starts by digest
+    # (the local cluster names its images by digest, as a registry pull would).
+    pins = real_cluster.image_pins()
+    operator_image = f"{images.OPERATOR_REPOSITORY}/stateward:{images.stateward_version()}"
+    instance_image = f"{v1alpha1.DEFAULT_IMAGE_REPOSITORY}:15"
     install = (
         "upgrade", "--install", RELEASE, str(CHART), "--namespace", rbac.NAMESPACE,
         "--create-namespace",
         # Earlier tests installed the CRD and the ClusterRole without Helm: adopt them, as a
         # user moving from `make deploy` or `kubectl apply` to the chart would.
         "--take-ownership",
+        "--set", f"image.digest={pins[operator_image]}",
+        "--set", f"pinnedImages={{{instance_image}@{pins[instance_image]}}}",
     )  # fmt: skip
     helm(helm_env, *install, cluster=real_cluster)
     try:
@@ -332,10 +350,15 @@ def test_helm_installs_upgrades_and_uninstalls_the_operator_on_the_real_nodes(
                 (container,) = pod.spec.containers  # type: ignore[union-attr]
                 assert f"--watch-namespace={watched}" in (container.args or [])
                 assert "--log-level=DEBUG" in (container.args or [])
+                assert container.image == f"{operator_image}@{pins[operator_image]}"
 
             create_cluster(kube, elsewhere, "ignored", replicas=1)
             create_cluster(kube, watched, "served", replicas=1)
             ready(kube, watched, "served")
+            served = kube.get(Pod, "served-0", namespace=watched)
+            assert {c.image for c in served.spec.containers} == {  # type: ignore[union-attr]
+                f"{instance_image}@{pins[instance_image]}"
+            }
             ignored = kube.get(PostgresClusterResource, "ignored", namespace=elsewhere)
             assert not ignored.get("status") and not ignored["metadata"].get("finalizers"), (
                 "a PostgresCluster outside watchNamespaces was reconciled"

@@ -87,6 +87,7 @@ def scope(
     record: dict[str, Any] | None = None,
     status_version: str | None = "15",
     objects: list[dict[str, Any]] | None = None,
+    image_pins: dict[str, str] | None = None,
     **spec: Any,
 ) -> postgrescluster.Scope:
     fake = FakePatroni(*(three() if members is None else members))
@@ -105,6 +106,7 @@ def scope(
         conditions=[],
         upgrade=record,
         version=status_version,
+        image_pins=image_pins or {},
     )
 
 
@@ -141,6 +143,10 @@ def test_a_cluster_an_older_operator_made_is_read_from_its_statefulsets_image() 
     }  # fmt: skip
     s = scope(status_version=None, objects=[statefulset])
     assert upgrades.data_version(s) == "15"
+    # Pinned by digest (--pin-image), the tag beside the digest still says the version.
+    container = statefulset["spec"]["template"]["spec"]["containers"][0]
+    container["image"] += "@sha256:" + "ab" * 32
+    assert upgrades.data_version(scope(status_version=None, objects=[statefulset])) == "15"
 
 
 @pytest.mark.parametrize(
@@ -203,6 +209,17 @@ async def test_with_every_instance_gone_the_job_runs_pg_upgrade_on_the_first_vol
     (body,) = kube(s).created
     container = body["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == f"{v1alpha1.DEFAULT_IMAGE_REPOSITORY}:17"
+    # With the images pinned (--pin-image), the Job runs 17 by its digest.
+    digest = "sha256:" + "cd" * 32
+    pinned = scope(
+        members=[],
+        record=running("Stopping"),
+        image_pins={f"{v1alpha1.DEFAULT_IMAGE_REPOSITORY}:17": digest},
+    )
+    await upgrades.run_upgrade(pinned)
+    (body,) = kube(pinned).created
+    image = body["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == f"{v1alpha1.DEFAULT_IMAGE_REPOSITORY}:17@{digest}"
     assert container["command"] == [
         "stateward-instance", "upgrade", "--from=15", "--to=17", f"--data-dir={patroni.DATA_DIR}",
     ]  # fmt: skip

@@ -1192,7 +1192,23 @@ def test_tidy_keeps_directories_and_drops_caches(tmp_path: Path) -> None:
     assert stat.S_IMODE((root / "tmp").stat().st_mode) == 0o1777
 
 
-def write_ctr(path: Path, *, import_code: int = 0, listed: str = REF, stderr: str = "") -> Path:
+DIGEST = "sha256:" + "ab" * 32
+BY_DIGEST = f"localhost/stateward/test@{DIGEST}"
+
+
+def write_archive(path: Path) -> Path:
+    """An archive with just its index.json, naming one manifest by ``DIGEST``."""
+    index = json.dumps({"manifests": [{"digest": DIGEST}]}).encode()
+    with tarfile.open(path, "w") as archive:
+        member = tarfile.TarInfo("index.json")
+        member.size = len(index)
+        archive.addfile(member, io.BytesIO(index))
+    return path
+
+
+def write_ctr(
+    path: Path, *, import_code: int = 0, listed: str = f"{REF} {BY_DIGEST}", stderr: str = ""
+) -> Path:
     path.write_text(
         "#!/bin/sh\n"
         f'echo "$@" >> "{path}.calls"\n'
@@ -1207,7 +1223,7 @@ def write_ctr(path: Path, *, import_code: int = 0, listed: str = REF, stderr: st
 
 def test_import_into_runs_ctr_with_unpack_and_checks_the_name(tmp_path: Path) -> None:
     spec = images.ImageSpec(name="test", tag="1")
-    archive = images.Archive(spec=spec, path=tmp_path / "test.tar", ref=REF)
+    archive = images.Archive(spec=spec, path=write_archive(tmp_path / "test.tar"), ref=REF)
     ctr = write_ctr(tmp_path / "ctr")
     images.import_into(archive, ctr=ctr, address="/run/node-1/containerd.sock")
     calls = Path(f"{ctr}.calls").read_text().splitlines()
@@ -1217,10 +1233,19 @@ def test_import_into_runs_ctr_with_unpack_and_checks_the_name(tmp_path: Path) ->
         f" --label io.cri-containerd.pinned=pinned {tmp_path / 'test.tar'}"
     )
     assert "--no-unpack" not in calls[0] and "--base-name" not in calls[0]
+    # Named by its manifest's digest too, as a pull from a registry names it: a pod pinned
+    # to REPOSITORY:TAG@DIGEST finds it.
+    assert calls[1] == (
+        "--address /run/node-1/containerd.sock --namespace k8s.io images tag --local --force"
+        f" {REF} {BY_DIGEST}"
+    )
 
     unnamed = write_ctr(tmp_path / "ctr2", listed="other:1")
     with pytest.raises(LocalClusterError, match="containerd has no image named"):
         images.import_into(archive, ctr=unnamed, address="a.sock")
+    untagged = write_ctr(tmp_path / "ctr5", listed=REF)
+    with pytest.raises(LocalClusterError, match="does not list that name"):
+        images.import_into(archive, ctr=untagged, address="a.sock")
     refused = write_ctr(
         tmp_path / "ctr3", import_code=1, stderr="ctr: failed to dial: connection refused"
     )

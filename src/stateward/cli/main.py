@@ -11,6 +11,7 @@ from pathlib import Path
 from stateward.local import binaries, host, images
 from stateward.local.cluster import Config, LocalCluster
 from stateward.local.errors import LocalClusterError
+from stateward.specs import pinning
 
 
 def _local_config(args: argparse.Namespace) -> Config:
@@ -156,12 +157,31 @@ def _operator(args: argparse.Namespace) -> int:
         watch_namespaces=tuple(dict.fromkeys(args.watch_namespace)),
         log_level=args.log_level,
         foreign_repository_paths=args.allow_foreign_repository_paths,
+        image_pins=args.pin_image,
     )
     try:
         return operator.run(options)
     except operator.StartupError as error:
         print(f"stateward operator: {error}", file=sys.stderr)
         return 2
+
+
+class _PinImage(argparse.Action):
+    """``--pin-image``: each one checked as it is read, collected into one mapping."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        pins = dict(getattr(namespace, self.dest) or {})
+        try:
+            pins |= pinning.parse_pins([*(f"{k}@{v}" for k, v in pins.items()), str(values)])
+        except ValueError as error:
+            parser.error(str(error))
+        setattr(namespace, self.dest, pins)
 
 
 def _manifests(args: argparse.Namespace) -> int:
@@ -231,6 +251,15 @@ def build_parser() -> argparse.ArgumentParser:
         choices=LOG_LEVELS,
         default=os.environ.get("STATEWARD_LOG_LEVEL", "INFO").upper(),
         help="DEBUG, INFO, WARNING or ERROR (default $STATEWARD_LOG_LEVEL or INFO)",
+    )
+    op.add_argument(
+        pinning.FLAG,
+        dest="pin_image",
+        metavar="REPOSITORY:TAG@sha256:DIGEST",
+        action=_PinImage,
+        default={},
+        help="run every container of REPOSITORY:TAG by this digest (repeatable): the default"
+        " images and any spec.image naming that tag",
     )
     op.add_argument(
         "--allow-foreign-repository-paths",

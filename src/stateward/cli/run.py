@@ -155,7 +155,8 @@ def start_operator(
     the local operator — ``make run``, the tests, the benchmark — goes through it).
 
     ``kubeconfig`` runs it as another user instead, with no grant: the workstation case of a
-    cluster admin running the operator after ``make install``.
+    cluster admin running the operator after ``make install``. The images the real nodes
+    hold are pinned by digest (``--pin-image``), as a release pins what it ships.
     """
     if kubeconfig is None:
         grant_operator(admin_client(cluster), namespace)
@@ -175,6 +176,7 @@ def start_operator(
         "--webhook-address=127.0.0.1",
         "--webhook-host=127.0.0.1",
         f"--webhook-port={base + 1}",
+        *(f"--pin-image={ref}@{digest}" for ref, digest in sorted(cluster.image_pins().items())),
         *(extra or []),
     ]
     process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

@@ -28,7 +28,7 @@ from stateward.controllers import diff
 from stateward.controllers.kube import Body, Kube, Ref, transient
 from stateward.controllers.queue import Outcome
 from stateward.controllers.store import ObjectStore
-from stateward.specs import meta
+from stateward.specs import meta, pinning
 
 logger = logging.getLogger(__name__)
 
@@ -207,6 +207,8 @@ class Scope:
     """Shared by one reconciler's scopes: when each object's status was last written."""
     operator_namespace: str = meta.OPERATOR_NAMESPACE
     """Where the operator runs: its namespace may reach the database pods (NetworkPolicy)."""
+    image_pins: pinning.Pins = dataclasses.field(default_factory=dict)
+    """The digests images run by (``--pin-image``): see :meth:`pinned`."""
 
     @property
     def name(self) -> str:
@@ -225,6 +227,11 @@ class Scope:
 
     def observed(self, kind: str, name: str) -> Body | None:
         return self.store.get(kind, self.namespace, name)
+
+    def pinned(self, body: Body) -> Body:
+        """``body`` with its containers' images pinned by digest, as everything the
+        operator makes runs them (``specs.pinning``)."""
+        return pinning.pin_images(body, self.image_pins)
 
     def forget(self, kind: str, name: str) -> None:
         """A child this reconcile deleted: gone from the store for later phases."""
@@ -446,7 +453,8 @@ async def converge(scope: Scope, desired: Iterable[Body]) -> str | None:
     created: list[str] = []
     updated: list[str] = []
     pending: list[Body] = []
-    for built in desired:
+    for unpinned in desired:
+        built = scope.pinned(unpinned)
         kind, name = built["kind"], built["metadata"]["name"]
         fixed = IMMUTABLE_FIELDS.get(kind, ())
         # A removal from the immutable fields could never be applied; those change by

@@ -30,7 +30,7 @@ from stateward.controllers.kube import Body, Kube, Ref
 from stateward.controllers.queue import Outcome
 from stateward.controllers.store import ObjectStore
 from stateward.specs import database as database_spec
-from stateward.specs import meta, secrets, tls
+from stateward.specs import meta, pinning, secrets, tls
 from stateward.specs import mysql as mysql_spec
 
 logger = logging.getLogger(__name__)
@@ -70,10 +70,12 @@ class DatabaseReconciler:
         clock: Callable[[], float] = time.monotonic,
         leadership: Callable[[], float] = servers.always_leader,
         operator_namespace: str = meta.OPERATOR_NAMESPACE,
+        image_pins: pinning.Pins | None = None,
     ) -> None:
         self.kube = kube
         self.store = store
         self.operator_namespace = operator_namespace
+        self.image_pins = dict(image_pins or {})
         self.leadership = leadership
         """Seconds this operator replica surely keeps the leader Lease (``LeaderElector.
         term_left``): no replication change is sent to a server past it."""
@@ -121,6 +123,7 @@ class DatabaseReconciler:
             secrets=self.secret_cache,
             status_pacer=self.status_pacer,
             operator_namespace=self.operator_namespace,
+            image_pins=self.image_pins,
             store=self.store,
             now=core.now(),
             conditions=[dict(c) for c in status.get("conditions") or []],

@@ -38,7 +38,7 @@ from stateward.controllers.pgscope import (
 from stateward.controllers.queue import Outcome
 from stateward.controllers.store import ObjectStore
 from stateward.instance import pgbackrest
-from stateward.specs import backup, meta, secrets
+from stateward.specs import backup, meta, pinning, secrets
 from stateward.specs import config as config_spec
 from stateward.specs import pooler as pooler_spec
 
@@ -60,10 +60,12 @@ class Reconciler:
         *,
         foreign_repository_paths: bool = False,
         operator_namespace: str = meta.OPERATOR_NAMESPACE,
+        image_pins: pinning.Pins | None = None,
     ) -> None:
         self.kube = kube
         self.store = store
         self.operator_namespace = operator_namespace
+        self.image_pins = dict(image_pins or {})
         self.foreign_repository_paths = foreign_repository_paths
         """The operator's administrator lets repository paths leave their namespace."""
         self.data_plane = DataPlane()
@@ -105,6 +107,7 @@ class Reconciler:
             secrets=self.secret_cache,
             status_pacer=self.status_pacer,
             operator_namespace=self.operator_namespace,
+            image_pins=self.image_pins,
             credentials_checked=self.credentials_checked,
             paused_poolers=self.paused_poolers,
             now=core.now(),
@@ -474,7 +477,7 @@ async def run_backup_request(scope: Scope) -> str | None:
         return "backup request refused: no repository"
     job = backup.on_demand_backup_job(cluster, request)
     try:
-        created = await scope.kube.create(job)
+        created = await scope.kube.create(scope.pinned(job))
     except ApiError as error:
         if error.status.code != 409:
             raise
@@ -742,7 +745,7 @@ async def _final_backup(scope: Scope) -> str | None:
                 scope.requeue(wait)
                 return f"final backup retry in {wait:.0f}s"
         try:
-            created = await scope.kube.create(backup.final_backup_job(cluster))
+            created = await scope.kube.create(scope.pinned(backup.final_backup_job(cluster)))
         except ApiError as error:
             if error.status.code == 403 and "being terminated" in (error.status.message or ""):
                 # The namespace is going: nothing new can start in it, and the namespace

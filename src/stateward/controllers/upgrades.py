@@ -39,7 +39,7 @@ from stateward.controllers.pgscope import (
     job_pods,
     job_state,
 )
-from stateward.specs import meta
+from stateward.specs import meta, pinning
 from stateward.specs import upgrade as upgrade_spec
 
 logger = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ def _running_image_version(scope: Scope) -> str | None:
     statefulset = scope.observed("StatefulSet", scope.cluster.name)
     containers = (((statefulset or {}).get("spec") or {}).get("template") or {}).get("spec", {})
     for container in containers.get("containers") or []:
-        image = str(container.get("image") or "")
+        image = pinning.without_digest(str(container.get("image") or ""))
         repository, _, tag = image.rpartition(":")
         if repository == v1alpha1.DEFAULT_IMAGE_REPOSITORY and tag[:1].isdigit():
             return tag
@@ -228,7 +228,7 @@ async def _upgrading(scope: Scope, record: dict[str, Any]) -> str | None:
             image=target.image,
         )
         try:
-            created = await scope.kube.create(body)
+            created = await scope.kube.create(scope.pinned(body))
         except ApiError as error:
             if error.status.code != 409:
                 raise

@@ -205,6 +205,7 @@ class LocalCluster:
         import_errors: list[BaseException] = []
         try:
             self._write_pki()
+            self._write_image_pins(archives)
             if real:
                 self._save(records)
                 nodes.prepare_host(self.journal, self.state_dir)
@@ -586,6 +587,23 @@ class LocalCluster:
             f"--kubeconfig={self.state_dir / 'provisioner.kubeconfig'}",
             f"--root={self.state_dir / 'volumes'}",
         ]
+
+    @property
+    def image_pins_file(self) -> Path:
+        return self.state_dir / "image-pins.json"
+
+    def _write_image_pins(self, archives: list[images.Archive]) -> None:
+        pins = {a.ref: images.manifest_digest(a.path) for a in archives}
+        self.image_pins_file.write_text(json.dumps(pins, indent=2, sort_keys=True) + "\n")
+
+    def image_pins(self) -> dict[str, str]:
+        """``REPOSITORY:TAG`` to the digest of every image the real nodes hold (none without
+        real nodes): what the operator runs them by (``--pin-image``)."""
+        try:
+            pins: dict[str, str] = json.loads(self.image_pins_file.read_text())
+        except FileNotFoundError:
+            return {}
+        return pins
 
     def _netpol_argv(self) -> list[str]:
         """The NetworkPolicy enforcer of the real nodes (what a policy-enforcing CNI does)."""

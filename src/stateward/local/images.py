@@ -1202,6 +1202,19 @@ def _unpack_layer(archive: Path, rootfs: Path) -> None:
             raise errors.LocalClusterError(f"cannot unpack the layer of {archive}: remove it")
 
 
+def manifest_digest(archive: Path) -> str:
+    """The digest of an archive's image manifest: what a pod naming the image by digest
+    (``REPOSITORY:TAG@sha256:...``) asks the runtime for."""
+    with tarfile.open(archive) as outer:
+        return _index_manifest_digest(outer)
+
+
+def digest_ref(ref: str, digest: str) -> str:
+    """``REPOSITORY@DIGEST`` of ``REPOSITORY:TAG``: the name the CRI plugin looks an image
+    up by when a pod names it by digest (it drops the tag of ``REPOSITORY:TAG@DIGEST``)."""
+    return f"{ref.rpartition(':')[0]}@{digest}"
+
+
 def _index_manifest_digest(outer: tarfile.TarFile) -> str:
     member = outer.extractfile("index.json")
     assert member is not None
@@ -1608,11 +1621,13 @@ def import_into(
     namespace: str = "k8s.io",
     snapshotter: str = "overlayfs",
 ) -> None:
-    """Import an archive into a containerd, unpacked for ``snapshotter``, named ``archive.ref``.
+    """Import an archive into a containerd, unpacked for ``snapshotter``, named ``archive.ref``
+    and by its digest (``REPOSITORY@sha256:...``), as a registry pull names an image too.
 
     No ``--base-name``: ctr then keeps the full name from ``io.containerd.image.name``. No
     ``--no-unpack``: the CRI plugin runs only unpacked images. Pinned, so kubelet's image
-    garbage collection never removes an image no registry could give back.
+    garbage collection never removes an image no registry could give back. The digest name
+    lets pods run it pinned (``--pin-image``), as they would from a registry.
     """
     if not Path(ctr).is_file():
         raise errors.LocalClusterError(f"ctr not found at {ctr}: build containerd first")
@@ -1629,8 +1644,12 @@ def import_into(
         "io.cri-containerd.pinned=pinned",
         str(archive.path),
     ]
+    by_digest = digest_ref(archive.ref, manifest_digest(archive.path))
+    tag = [*base, "images", "tag", "--local", "--force", archive.ref, by_digest]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+        if done.returncode == 0:
+            done = subprocess.run(tag, capture_output=True, text=True, timeout=60)
         listed = (
             subprocess.run(
                 [*base, "images", "list", "--quiet"], capture_output=True, text=True, timeout=60
@@ -1655,4 +1674,8 @@ def import_into(
         raise errors.LocalClusterError(
             f"ctr imported {archive.path} but containerd has no image named {archive.ref}:"
             " the archive's index.json lacks the io.containerd.image.name annotation?"
+        )
+    if by_digest not in listed.stdout.split():
+        raise errors.LocalClusterError(
+            f"ctr tagged {archive.ref} as {by_digest}, but containerd does not list that name"
         )

@@ -21,6 +21,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -102,6 +103,9 @@ class Options:
     foreign_repository_paths: bool = False
     """Let repository paths leave their namespace's prefix (``--allow-foreign-repository-paths``):
     off, a cluster cannot name another namespace's backups."""
+    image_pins: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """``REPOSITORY:TAG`` to the digest every container of that image runs by
+    (``--pin-image``, ``specs.pinning``)."""
 
 
 class Operator:
@@ -123,20 +127,8 @@ class Operator:
             on_write=lambda verb, kind: metrics.API_WRITES.labels(verb, kind).inc(),
             on_event=lambda reason, type: metrics.EVENTS.labels(reason, type).inc(),
         )
-        self.store = ObjectStore()
         metrics.CLUSTERS.source = lambda: self.store
-        self.reconciler = Reconciler(
-            self.kube,
-            self.store,
-            foreign_repository_paths=options.foreign_repository_paths,
-            operator_namespace=options.namespace,
-        )
-        self.databases = DatabaseReconciler(
-            self.kube,
-            self.store,
-            leadership=self.elector.term_left,
-            operator_namespace=options.namespace,
-        )
+        self._new_reconcilers()
         self.queue: WorkQueue[Key] = WorkQueue(
             self._reconcile, workers=options.workers, transient=transient
         )
@@ -471,23 +463,29 @@ class Operator:
                 " or `make deploy`, or pass --namespace with an existing namespace"
             ) from None
 
-    async def _lead(self, stop: asyncio.Event) -> str:
-        """One term as leader: Kopf watches and the work queue run until it ends."""
-        metrics.LEADER.set(1)
-        logger.info("leading: starting the watches")
+    def _new_reconcilers(self) -> None:
+        """An empty store and the reconcilers over it (each term as leader starts afresh)."""
         self.store = ObjectStore()
         self.reconciler = Reconciler(
             self.kube,
             self.store,
             foreign_repository_paths=self.options.foreign_repository_paths,
             operator_namespace=self.options.namespace,
+            image_pins=self.options.image_pins,
         )
         self.databases = DatabaseReconciler(
             self.kube,
             self.store,
             leadership=self.elector.term_left,
             operator_namespace=self.options.namespace,
+            image_pins=self.options.image_pins,
         )
+
+    async def _lead(self, stop: asyncio.Event) -> str:
+        """One term as leader: Kopf watches and the work queue run until it ends."""
+        metrics.LEADER.set(1)
+        logger.info("leading: starting the watches")
+        self._new_reconcilers()
         self.kopf_ready.clear()
         kopf_stop = asyncio.Event()
         kopf_task = asyncio.create_task(
