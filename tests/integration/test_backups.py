@@ -22,7 +22,7 @@ from stateward.cli.run import (
     OperatorProcess,
     PostgresClusterResource,
 )
-from stateward.local import objectstore
+from stateward.local import images, objectstore
 from stateward.local.cluster import LocalCluster
 from tests.integration.conftest import condition, get_pgc
 from tests.support.dataplane import (
@@ -117,6 +117,11 @@ def test_scheduled_and_final_backups_are_real_pgbackrest_backups(
     assert reported["lastBackupTime"] == backups["latest"]["finishedAt"]
     assert backups["recoverableFrom"] <= backups["latest"]["finishedAt"]
     assert backups["job"].startswith("orders-backup-")
+    # The Job that may exec into the instances ran the operator's own image, by digest.
+    operator_image = images.OPERATOR_REF
+    job_pods = client.list(Pod, namespace=ns, labels={"job-name": backups["job"]})
+    ran = {c.image for p in job_pods for c in p.spec.containers}  # type: ignore[union-attr]
+    assert ran == {f"{operator_image}@{real_cluster.image_pins()[operator_image]}"}, ran
     # What status claims is in the bucket, written by pgBackRest.
     assert backups["latest"]["label"] in stored_backups(real_cluster, path, "orders")
     last = condition(get_pgc(client, "orders", ns), "LastBackupSucceeded")

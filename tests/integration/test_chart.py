@@ -172,6 +172,8 @@ def test_values_change_what_they_say(helm_env: dict[str, str]) -> None:
     assert deployment["spec"]["replicas"] == 3
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["image"] == f"registry.example/stateward:0.1.0-rc1@{DIGEST}"
+    # Backup Jobs run the operator's own image (when it cannot read its pod, this one).
+    assert f"--operator-image={container['image']}" in args
     assert not [d for d in tuned if d["kind"] == "CustomResourceDefinition"]
     crds = [d for d in render(helm_env) if d["kind"] == "CustomResourceDefinition"]
     assert sorted(c["metadata"]["name"] for c in crds) == [

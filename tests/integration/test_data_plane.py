@@ -12,6 +12,7 @@ import http.client
 import os
 import ssl
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -1021,40 +1022,54 @@ def guarded(cluster: LocalCluster, pod: Pod) -> bool:
 def test_the_network_policy_keeps_other_namespaces_and_non_members_out(
     real_cluster: LocalCluster, client: Client, ns: str
 ) -> None:
-    # The local cluster enforces NetworkPolicies as a policy-enforcing CNI would (its
-    # `netpol` process). The operator's default policy: the namespace may reach PostgreSQL,
-    # only the members reach Patroni, other namespaces nothing — and the cluster, its
-    # operator on the host and a replica that joins under the policy still work.
-    create_cluster(client, ns, "guarded", replicas=2)
-    ready(client, ns, "guarded")
-    pod = client.get(Pod, "guarded-0", namespace=ns)
-    address = str(pod.status.podIP)  # type: ignore[union-attr]
-    wait_for(lambda: guarded(real_cluster, pod), what="the enforcer to guard guarded-0", timeout=60)
-    image = f"{v1alpha1.DEFAULT_IMAGE_REPOSITORY}:15"
-    neighbour = run_in_pod(
-        client, ns, "neighbour", image, ["python3", "-c", PROBE_PORTS, address, "60", "6"]
-    )
-    assert "5432: open" in neighbour, neighbour
-    assert "8008: closed" in neighbour, f"a non-member reached Patroni: {neighbour}"
-    with fresh_namespace(client) as elsewhere:
-        outsider = run_in_pod(
-            client, elsewhere, "outsider", image,
-            ["python3", "-c", PROBE_PORTS, address, "15", "3"],
-        )  # fmt: skip
-    assert "5432: closed" in outsider, f"another namespace reached PostgreSQL: {outsider}"
-    assert "8008: closed" in outsider, outsider
-    # The members and the operator (on the host) are still let through: still Ready, and
-    # the replica streams from the primary.
-    ready(client, ns, "guarded")
-    wait_for(
-        lambda: (
-            [
-                i.get("state")
-                for i in get_pgc(client, "guarded", ns)["status"].get("instances") or []
-                if i.get("role") != "primary"
-            ]
-            == ["streaming"]
-        ),
-        what="the replica to stream under the policy",
-        timeout=120,
-    )
+    # The local cluster enforcing NetworkPolicies for this namespace, as a policy-enforcing
+    # CNI would (stateward.local.netpol). The operator's default policy: the namespace may
+    # reach PostgreSQL, only the members reach Patroni, other namespaces nothing — and the
+    # cluster, its operator on the host and a replica that joins under the policy still work.
+    enforcer = subprocess.Popen(
+        [sys.executable, "-m", "stateward.local.netpol", f"--kubeconfig={real_cluster.kubeconfig}",
+         f"--state-dir={real_cluster.state_dir}", f"--nodes={len(real_cluster.real_nodes())}",
+         f"--namespace={ns}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        create_cluster(client, ns, "guarded", replicas=2)
+        ready(client, ns, "guarded")
+        pod = client.get(Pod, "guarded-0", namespace=ns)
+        address = str(pod.status.podIP)  # type: ignore[union-attr]
+        wait_for(
+            lambda: guarded(real_cluster, pod), what="the enforcer to guard guarded-0", timeout=60
+        )
+        image = f"{v1alpha1.DEFAULT_IMAGE_REPOSITORY}:15"
+        neighbour = run_in_pod(
+            client, ns, "neighbour", image, ["python3", "-c", PROBE_PORTS, address, "60", "6"]
+        )
+        assert "5432: open" in neighbour, neighbour
+        assert "8008: closed" in neighbour, f"a non-member reached Patroni: {neighbour}"
+        with fresh_namespace(client) as elsewhere:
+            outsider = run_in_pod(
+                client, elsewhere, "outsider", image,
+                ["python3", "-c", PROBE_PORTS, address, "15", "3"],
+            )  # fmt: skip
+        assert "5432: closed" in outsider, f"another namespace reached PostgreSQL: {outsider}"
+        assert "8008: closed" in outsider, outsider
+        # The members and the operator (on the host) are still let through: still Ready, and
+        # the replica streams from the primary.
+        ready(client, ns, "guarded")
+        wait_for(
+            lambda: (
+                [
+                    i.get("state")
+                    for i in get_pgc(client, "guarded", ns)["status"].get("instances") or []
+                    if i.get("role") != "primary"
+                ]
+                == ["streaming"]
+            ),
+            what="the replica to stream under the policy",
+            timeout=120,
+        )
+    finally:
+        enforcer.terminate()
+        enforcer.wait(timeout=60)
+    # Stopped, the enforcer leaves no rule behind.
+    assert not guarded(real_cluster, pod)

@@ -273,6 +273,9 @@ def test_deployment_args_are_what_stateward_operator_parses() -> None:
     assert args.webhook_service == "stateward-webhook"
     assert args.webhook_host is None
     assert not args.no_webhooks
+    # Backup Jobs run the operator's own image: its pod's (POD_NAME), else this one.
+    assert args.operator_image == container["image"]
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"probes": args.probe_port, "webhook": args.webhook_port}
     for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):

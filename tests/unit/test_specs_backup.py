@@ -250,3 +250,23 @@ def test_a_requested_backup_runs_the_same_pod_once_per_request() -> None:
 def test_job_names_fit_kubernetes_limits_for_long_cluster_names() -> None:
     cluster = clusters.make_cluster(metadata={"name": "x" * 63}, backup=clusters.BACKUP)
     assert len(cluster.on_demand_backup_job_name("r")) <= 63
+
+
+def test_backup_pods_run_the_operators_image_never_a_users_spec_image() -> None:
+    # The backup pod may exec into the cluster's instances: it runs the operator's own image
+    # (which holds stateward-instance too), not whatever spec.image names.
+    operator = "ghcr.io/stateward/stateward@sha256:" + "ab" * 32
+    cluster = make_cluster(image="registry.example/my-postgres:15")
+    jobs = [
+        backup.backup_cronjob(cluster, image=operator)["spec"]["jobTemplate"],
+        backup.final_backup_job(cluster, image=operator),
+        backup.on_demand_backup_job(cluster, "now", image=operator),
+    ]
+    for job in jobs:
+        (container,) = job["spec"]["template"]["spec"]["containers"]
+        assert container["image"] == operator
+        assert container["command"][:2] == ["stateward-instance", "backup"]
+    # An operator that does not know its image (run outside a pod without --operator-image)
+    # falls back to the cluster's instance image, as before.
+    (container,) = backup.final_backup_job(cluster)["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "registry.example/my-postgres:15"

@@ -12,6 +12,7 @@ from stateward.api import v1alpha1
 from stateward.cli.main import build_parser
 from stateward.controllers import core, postgrescluster
 from stateward.controllers.store import ObjectStore
+from stateward.runtime import operator
 from stateward.specs import backup, config, pinning
 from tests.support.clusters import REPOSITORY, make_cluster
 
@@ -148,3 +149,23 @@ def test_the_operator_reads_its_pins_and_stops_on_a_bad_one(
     with pytest.raises(SystemExit):
         build_parser().parse_args(["operator", f"--pin-image={INSTANCE_15}"])
     assert "--pin-image" in capsys.readouterr().err
+
+
+def test_the_operator_knows_its_image_by_the_digest_its_pod_runs() -> None:
+    spec = {"containers": [{"name": "operator", "image": "ghcr.io/stateward/stateward:0.1.0"}]}
+    resolved = f"ghcr.io/stateward/stateward@{DIGEST}"
+    running = {
+        "spec": spec,
+        "status": {"containerStatuses": [{"name": "operator", "imageID": resolved}]},
+    }
+    assert operator.own_image(running) == resolved
+    # Docker's form of the same, and a runtime that reports only an image id (no digest of
+    # a repository): the pod spec's image then.
+    docker = {
+        "containerStatuses": [{"name": "operator", "imageID": f"docker-pullable://{resolved}"}]
+    }
+    assert operator.own_image({"spec": spec, "status": docker}) == resolved
+    local = {"containerStatuses": [{"name": "operator", "imageID": DIGEST}]}
+    assert operator.own_image({"spec": spec, "status": local}) == spec["containers"][0]["image"]
+    assert operator.own_image({"spec": spec}) == spec["containers"][0]["image"]
+    assert operator.own_image({"spec": {"containers": [{"name": "other", "image": "x:1"}]}}) is None

@@ -158,6 +158,7 @@ def _operator(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         foreign_repository_paths=args.allow_foreign_repository_paths,
         image_pins=args.pin_image,
+        operator_image=args.operator_image,
     )
     try:
         return operator.run(options)
@@ -260,6 +261,13 @@ def build_parser() -> argparse.ArgumentParser:
         default={},
         help="run every container of REPOSITORY:TAG by this digest (repeatable): the default"
         " images and any spec.image naming that tag",
+    )
+    op.add_argument(
+        "--operator-image",
+        default="",
+        metavar="IMAGE",
+        help="this operator's image, which backup Jobs run (in a pod its own image is read"
+        " instead); unset, they run each cluster's instance image",
     )
     op.add_argument(
         "--allow-foreign-repository-paths",

@@ -27,7 +27,7 @@ from lightkube.resources.core_v1 import Namespace
 
 from stateward.api import manifests, v1alpha1
 from stateward.controllers.kube import DatabaseResource, PostgresClusterResource
-from stateward.local import binaries
+from stateward.local import binaries, images
 from stateward.local.cluster import OPERATOR_USER, Config, LocalCluster, free_port_base
 from stateward.runtime import rbac
 from stateward.specs import statefulset
@@ -164,6 +164,7 @@ def start_operator(
     log_path = cluster.state_dir / "logs" / f"{name}.log"
     log = log_path.open("ab")
     base = free_port_base(count=2)
+    pins = cluster.image_pins()
     argv = [
         sys.executable,
         "-m",
@@ -176,7 +177,9 @@ def start_operator(
         "--webhook-address=127.0.0.1",
         "--webhook-host=127.0.0.1",
         f"--webhook-port={base + 1}",
-        *(f"--pin-image={ref}@{digest}" for ref, digest in sorted(cluster.image_pins().items())),
+        *(f"--pin-image={ref}@{digest}" for ref, digest in sorted(pins.items())),
+        # The operator image is on the nodes: backup Jobs run it, as a deployed one's do.
+        *([f"--operator-image={images.OPERATOR_REF}"] if images.OPERATOR_REF in pins else []),
         *(extra or []),
     ]
     process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

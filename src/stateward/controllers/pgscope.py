@@ -43,6 +43,8 @@ class Scope(core.Scope):
         default_factory=dict
     )
     """Shared by one reconciler's scopes: see ``Reconciler.credentials_checked``."""
+    backup_image: str | None = None
+    """The operator's own image, which backup Jobs run; None: each cluster's instance image."""
     paused_poolers: dict[tuple[str, str], list[str]] = dataclasses.field(default_factory=dict)
     """Shared by one reconciler's scopes: per cluster, the pooler pods this operator paused
     and has not resumed; no entry yet: unknown (``controllers.poolers``)."""

@@ -61,11 +61,14 @@ class Reconciler:
         foreign_repository_paths: bool = False,
         operator_namespace: str = meta.OPERATOR_NAMESPACE,
         image_pins: pinning.Pins | None = None,
+        backup_image: str | None = None,
     ) -> None:
         self.kube = kube
         self.store = store
         self.operator_namespace = operator_namespace
         self.image_pins = dict(image_pins or {})
+        self.backup_image = backup_image
+        """The operator's own image, which backup Jobs run (None: unknown)."""
         self.foreign_repository_paths = foreign_repository_paths
         """The operator's administrator lets repository paths leave their namespace."""
         self.data_plane = DataPlane()
@@ -108,6 +111,7 @@ class Reconciler:
             status_pacer=self.status_pacer,
             operator_namespace=self.operator_namespace,
             image_pins=self.image_pins,
+            backup_image=self.backup_image,
             credentials_checked=self.credentials_checked,
             paused_poolers=self.paused_poolers,
             now=core.now(),
@@ -321,6 +325,7 @@ async def apply_children(scope: Scope) -> str | None:
         cluster,
         patroni_config=config_spec.patroni_config(cluster),
         operator_namespace=scope.operator_namespace,
+        backup_image=scope.backup_image,
     )
     if cluster.spec.replicas > 0:  # an upgrade stopping the last instance holds nothing
         _hold_scale_down(scope, desired, cluster.spec.replicas)
@@ -475,7 +480,7 @@ async def run_backup_request(scope: Scope) -> str | None:
             "BackupRequestRefused", f"Backup request {request!r}: {message}", warning=True
         )
         return "backup request refused: no repository"
-    job = backup.on_demand_backup_job(cluster, request)
+    job = backup.on_demand_backup_job(cluster, request, image=scope.backup_image)
     try:
         created = await scope.kube.create(scope.pinned(job))
     except ApiError as error:
@@ -745,7 +750,8 @@ async def _final_backup(scope: Scope) -> str | None:
                 scope.requeue(wait)
                 return f"final backup retry in {wait:.0f}s"
         try:
-            created = await scope.kube.create(scope.pinned(backup.final_backup_job(cluster)))
+            final = backup.final_backup_job(cluster, image=scope.backup_image)
+            created = await scope.kube.create(scope.pinned(final))
         except ApiError as error:
             if error.status.code == 403 and "being terminated" in (error.status.message or ""):
                 # The namespace is going: nothing new can start in it, and the namespace

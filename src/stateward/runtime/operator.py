@@ -29,13 +29,13 @@ from aiohttp import web
 from lightkube import ApiError, AsyncClient
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Namespace
+from lightkube.resources.core_v1 import Namespace, Pod
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pythonjsonlogger.json import JsonFormatter
 
 from stateward.api import v1alpha1
 from stateward.controllers.database import DatabaseReconciler
-from stateward.controllers.kube import FIELD_MANAGER, Kube, transient
+from stateward.controllers.kube import FIELD_MANAGER, UNREACHABLE, Kube, transient
 from stateward.controllers.members import progress_only
 from stateward.controllers.postgrescluster import Reconciler
 from stateward.controllers.queue import Outcome, WorkQueue
@@ -106,11 +106,15 @@ class Options:
     image_pins: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """``REPOSITORY:TAG`` to the digest every container of that image runs by
     (``--pin-image``, ``specs.pinning``)."""
+    operator_image: str = ""
+    """This operator's image (``--operator-image``), which backup Jobs run; in a pod, the
+    pod's own image is read instead (:func:`own_image`)."""
 
 
 class Operator:
     def __init__(self, options: Options, client: AsyncClient) -> None:
         self.options = options
+        self.operator_image = options.operator_image
         identity = options.identity or f"{socket.gethostname()}-{os.getpid()}"
         self.elector = LeaderElector(
             client,
@@ -412,6 +416,7 @@ class Operator:
         """Campaign; while leading, watch and reconcile; on losing the Lease, stop and campaign
         again. Returns 0 on a requested stop, 1 if Kopf itself failed."""
         await self._ensure_namespace()
+        await self._learn_own_image()
         probes = await self._start_probes()
         watch_certificate: asyncio.Task[None] | None = None
         if self.options.webhooks:
@@ -463,6 +468,22 @@ class Operator:
                 " or `make deploy`, or pass --namespace with an existing namespace"
             ) from None
 
+    async def _learn_own_image(self) -> None:
+        """In a pod (``POD_NAME``), the image it runs, by digest when the runtime reports
+        one: what backup Jobs run. Else ``--operator-image``; else each cluster's own."""
+        pod_name = os.environ.get("POD_NAME")
+        if not pod_name:
+            return
+        try:
+            pod = await self.client.get(Pod, pod_name, namespace=self.options.namespace)
+        except (ApiError, *UNREACHABLE) as error:
+            logger.warning(
+                "cannot read this operator's pod %s to learn its image (%s); backup Jobs run %s",
+                pod_name, error, self.operator_image or "each cluster's instance image",
+            )  # fmt: skip
+            return
+        self.operator_image = own_image(pod.to_dict()) or self.operator_image
+
     def _new_reconcilers(self) -> None:
         """An empty store and the reconcilers over it (each term as leader starts afresh)."""
         self.store = ObjectStore()
@@ -472,6 +493,7 @@ class Operator:
             foreign_repository_paths=self.options.foreign_repository_paths,
             operator_namespace=self.options.namespace,
             image_pins=self.options.image_pins,
+            backup_image=self.operator_image or None,
         )
         self.databases = DatabaseReconciler(
             self.kube,
@@ -551,6 +573,21 @@ class Operator:
         await runner.setup()
         await web.TCPSite(runner, self.options.probe_address, self.options.probe_port).start()
         return runner
+
+
+def own_image(pod: Mapping[str, Any], container: str = "operator") -> str | None:
+    """The image ``container`` of ``pod`` runs: by the digest the runtime resolved
+    (``status.containerStatuses[].imageID``, ``REPOSITORY@sha256:...``) when it reports
+    one, else as the pod spec names it; None when the pod has no such container."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == container:
+            resolved = str(status.get("imageID") or "").removeprefix("docker-pullable://")
+            if "@sha256:" in resolved:
+                return resolved
+    for spec in (pod.get("spec") or {}).get("containers") or []:
+        if spec.get("name") == container and spec.get("image"):
+            return str(spec["image"])
+    return None
 
 
 def _same_intent(previous: dict[str, Any], current: dict[str, Any]) -> bool:

@@ -26,11 +26,13 @@ def children(
     *,
     patroni_config: config.PatroniConfig,
     operator_namespace: str = meta.OPERATOR_NAMESPACE,
+    backup_image: str | None = None,
 ) -> list[meta.Object]:
     """Every owned child desired for ``cluster``, in apply order.
 
     ``patroni_config`` is ``config.patroni_config(cluster)``, built once per reconcile: its
-    text goes into the ConfigMap, its hash into the pod template.
+    text goes into the ConfigMap, its hash into the pod template. ``backup_image``: what the
+    backup Jobs run (the operator's own image; :func:`backup.backup_cronjob`).
 
     Not included: the Secrets (created once, with generated passwords), the final backup Job
     (created by the finalizer). Nor the fencing
@@ -54,7 +56,7 @@ def children(
     if cluster.spec.backup is not None:
         objects += rbac.backup_identity(cluster)
     if cluster.spec.backup_schedule is not None and cluster.spec.backup is not None:
-        objects.append(backup.backup_cronjob(cluster))
+        objects.append(backup.backup_cronjob(cluster, image=backup_image))
     return objects
 
 

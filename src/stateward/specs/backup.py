@@ -32,7 +32,7 @@ with backoff, reporting why. Without a deadline a pod stuck Pending or in ImageP
 would keep the cluster Terminating forever with nothing saying so."""
 
 
-def backup_cronjob(cluster: v1alpha1.PostgresCluster) -> meta.Object:
+def backup_cronjob(cluster: v1alpha1.PostgresCluster, *, image: str | None = None) -> meta.Object:
     """``NAME-backup``; only for a cluster with a ``backupSchedule`` (and so a repository)."""
     schedule = cluster.spec.backup_schedule
     if schedule is None or cluster.spec.backup is None:
@@ -62,14 +62,14 @@ def backup_cronjob(cluster: v1alpha1.PostgresCluster) -> meta.Object:
                 "spec": {
                     "backoffLimit": 2,
                     "activeDeadlineSeconds": SCHEDULED_DEADLINE_SECONDS,
-                    "template": _pod_template(cluster, SCHEDULED),
+                    "template": _pod_template(cluster, SCHEDULED, image),
                 },
             },
         },
     }
 
 
-def final_backup_job(cluster: v1alpha1.PostgresCluster) -> meta.Object:
+def final_backup_job(cluster: v1alpha1.PostgresCluster, *, image: str | None = None) -> meta.Object:
     """``NAME-final-backup``, created by the finalizer; deletion waits for it to succeed."""
     return {
         "apiVersion": "batch/v1",
@@ -84,7 +84,7 @@ def final_backup_job(cluster: v1alpha1.PostgresCluster) -> meta.Object:
         "spec": {
             "backoffLimit": 3,
             "activeDeadlineSeconds": FINAL_DEADLINE_SECONDS,
-            "template": _pod_template(cluster, FINAL),
+            "template": _pod_template(cluster, FINAL, image),
         },
     }
 
@@ -95,7 +95,9 @@ ON_DEMAND_TTL_SECONDS = 24 * 3600
 REQUEST_ANNOTATION = "stateward.io/backup-request"
 
 
-def on_demand_backup_job(cluster: v1alpha1.PostgresCluster, request: str) -> meta.Object:
+def on_demand_backup_job(
+    cluster: v1alpha1.PostgresCluster, request: str, *, image: str | None = None
+) -> meta.Object:
     """The Job of one ``stateward.io/backup`` request: the scheduled backup's pod, once."""
     name = cluster.on_demand_backup_job_name(request)
     meta_ = meta.object_meta(
@@ -110,7 +112,7 @@ def on_demand_backup_job(cluster: v1alpha1.PostgresCluster, request: str) -> met
             "backoffLimit": 2,
             "activeDeadlineSeconds": SCHEDULED_DEADLINE_SECONDS,
             "ttlSecondsAfterFinished": ON_DEMAND_TTL_SECONDS,
-            "template": _pod_template(cluster, ON_DEMAND),
+            "template": _pod_template(cluster, ON_DEMAND, image),
         },
     }
 
@@ -122,13 +124,17 @@ def _labels(cluster: v1alpha1.PostgresCluster, kind: str) -> dict[str, str]:
     }
 
 
-def _pod_template(cluster: v1alpha1.PostgresCluster, kind: str) -> meta.Object:
+def _pod_template(cluster: v1alpha1.PostgresCluster, kind: str, image: str | None) -> meta.Object:
     """The backup pod, shared by the scheduled and the final backup: it runs pgBackRest in
     the primary's container (``stateward-instance backup``) and needs nothing but its
-    identity; the data and the repository's credentials stay in the instance pods."""
+    identity; the data and the repository's credentials stay in the instance pods.
+
+    ``image``: the operator's own (which holds ``stateward-instance`` too), so that the pod
+    that may exec into the cluster's instances never runs a ``spec.image`` a user chose;
+    the cluster's instance image only when the operator does not know its own."""
     container: meta.Object = {
         "name": CONTAINER_NAME,
-        "image": cluster.image,
+        "image": image or cluster.image,
         "command": [
             "stateward-instance",
             "backup",
