@@ -18,7 +18,7 @@ from stateward.cli.run import OperatorProcess
 from stateward.controllers.kube import DatabaseResource
 from stateward.local.cluster import LocalCluster
 from tests.integration.conftest import AuditLog, assert_no_writes_at_rest
-from tests.support.database_faults import FAULTS, Lab, mariadbd_of, run_fault
+from tests.support.database_faults import FAULTS, Lab, mariadbd_of, port_dropped, run_fault
 from tests.support.databases import (
     clone_stream_bytes,
     create,
@@ -76,7 +76,20 @@ def test_a_mariadb_database_replicates_scales_grows_and_goes(
     query(primary, app, "INSERT INTO orders VALUES (1), (2), (3)")
 
     # Three servers: the new ones replicate what the primary had and what it writes next.
-    resize(client, ns, "shop", {"replicas": 3})
+    # The first new one cannot reach the primary's clone port at first (a partition, a policy
+    # not yet admitting it): the Database has data, so it waits for its primary, and never
+    # starts empty beside it.
+    with port_dropped(real_cluster, client, ns, "shop-0", 3307):
+        resize(client, ns, "shop", {"replicas": 3})
+        wait_for(
+            lambda: (
+                "the Database has data and no primary answered"
+                in "".join(client.log("shop-1", namespace=ns))
+            ),
+            what="shop-1 to wait for the primary it cannot reach",
+            timeout=240,
+            interval=2,
+        )
     running(client, ns, "shop", 3)
     query(primary, app, "INSERT INTO orders VALUES (4)")
     assert roles(client, ns) == {"shop-0": "primary", "shop-1": "replica", "shop-2": "replica"}

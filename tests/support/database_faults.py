@@ -28,6 +28,7 @@ from lightkube import Client
 from lightkube.resources.core_v1 import Event, PersistentVolume, PersistentVolumeClaim, Pod
 
 from stateward.controllers.kube import DatabaseResource
+from stateward.local import nodes
 from stateward.local.cluster import LocalCluster
 from tests.support.databases import (
     PROBE_BASE,
@@ -164,6 +165,27 @@ def _primary_node_freeze(lab: Lab, primary: str) -> Heal | None:
 
 def _replica_node_freeze(lab: Lab, primary: str) -> Heal | None:
     return _freeze(lab, next(pod for pod in lab.pods if pod != primary))
+
+
+@contextlib.contextmanager
+def port_dropped(
+    real: LocalCluster, client: Client, ns: str, pod: str, port: int
+) -> Iterator[None]:
+    """Every packet to ``pod`` on TCP ``port`` dropped where its node forwards it (what a
+    partition, or a policy that does not admit the sender yet, does to that port alone)."""
+    found = client.get(Pod, pod, namespace=ns)
+    node = real.node(str(found.spec.nodeName))  # type: ignore[union-attr]
+    address = found.status.podIP  # type: ignore[union-attr]
+    table = "stateward-test-drop"
+    rules = (
+        f"table ip {table} {{\n  chain forward {{\n    type filter hook forward priority -10;\n"
+        f"    ip daddr {address} tcp dport {port} drop\n  }}\n}}\n"
+    )
+    nodes.run(["nsenter", f"--net={node.net_ns}", "nft", "-f", "-"], input=rules)
+    try:
+        yield
+    finally:
+        nodes.run(["nsenter", f"--net={node.net_ns}", "nft", "delete", "table", "ip", table])
 
 
 def _primary_node_partition(lab: Lab, primary: str) -> Heal | None:

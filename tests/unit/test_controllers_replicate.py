@@ -3,11 +3,25 @@ what is sent to which server, in which order, and what the Database then says.""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from stateward.controllers import database
+from stateward.controllers import core, database
+from stateward.controllers.store import ObjectStore
 from stateward.specs import meta
-from tests.support.fake_sql import FakeSQL, Server, Servers, host, primary, replica
+from stateward.specs import mysql as mysql_spec
+from tests.support.fake_sql import (
+    NAME,
+    NAMESPACE,
+    FakeSQL,
+    Server,
+    Servers,
+    host,
+    primary,
+    replica,
+)
+from tests.unit.test_specs_database import make_database
 
 pytestmark = pytest.mark.unit
 
@@ -230,3 +244,39 @@ async def test_semi_sync_is_switched_on_once_a_replica_replicates(
     world.forget()
     await world.replicate()
     assert sql.changes == []
+
+
+@pytest.mark.parametrize(
+    ("primary", "marked_before", "marked"),
+    [
+        (None, False, False),  # a new Database: its first servers may initialize
+        ("shop-0", False, True),  # it has had a primary: it has data
+        (None, True, True),  # the mark outlives the primary, the status and a restart
+    ],
+)
+async def test_the_servers_configmap_says_whether_the_database_has_data(
+    monkeypatch: pytest.MonkeyPatch, primary: str | None, marked_before: bool, marked: bool
+) -> None:
+    db = make_database("mariadb")
+    store = ObjectStore()
+    observed = mysql_spec.config_map(db, mysql_spec.config_files(db), has_data=marked_before)
+    store.observe({**observed, "metadata": {**observed["metadata"], "resourceVersion": "1"}})
+    applied: list[dict[str, Any]] = []
+
+    async def converge(scope: core.Scope, desired: list[dict[str, Any]]) -> None:
+        applied.extend(desired)
+
+    monkeypatch.setattr(core, "converge", converge)
+    scope = database.Scope(
+        database=db,
+        body={"metadata": {"name": NAME, "namespace": NAMESPACE}},
+        kube=None,  # type: ignore[arg-type]
+        store=store,
+        secrets=core.SecretCache(),
+        now=core.now(),
+        conditions=[],
+        primary=primary,
+    )
+    await database.apply_servers(scope)
+    config = next(c for c in applied if c["kind"] == "ConfigMap")
+    assert mysql_spec.has_data_marked(config) is marked

@@ -4,6 +4,8 @@ settings that matter (pure builders)."""
 from __future__ import annotations
 
 import base64
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -319,3 +321,95 @@ def test_the_metrics_port_is_open_to_the_scrapers_the_policy_names() -> None:
     # MySQL servers serve no metrics yet: no port opened for them.
     (mysql,) = mysql_spec.network_policy(make_database("mysql", version="8.4"), "x")
     assert "9104" not in str(mysql)
+
+
+# --- a Database that has data never gets an empty server beside it -------------------------------
+
+
+def test_the_has_data_mark_is_set_once_there_was_a_primary_and_rolls_no_server() -> None:
+    database = make_database()
+    files = mysql_spec.config_files(database)
+    fresh = mysql_spec.config_map(database, files)
+    marked = mysql_spec.config_map(database, files, has_data=True)
+    assert mysql_spec.HAS_DATA_KEY not in fresh["data"]
+    assert marked["data"][mysql_spec.HAS_DATA_KEY] == "true"
+    assert not mysql_spec.has_data_marked(fresh) and mysql_spec.has_data_marked(marked)
+    assert not mysql_spec.has_data_marked(None)
+    # The mark is not configuration: the servers' template (and its hash) stays the same.
+    before = mysql_spec.children(database)[-1]
+    after = mysql_spec.children(database, has_data=True)[-1]
+    assert before["kind"] == "StatefulSet" and before == after
+    assert mysql_spec.children(database, has_data=True)[0] == marked
+    # MySQL servers never clone (the official image initializes): no mark for them.
+    mysql = make_database("mysql")
+    plain = mysql_spec.config_map(mysql, mysql_spec.config_files(mysql), has_data=True)
+    assert mysql_spec.HAS_DATA_KEY not in plain["data"]
+
+
+def _fill(tmp_path: Path, *, marked: bool, primary_after: int | None) -> tuple[str, str]:
+    """Run the entrypoint's ``fill`` with stand-ins for what it calls: ``clone`` finds a
+    primary at its ``primary_after``-th call (never, when None), ``initialize`` and ``sleep``
+    only say they ran. Returns what ran, and what was logged."""
+    entrypoint = mysql_spec.config_files(make_database())["entrypoint.sh"]
+    start = entrypoint.index("fill() {")
+    function = entrypoint[start : entrypoint.index("\n}\n", start) + 3]
+    mark = tmp_path / "has-data"
+    if marked:
+        mark.write_text("true")
+    calls = tmp_path / "calls"
+    stubs = f"""
+set -euo pipefail
+has_data_mark={mark}
+CLONE_PORT=3307
+tries=0
+clone() {{
+  tries=$((tries + 1))
+  if [ "{primary_after or 0}" != 0 ] && [ "$tries" -ge "{primary_after or 0}" ]; then
+    echo cloned >> {calls}; return 0
+  fi
+  echo no-primary >> {calls}; return 1
+}}
+initialize() {{ echo initialized >> {calls}; }}
+sleep() {{
+  echo slept >> {calls}
+  [ "$(wc -l < {calls})" -lt 60 ] || exit 3  # a server that would wait forever
+}}
+"""
+    result = subprocess.run(
+        ["bash", "-c", stubs + function + "fill\n"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    ran = calls.read_text().split() if calls.exists() else []
+    return f"{result.returncode}:{','.join(ran)}", result.stderr
+
+
+def test_a_new_database_with_no_primary_yet_initializes_its_first_servers(tmp_path: Path) -> None:
+    ran, logged = _fill(tmp_path, marked=False, primary_after=None)
+    assert ran == "0:no-primary,initialized"
+    assert logged == ""
+
+
+def test_a_new_server_of_a_database_with_a_primary_copies_its_data(tmp_path: Path) -> None:
+    assert _fill(tmp_path, marked=True, primary_after=1)[0] == "0:cloned"
+
+
+def test_a_server_of_a_database_with_data_waits_for_its_primary_and_never_starts_empty(
+    tmp_path: Path,
+) -> None:
+    # The primary unreachable for a while (a partition, a policy not yet admitting the new
+    # pod, a failover in progress): asked again until it answers, then copied.
+    ran, logged = _fill(tmp_path, marked=True, primary_after=4)
+    assert ran == "0:no-primary,slept,no-primary,slept,no-primary,slept,cloned"
+    assert "initialized" not in ran
+    assert "the Database has data and no primary answered on port 3307 after 0 s" in logged
+    # Never answering: it keeps waiting (the stand-in for sleep ends the run) and never
+    # initializes.
+    never = tmp_path / "never"
+    never.mkdir()
+    ran, logged = _fill(never, marked=True, primary_after=None)
+    assert ran.startswith("3:no-primary,slept") and "initialized" not in ran
+    # Said once a minute, not at every try.
+    assert logged.count("no primary answered") == 3  # after 0, 60 and 120 s

@@ -725,7 +725,14 @@ async def ensure_tls(scope: Scope) -> str | None:
 
 
 async def apply_servers(scope: Scope) -> str | None:
-    desired = mysql_spec.children(scope.database, operator_namespace=scope.operator_namespace)
+    database = scope.database
+    # Once the Database has had a primary it has data, for good: the mark is read back from
+    # the ConfigMap itself, so it outlives the primary, the status and an operator restart.
+    observed_config = scope.observed("ConfigMap", database.config_map_name)
+    has_data = scope.primary is not None or mysql_spec.has_data_marked(observed_config)
+    desired = mysql_spec.children(
+        database, operator_namespace=scope.operator_namespace, has_data=has_data
+    )
     _hold_scale_down(scope, desired)
     return await core.converge(scope, desired)
 

@@ -16,8 +16,10 @@ them, as a policy-enforcing CNI would. Egress rules are not enforced (Stateward 
 The local cluster does not start it by default yet: the real-node test of the policies runs
 it for its own namespace. A new pod's address is admitted at the next round, a second or more
 after the pod gets it; under load, a MariaDB server that starts then did not find its
-primary on the clone port and initialized an empty data directory instead (CI, 2026-12-05),
-so every pod stays unguarded until new pods' first connections are known to survive that.
+primary on the clone port and initialized an empty data directory instead (CI, 2026-12-05;
+such a server now waits for its primary), and a test attacking Patroni's REST API from a pod
+found the port closed; every pod stays unguarded until the tests attack from where the
+policies admit.
 
 Run by hand: ``python -m stateward.local.netpol --kubeconfig PATH --state-dir DIR --nodes N``
 (``--namespace NS``, repeatable: guard only those namespaces' pods); it removes its tables

@@ -123,15 +123,22 @@ METRICS_PORT: Final = 9104
 METRICS_PORT_NAME: Final = "metrics"
 EXPORTER_USERNAME: Final = "stateward_exporter"
 """Each MariaDB server's own monitoring account (socket only, out of the binary log)."""
+HAS_DATA_KEY: Final = "has-data"
+"""The MariaDB ConfigMap's mark (``true``) that the Database has had a primary, so has data:
+a new server then only ever copies the primary's data and never initializes an empty data
+directory (``fill`` in the entrypoint). Set by the operator, never removed; outside the
+configuration hash, so setting it rolls no server."""
 
 MARIADB_ENTRYPOINT = """\
 #!/bin/bash
 # An empty data directory is filled once: with a copy of the primary's data (mariadb-backup,
 # streamed from the primary, started at the copy's GTID position) when the Database has a
-# primary; else initialized empty (users and the application database, kept out of the
-# binary log: every server of a new Database makes its own). Then the server runs read-only
-# (the operator chooses the primary) with a server id from the pod's ordinal, and serves
-# copies of its data to new replicas on the clone port.
+# primary; else, and only while the Database has never had one (no has-data mark in its
+# ConfigMap), initialized empty (users and the application database, kept out of the binary
+# log: every server of a new Database makes its own). A Database that has data waits for its
+# primary, however long: never an empty server beside its data. Then the server runs
+# read-only (the operator chooses the primary) with a server id from the pod's ordinal, and
+# serves copies of its data to new replicas on the clone port.
 set -euo pipefail
 # The credentials are files (never the container's environment, which mariadbd and every
 # child would carry): read into variables this script does not export.
@@ -143,9 +150,13 @@ datadir=/var/lib/mysql/data
 config=/etc/stateward/my.cnf
 local_socket=/run/mysqld/init.sock
 tls=/etc/stateward/tls
+has_data_mark=/etc/stateward/{has_data}
 # The clone stream's TLS: each side shows its certificate and checks the other's chain.
 server_tls="cert=$tls/tls.crt,key=$tls/tls.key,cafile=$tls/client-ca.crt,verify=1"
+# connect-timeout: a peer whose packets are dropped (a partition, a policy not yet admitting
+# this pod) is given up on in seconds, not after TCP's two minutes of retries.
 client_tls="cert=$tls/replication.crt,key=$tls/replication.key,cafile=$tls/ca.crt,verify=1"
+client_tls="$client_tls,connect-timeout=5"
 
 watch_certificate() {  # the kubelet swaps in a renewed certificate: the server reloads it
   local seen now
@@ -223,7 +234,7 @@ fail() {  # inside clone, which runs left of ||, where errexit does not apply
 clone() {  # 1: no primary to copy from; other failures exit (the kubelet retries)
   # The primary is whichever server of the Database says so: each is asked by its address,
   # over TLS, showing the replication certificate, and must show a certificate of the
-  # Database's CA for the primary Service's name. No primary (a new Database): initialize.
+  # Database's CA for the primary Service's name. No primary: 1 (fill decides what then).
   # A primary whose copy fails: exit and be retried, never start empty beside its data.
   local peer role found=""
   for peer in $(getent ahostsv4 "${PEERS_HOST}" | awk '{print $1}' | sort -u); do
@@ -254,8 +265,27 @@ SQL
   echo "cloned from ${found} at GTID ${gtid:-(empty)}" >&2
 }
 
+fill() {  # an empty data directory: a copy of the primary's data, or new only in a new Database
+  local waited=0
+  until clone; do
+    if [ "$(cat "$has_data_mark" 2>/dev/null)" != true ]; then
+      initialize
+      return
+    fi
+    # The Database has data (the operator marked it when it first had a primary): a server
+    # started empty here would be a second, empty history beside it. Ask again until the
+    # primary answers (a failover in progress, a partition, a policy not yet admitting us).
+    if [ $((waited % 60)) = 0 ]; then
+      echo "clone: the Database has data and no primary answered on port ${CLONE_PORT} after" \\
+        "${waited} s; waiting for one (this server never starts empty beside the data)" >&2
+    fi
+    sleep 5
+    waited=$((waited + 5))
+  done
+}
+
 if [ ! -d "$datadir/mysql" ]; then
-  clone || initialize
+  fill
 fi
 # -t 60: the client has sent everything (EOF) before this side answers; socat's default
 # 0.5 s of silence after that would end the connection before mariadb-backup starts.
@@ -265,7 +295,7 @@ watch_certificate &
 serve_metrics &
 exec mariadbd --defaults-file="$config" --datadir="$datadir" --server-id=$((ordinal + 1)) \\
   --init-file=/etc/stateward/users.sql
-""".replace("{exporter}", EXPORTER_USERNAME)
+""".replace("{exporter}", EXPORTER_USERNAME).replace("{has_data}", HAS_DATA_KEY)
 
 MARIADB_SERVE_CLONE = """\
 #!/bin/bash
@@ -366,13 +396,25 @@ def config_hash(files: dict[str, str]) -> str:
     return digest.hexdigest()[:16]
 
 
-def config_map(database: v1alpha1.Database, files: dict[str, str]) -> meta.Object:
+def config_map(
+    database: v1alpha1.Database, files: dict[str, str], *, has_data: bool = False
+) -> meta.Object:
+    """``NAME-config``: the files, and (MariaDB) the :data:`HAS_DATA_KEY` mark once the
+    Database has data."""
+    data = dict(files)
+    if has_data and database.spec.engine is v1alpha1.Engine.MARIADB:
+        data[HAS_DATA_KEY] = "true"
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _meta(database, database.config_map_name),
-        "data": dict(files),
+        "data": data,
     }
+
+
+def has_data_marked(config_map: meta.Object | None) -> bool:
+    """Whether an observed ``NAME-config`` carries the :data:`HAS_DATA_KEY` mark."""
+    return ((config_map or {}).get("data") or {}).get(HAS_DATA_KEY) == "true"
 
 
 # --- credentials ----------------------------------------------------------------------------
@@ -694,12 +736,16 @@ def network_policy(database: v1alpha1.Database, operator_namespace: str) -> list
 
 
 def children(
-    database: v1alpha1.Database, *, operator_namespace: str = meta.OPERATOR_NAMESPACE
+    database: v1alpha1.Database,
+    *,
+    operator_namespace: str = meta.OPERATOR_NAMESPACE,
+    has_data: bool = False,
 ) -> list[meta.Object]:
-    """Every applied child, in apply order (the Secrets are created once, apart)."""
+    """Every applied child, in apply order (the Secrets are created once, apart).
+    ``has_data``: the Database has had a primary (see :data:`HAS_DATA_KEY`)."""
     files = config_files(database)
     return [
-        config_map(database, files),
+        config_map(database, files, has_data=has_data),
         *services(database),
         pod_disruption_budget(database),
         *network_policy(database, operator_namespace),
