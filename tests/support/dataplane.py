@@ -369,11 +369,13 @@ for auth in (None, "stateward:guessed", "postgres:" + sys.argv[2]):
         ).status
     except urllib.error.HTTPError as error:
         code = error.code
+    except OSError:  # no answer at all: the network policy dropped it
+        code = "unreachable"
     print(code, flush=True)
 """
 """PATCH Patroni's /config with an archive_command (a shell on the primary, had it worked):
 without credentials, with a guessed password, and with the superuser's name and password;
-before that, try plain HTTP."""
+before that, try plain HTTP. Prints what each try got: a status, or ``unreachable``."""
 
 CONNECT_AS_AN_APPLICATION = """
 printf '%s' "$1" > /tmp/ca.crt

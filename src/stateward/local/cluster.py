@@ -250,6 +250,7 @@ class LocalCluster:
                     for name, argv in (
                         ("coredns", self._coredns_argv(paths)),
                         ("provisioner", self._provisioner_argv()),
+                        ("netpol", self._netpol_argv()),
                     ):
                         records.append(self._start(name, argv))
                     records.append(self._start_objectstore(paths))
@@ -604,6 +605,17 @@ class LocalCluster:
             return {}
         return pins
 
+    def _netpol_argv(self) -> list[str]:
+        """The NetworkPolicy enforcer of the real nodes (what a policy-enforcing CNI does)."""
+        return [
+            sys.executable,
+            "-m",
+            "stateward.local.netpol",
+            f"--kubeconfig={self.state_dir / 'netpol.kubeconfig'}",
+            f"--state-dir={self.state_dir}",
+            f"--nodes={self.config.real_nodes}",
+        ]
+
     # --- state ----------------------------------------------------------------------------
 
     def _load(self) -> list[ProcessRecord]:
@@ -838,6 +850,7 @@ class LocalCluster:
         for stem, user in (
             ("coredns", "stateward-coredns"),
             ("provisioner", "stateward-provisioner"),
+            ("netpol", "stateward-netpol"),
         ):
             pair = authority.issue(stem, common_name=user, groups=("system:masters",))
             self._write_kubeconfig(self.state_dir / f"{stem}.kubeconfig", pair, user)

@@ -13,13 +13,11 @@ Pods no policy selects are left alone, as the NetworkPolicy API says.
 
 Not the product: the operator only ships NetworkPolicies; this makes the local cluster honour
 them, as a policy-enforcing CNI would. Egress rules are not enforced (Stateward ships none).
-The local cluster does not start it by default yet: the real-node test of the policies runs
-it for its own namespace. A new pod's address is admitted at the next round, a second or more
-after the pod gets it; under load, a MariaDB server that starts then did not find its
-primary on the clone port and initialized an empty data directory instead (CI, 2026-12-05;
-such a server now waits for its primary), and a test attacking Patroni's REST API from a pod
-found the port closed; every pod stays unguarded until the tests attack from where the
-policies admit.
+``local up`` starts it with real nodes (``netpol`` among the cluster's processes). A new
+pod's address is admitted at the next round, a second or more after the pod gets it: a SYN it
+sends to a guarded pod before then is dropped, and the kernel sends it again. What a new pod
+does first must therefore retry: Patroni's base backup does, and a MariaDB server whose
+Database has data waits for its primary (it never initializes an empty data directory).
 
 Run by hand: ``python -m stateward.local.netpol --kubeconfig PATH --state-dir DIR --nodes N``
 (``--namespace NS``, repeatable: guard only those namespaces' pods); it removes its tables
