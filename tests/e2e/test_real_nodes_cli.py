@@ -147,23 +147,13 @@ def test_kubectl_run_on_a_real_node_then_down_restores_the_host(tmp_path: Path) 
     assert host_snapshot() == before
 
 
-def test_down_after_a_crash_still_restores_the_host(tmp_path: Path) -> None:
-    before = host_snapshot()
-    cli = Cli(tmp_path)
-    cli.up()
-    crash(cli)
-    down = cli.stateward("down")
-    assert down.returncode == 0, down.stderr
-    assert host_snapshot() == before
-    assert not cli.state_dir.exists()
-
-
 def test_a_second_cluster_is_refused_while_the_first_runs_and_takes_over_after_it_crashed(
     tmp_path: Path,
 ) -> None:
     """Only one cluster with real nodes fits a host: a second is refused with the way out
     while the first runs. A first that crashed (its session killed, no `down`) must not
-    leave the host unusable: the next `up` undoes what it left and starts."""
+    leave the host unusable: the next `up` undoes what it left and starts. And when that one
+    crashes too, its `down` alone restores the host and removes its state."""
     before = host_snapshot()
     first = Cli(tmp_path / "first")
     first.up()
@@ -183,6 +173,11 @@ def test_a_second_cluster_is_refused_while_the_first_runs_and_takes_over_after_i
         assert undone in up.stderr
         assert not first.state_dir.exists()
         assert nodes.bridge_owner() == second.state_dir.resolve()
+        crash(second)
+        down = second.stateward("down")
+        assert down.returncode == 0, down.stderr
+        assert host_snapshot() == before
+        assert not second.state_dir.exists()
     finally:
         for cli in (second, first):
             assert cli.stateward("down").returncode == 0
