@@ -40,6 +40,7 @@ from tests.support.faults import (
     lab_on,
     new_primary,
     run_fault,
+    synchronous_method,
     verdict,
 )
 from tests.support.waiting import wait_for
@@ -113,6 +114,38 @@ def test_a_partitioned_primary_stops_accepting_writes_and_rejoins_when_healed(la
 
 def test_a_replica_node_lost_while_the_primary_writes_keeps_the_primary(lab: Lab) -> None:
     run_fault(lab, FAULTS["replica-node-stop"])
+
+
+def test_under_quorum_commit_every_replica_votes_and_a_lost_one_keeps_the_primary(
+    lab: Lab,
+) -> None:
+    # spec.synchronous.method Quorum, switched on a running cluster: Patroni commits to any one
+    # of the two replicas (ANY 1), without restarting anything, and status calls both quorum
+    # standbys. A standby's node lost under writes then costs commits no wait (the number is
+    # in `make bench-faults`), and nothing acknowledged is lost.
+    healthy(lab)
+    before = restarts(lab)
+    synchronous_method(lab, "Quorum")
+    try:
+        primary, _standby = healthy(lab)
+        names = lab.sql(primary, "show synchronous_standby_names")
+        replicas = [f"{NAME}-{i}" for i in range(REPLICAS) if f"{NAME}-{i}" != primary]
+        assert names.startswith("ANY 1 (") and all(r in names for r in replicas), names
+        assert restarts(lab) == before
+        run_fault(lab, FAULTS["replica-node-stop-quorum"])
+    finally:
+        synchronous_method(lab, "Priority")
+    healthy(lab)
+
+
+def restarts(lab: Lab) -> dict[str, tuple[str, int]]:
+    """Each instance pod's uid and its containers' restarts."""
+    found = {}
+    for name in (f"{NAME}-{i}" for i in range(REPLICAS)):
+        pod = lab.client.get(Pod, name, namespace=lab.ns)
+        statuses = pod.status.containerStatuses or []  # type: ignore[union-attr]
+        found[name] = (str(pod.metadata.uid), sum(c.restartCount for c in statuses))  # type: ignore[union-attr]
+    return found
 
 
 # --- the control plane failing during failures ---------------------------------------------

@@ -23,17 +23,19 @@ from lightkube import Client
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod, Secret
+from lightkube.types import PatchType
 
 from stateward.cli.run import (
     OPERATOR_NAMESPACE,
     OperatorProcess,
+    PostgresClusterResource,
     ensure_namespace,
     install_crds,
     start_operator,
 )
 from stateward.local import binaries, nodes
 from stateward.local.cluster import LocalCluster
-from tests.integration.conftest import RESYNC_SECONDS, wait_leading
+from tests.integration.conftest import RESYNC_SECONDS, get_pgc, wait_leading
 from tests.support.dataplane import Writer, create_cluster, sql, status_of
 from tests.support.waiting import Timeout, wait_for
 
@@ -234,23 +236,34 @@ def lab_on(real: LocalCluster, prefix: str) -> Iterator[Lab]:
         client.delete(Namespace, ns)
 
 
+HEALTHY_ROLES = {
+    "Priority": ["primary", "replica", "sync_standby"],
+    "Quorum": ["primary", "quorum_standby", "quorum_standby"],
+}
+"""The roles of a healthy cluster's members, by ``spec.synchronous.method``: one synchronous
+standby, or every replica a quorum standby."""
+
+
 def healthy(lab: Lab, timeout: float = 300) -> tuple[str, str]:
-    """Wait for Ready, one primary, one synchronous standby, every replica streaming and
-    one timeline; the primary's and the standby's names."""
+    """Wait for Ready, one primary, its synchronous standby (under quorum commit: every
+    replica a quorum standby), every replica streaming and one timeline; the primary's and a
+    standby's names."""
 
     def check() -> tuple[str, str] | None:
-        status = status_of(lab.client, lab.ns, NAME)
+        pgc = get_pgc(lab.client, NAME, lab.ns)
+        method = (pgc["spec"].get("synchronous") or {}).get("method", "Priority")
+        status = pgc.get("status") or {}
         instances = status.get("instances") or []
         roles = {i["name"]: i.get("role") for i in instances}
         if (
             status.get("phase") != "Ready"
-            or sorted(roles.values()) != ["primary", "replica", "sync_standby"]
+            or sorted(roles.values()) != HEALTHY_ROLES[method]
             or any(i.get("state") != "streaming" for i in instances if i.get("role") != "primary")
             or len({i.get("timeline") for i in instances}) != 1
         ):
             return None
         primary = str(status["primaryPod"])
-        standby = next(n for n, r in roles.items() if r == "sync_standby")
+        standby = next(n for n, r in sorted(roles.items()) if r.endswith("_standby"))
         # The status may lag Patroni by a few seconds (progress is paced): a fault injected
         # while the primary has no synchronous standby in Patroni's own record tests nothing
         # (no replica may be promoted then), so the precondition is also read at the source.
@@ -332,6 +345,8 @@ class Fault:
     name: str
     inject: Callable[[Lab, str, str], Heal | None]
     failover: bool | None
+    method: str = "Priority"
+    """The cluster's ``spec.synchronous.method`` for this fault (set before it is injected)."""
 
 
 def _kill_in(lab: Lab, pod: str, process: str) -> None:
@@ -483,9 +498,21 @@ FAULTS: dict[str, Fault] = {
         Fault("node-freeze", _node_freeze, failover=True),
         Fault("node-partition", _node_partition, failover=True),
         Fault("replica-node-stop", _replica_node_stop, failover=False),
+        Fault("replica-node-stop-quorum", _replica_node_stop, failover=False, method="Quorum"),
     )
 }
 """The fault matrix the tests, the benchmark and ``make chaos`` draw from."""
+
+
+def synchronous_method(lab: Lab, method: str) -> None:
+    """Set the fault cluster's ``spec.synchronous.method`` (a no-op when it is set already):
+    Patroni changes its synchronous replication in place, without a restart."""
+    spec = get_pgc(lab.client, NAME, lab.ns)["spec"]
+    if (spec.get("synchronous") or {}).get("method", "Priority") != method:
+        lab.client.patch(
+            PostgresClusterResource, NAME, {"spec": {"synchronous": {"method": method}}},
+            namespace=lab.ns, patch_type=PatchType.MERGE,
+        )  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -502,6 +529,7 @@ class Outcome:
 def run_fault(lab: Lab, fault: Fault) -> Outcome:
     """From a healthy cluster, with a writer running: inject, wait for the expected new
     primary and for writes to flow, heal, and pass :func:`verdict`."""
+    synchronous_method(lab, fault.method)
     old, standby = healthy(lab)
     table = f"w_{fault.name.replace('-', '_')}_{int(time.time())}"
     promoted_after = None

@@ -59,6 +59,24 @@ def test_the_report_tells_the_story_at_a_glance() -> None:
     assert "AllInstancesReady" in text and "SwitchedOver" in text
 
 
+@pytest.mark.parametrize(
+    ("synchronous", "shown"),
+    [
+        ({"method": "Quorum", "number": 2}, "synchronous replication Preferred, quorum of any 2"),
+        (
+            {"mode": "Required", "method": "Quorum"},
+            "synchronous replication Required, quorum of any 1",
+        ),
+        ({"mode": "Off", "method": "Quorum"}, "synchronous replication Off\n"),
+        ({"method": "Priority"}, "synchronous replication Preferred\n"),
+    ],
+)
+def test_the_report_says_how_commits_wait(synchronous: dict[str, object], shown: str) -> None:
+    obj = cluster()
+    obj["spec"] = {**obj["spec"], "synchronous": synchronous}  # type: ignore[dict-item]
+    assert shown in "\n".join(plugin.report(obj, [], now=NOW)) + "\n"
+
+
 def test_a_new_cluster_reports_without_instances() -> None:
     text = plugin.report(
         {"metadata": {"name": "x"}, "spec": {"replicas": 1}, "status": {}}, [], now=NOW

@@ -108,6 +108,15 @@ def test_instances_report_roles_lag_and_timeline_as_patroni_does() -> None:
     ]
 
 
+def test_under_quorum_commit_the_voters_are_quorum_standbys() -> None:
+    found = m.instances(
+        [replica("pg-2"), primary(), replica("pg-1")],
+        frozenset({"pg-1", "pg-2"}),
+        sync_role=m.QUORUM_STANDBY,
+    )
+    assert [i["role"] for i in found] == ["primary", "quorum_standby", "quorum_standby"]
+
+
 def test_no_lag_is_reported_without_a_primary() -> None:
     assert "lagBytes" not in m.instances([replica("pg-1")], frozenset())[0]
 
@@ -177,6 +186,27 @@ def test_synchronous_modes(mode: str, strict: bool, enabled: bool) -> None:
     assert settings["synchronous_mode"] is enabled
     assert settings["synchronous_mode_strict"] is strict
     assert settings["synchronous_node_count"] == 2
+
+
+@pytest.mark.parametrize(
+    ("mode", "strict", "enabled"),
+    [("Preferred", False, "quorum"), ("Required", True, "quorum"), ("Off", False, False)],
+)
+def test_quorum_commit_is_patronis_quorum_mode(mode: str, strict: bool, enabled: object) -> None:
+    settings = patroni.synchronous_settings(
+        cluster(synchronous={"mode": mode, "number": 1, "method": "Quorum"})
+    )
+    assert settings == {
+        "synchronous_mode": enabled,
+        "synchronous_mode_strict": strict,
+        "synchronous_node_count": 1,
+    }
+
+
+def test_priority_is_the_default_method() -> None:
+    assert cluster().spec.synchronous.method == v1alpha1.SynchronousMethod.PRIORITY
+    explicit = cluster(synchronous={"method": "Priority"})
+    assert patroni.synchronous_settings(explicit) == patroni.synchronous_settings(cluster())
 
 
 def applied(pgc: v1alpha1.PostgresCluster) -> dict[str, Any]:

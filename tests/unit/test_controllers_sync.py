@@ -9,7 +9,9 @@ import pytest
 
 from stateward.controllers import dataplane
 from stateward.controllers.dataplane import DataPlane
+from stateward.instance import patroni
 from stateward.specs import meta
+from tests.support.clusters import make_cluster
 from tests.support.fake_patroni import NAME, FakePatroni, Member, Operator
 
 pytestmark = pytest.mark.unit
@@ -143,3 +145,32 @@ async def test_no_read_without_synchronous_replication_or_a_primary() -> None:
     operator = Operator(leaderless)
     await operator.reconcile()
     assert sync_reads(leaderless) == 0
+
+
+async def test_quorum_commit_names_every_voter_soon_after_the_switch() -> None:
+    # Patroni's record is settled for Priority; the spec switches to quorum commit. The
+    # operator sends Patroni the new mode and, since Patroni chooses its standbys anew, reads
+    # the record again instead of believing the old one for a minute.
+    fake = three()
+    running = make_cluster(replicas=3)  # what Patroni runs: the spec before the switch
+    fake.dcs = {
+        **patroni.ha_settings(running),
+        "postgresql": {"parameters": patroni.parameters(running)},
+    }
+    operator, clock = await settled(fake)
+    assert sync_reads(fake) == 2
+    operator.spec = {"synchronous": {"method": "Quorum"}}
+    clock.now += 1
+    await operator.reconcile()
+    ((patch,),) = [[c for c in fake.calls if c.method == "PATCH"][-1:]]
+    assert patch.body == {"synchronous_mode": "quorum"}
+    fake.sync = {"demo-0", "demo-2"}  # Patroni's next loop: every streaming replica votes
+    clock.now += dataplane.SYNC_CONFIRM
+    await operator.reconcile()
+    instances = operator.fake.status.get("instances") or []
+    roles = {i["name"]: i.get("role") for i in instances}
+    assert roles == {
+        "demo-0": "quorum_standby",
+        "demo-1": "primary",
+        "demo-2": "quorum_standby",
+    }

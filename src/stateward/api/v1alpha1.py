@@ -108,6 +108,11 @@ class SynchronousMode(enum.StrEnum):
     OFF = "Off"
 
 
+class SynchronousMethod(enum.StrEnum):
+    PRIORITY = "Priority"
+    QUORUM = "Quorum"
+
+
 class Synchronous(_Model):
     """Synchronous replication: a commit is acknowledged only after ``number`` standbys have
     it on disk, so losing the primary loses no acknowledged write."""
@@ -121,6 +126,16 @@ class Synchronous(_Model):
 
     number: int = Field(default=1, ge=1, le=MAX_REPLICAS - 1)
     """How many synchronous standbys each commit waits for (at most replicas - 1 are used)."""
+
+    method: SynchronousMethod = SynchronousMethod.PRIORITY
+    """Which standbys a commit may wait for. Priority (the default): Patroni names ``number``
+    replicas synchronous and the others replicate asynchronously (PostgreSQL's ``FIRST n``);
+    when a synchronous standby is lost, commits wait until PostgreSQL notices (its
+    wal_sender_timeout, 5 s) and Patroni names another. Quorum: every streaming replica may
+    acknowledge, and a commit waits for any ``number`` of them (``ANY n (...)``), so losing
+    one standby of several costs commits no wait at all; a failover then promotes only a
+    replica that enough of the others confirm holds every acknowledged commit (Patroni's
+    quorum commit). Status names the replicas ``quorum_standby``."""
 
 
 IDENTIFIER_PATTERN = "^[a-z_][a-z0-9_]*$"
@@ -562,7 +577,7 @@ class InstanceStatus(_Model):
     """The pod."""
 
     role: str | None = None
-    """primary, sync_standby or replica (Patroni's names)."""
+    """primary, sync_standby, quorum_standby or replica (Patroni's names)."""
 
     state: str | None = None
     """running, streaming, starting, stopped, ... (Patroni's names), or fenced."""

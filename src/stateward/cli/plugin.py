@@ -125,7 +125,10 @@ def report(
     """The ``status`` report of one cluster (pure: the object and its Events in, lines out)."""
     spec, status = obj.get("spec") or {}, obj.get("status") or {}
     name, namespace = obj["metadata"]["name"], obj["metadata"].get("namespace", "default")
-    sync = (spec.get("synchronous") or {}).get("mode", "Preferred")
+    synchronous = spec.get("synchronous") or {}
+    sync = synchronous.get("mode", "Preferred")
+    if sync != "Off" and synchronous.get("method") == "Quorum":
+        sync += f", quorum of any {synchronous.get('number', 1)}"
     lines = [
         f"PostgresCluster {namespace}/{name}: {status.get('phase', 'Pending')}",
         f"  PostgreSQL {_version(spec, status)}, {status.get('readyReplicas', 0)}/"

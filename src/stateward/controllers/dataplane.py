@@ -170,6 +170,10 @@ class DataPlane:
             leader.address, patroni.RESTAPI_PORT, patch, auth=auth
         )
         await scope.event("ConfigurationApplied", f"Applied through Patroni: {_describe(patch)}")
+        if patch.keys() & patroni.SYNCHRONOUS_DEFAULTS.keys():
+            # Patroni chooses its standbys anew (quorum commit names every replica): the
+            # record last read is out of date.
+            self._sync_seen.pop(key, None)
         # Patroni writes its ConfigMap asynchronously: check again shortly.
         scope.requeue(RECHECK * 2)
         return f"applied {_describe(patch)}"

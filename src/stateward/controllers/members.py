@@ -21,6 +21,7 @@ Body = dict[str, Any]
 
 PRIMARY = "primary"
 SYNC_STANDBY = "sync_standby"
+QUORUM_STANDBY = "quorum_standby"
 REPLICA = "replica"
 STREAMING = "streaming"
 
@@ -100,8 +101,11 @@ def primary(members: Iterable[Member]) -> Member | None:
     return found[0] if len(found) == 1 else None
 
 
-def instances(members: Iterable[Member], sync: frozenset[str]) -> list[dict[str, Any]]:
-    """``status.instances``: one entry per pod, by name, in Patroni's vocabulary."""
+def instances(
+    members: Iterable[Member], sync: frozenset[str], *, sync_role: str = SYNC_STANDBY
+) -> list[dict[str, Any]]:
+    """``status.instances``: one entry per pod, by name, in Patroni's vocabulary (the
+    replicas in ``sync`` get ``sync_role``: ``quorum_standby`` under quorum commit)."""
     members = sorted(members, key=lambda m: (m.ordinal, m.name))
     leader = primary(members)
     result = []
@@ -109,7 +113,7 @@ def instances(members: Iterable[Member], sync: frozenset[str]) -> list[dict[str,
         if m.is_primary:
             role: str | None = PRIMARY
         elif m.label_role == meta.REPLICA_ROLE:
-            role = SYNC_STANDBY if m.name in sync else REPLICA
+            role = sync_role if m.name in sync else REPLICA
         else:
             role = None
         entry: dict[str, Any] = {

@@ -26,7 +26,7 @@ from stateward.controllers import backups, certificates, core, upgrades
 from stateward.controllers import conditions as cond
 from stateward.controllers.dataplane import DataPlane, start_switchover
 from stateward.controllers.kube import Body, Kube, Ref
-from stateward.controllers.members import instances
+from stateward.controllers.members import QUORUM_STANDBY, SYNC_STANDBY, instances
 from stateward.controllers.pgscope import (
     Scope,
     delete_patroni_state,
@@ -1090,7 +1090,8 @@ def members_status(scope: Scope) -> list[dict[str, Any]]:
     """``status.instances``, only for pods Patroni has a record of (simulated nodes run no
     Patroni, and an instance the operator knows nothing about is not reported as anything)."""
     known = [x for x in scope.members if x.state is not None]
-    result = instances(known, scope.sync)
+    quorum = scope.cluster.spec.synchronous.method == v1alpha1.SynchronousMethod.QUORUM
+    result = instances(known, scope.sync, sync_role=QUORUM_STANDBY if quorum else SYNC_STANDBY)
     for entry in result:
         if _is_fenced(scope, entry["name"]):
             entry["fenced"] = True

@@ -186,6 +186,9 @@ def parameters(cluster: v1alpha1.PostgresCluster) -> dict[str, str]:
     return dict(sorted(merged.items()))
 
 
+QUORUM_MODE: Final = "quorum"
+"""Patroni's ``synchronous_mode`` for quorum commit (``ANY n (...)``, Patroni 4.0 and later)."""
+
 SYNCHRONOUS_DEFAULTS: Final = {
     "synchronous_mode": False,
     "synchronous_mode_strict": False,
@@ -207,11 +210,15 @@ def synchronous_settings(cluster: v1alpha1.PostgresCluster) -> dict[str, Any]:
     """Patroni's synchronous replication settings for ``spec.synchronous``.
 
     Patroni, not the operator, picks the standbys and writes ``synchronous_standby_names``;
-    it only promotes a standby that was synchronous, so an acknowledged commit survives.
+    it only promotes a standby that was synchronous (with ``quorum``: that enough of the
+    others confirm is the most advanced), so an acknowledged commit survives.
     """
     sync = cluster.spec.synchronous
+    enabled: bool | str = sync.mode != v1alpha1.SynchronousMode.OFF
+    if enabled and sync.method == v1alpha1.SynchronousMethod.QUORUM:
+        enabled = QUORUM_MODE
     return {
-        "synchronous_mode": sync.mode != v1alpha1.SynchronousMode.OFF,
+        "synchronous_mode": enabled,
         "synchronous_mode_strict": sync.mode == v1alpha1.SynchronousMode.REQUIRED,
         "synchronous_node_count": sync.number,
     }
