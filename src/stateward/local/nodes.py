@@ -636,6 +636,10 @@ def kubelet_config(node: Node, *, ca_file: Path, resolv_conf: Path) -> dict[str,
             "imagefs.inodesFree": "0%",
         },
         "serializeImagePulls": False,
+        # How often the kubelet syncs each pod, and so how soon a changed Secret or ConfigMap
+        # reaches the files of a volume (a renewed certificate, a new configuration): the
+        # default minute, with jitter, made every rotation wait one to two minutes.
+        "syncFrequency": "10s",
         "nodeStatusUpdateFrequency": "5s",
         "nodeLeaseDurationSeconds": 20,
         "shutdownGracePeriod": "0s",
