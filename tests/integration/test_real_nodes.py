@@ -286,7 +286,11 @@ def test_a_partitioned_node_keeps_running_but_nobody_reaches_it(
     ready_pod(client, ns, "client")
     assert server.status and server.status.podIP
     pod_ip = server.status.podIP
-    assert read_line(pod_ip, 8080) == "hello from server"
+    # Ready means its container started; the server listens a moment later.
+    wait_for(
+        lambda: read_line(pod_ip, 8080) == "hello from server",
+        what="the server pod to answer before the partition",
+    )
     real.node_partition("node-2")
     try:
         assert dict((n.name, s) for n, s in real.node_states())["node-2"] == "partitioned"
