@@ -215,7 +215,11 @@ def test_provision_expand_and_delete_a_local_volume(
         timeout=120,
     )
     assert directory.parent.is_dir()  # the node's folder stays; only the volume went
-    output = local_provisioner.output()
+    # It says so once it has deleted the volume: the line may follow a moment later.
+    output = wait_for(
+        lambda: out if f"deleted {name}" in (out := local_provisioner.output()) else None,
+        what=f"the provisioner to log that it deleted {name}",
+    )
     for word in ("provisioned", "expanded", "deleted"):
         assert sum(word in line for line in output.splitlines()) == 1, output
 
