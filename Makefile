@@ -16,11 +16,11 @@ TEST_WORKERS ?= 2
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-$(STAMP): pyproject.toml
-	@echo "==> Creating the virtualenv in $(VENV) and installing Stateward with its dev tools"
+$(STAMP): pyproject.toml local/pyproject.toml
+	@echo "==> Creating the virtualenv in $(VENV) and installing Stateward, its local cluster (local/) and the dev tools"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/pip install --quiet --upgrade pip
-	@$(BIN)/pip install --quiet -e '.[dev]'
+	@$(BIN)/pip install --quiet -e '.[dev]' -e ./local
 	@touch $@
 
 .PHONY: venv
@@ -44,15 +44,15 @@ test-unit: $(STAMP) ## Unit tests only (no binaries, seconds)
 
 .PHONY: lint
 lint: $(STAMP) ## ruff, mypy --strict and the import-layer contracts
-	@$(BIN)/ruff check src tests
-	@$(BIN)/ruff format --check src tests
-	@$(BIN)/mypy src
+	@$(BIN)/ruff check src local/src tests
+	@$(BIN)/ruff format --check src local/src tests
+	@$(BIN)/mypy src local/src
 	@$(BIN)/lint-imports
 
 .PHONY: fmt
 fmt: $(STAMP) ## Format and autofix
-	@$(BIN)/ruff format src tests
-	@$(BIN)/ruff check --fix src tests
+	@$(BIN)/ruff format src local/src tests
+	@$(BIN)/ruff check --fix src local/src tests
 
 .PHONY: manifests
 manifests: $(STAMP) ## Regenerate the CRDs and RBAC under config/ from the code
@@ -64,7 +64,7 @@ verify-manifests: $(STAMP) ## Fail, naming each file, if a generated manifest un
 
 # The project's own kubectl (kustomize built in), against $KUBECONFIG, or else the local
 # cluster's kubeconfig when one exists (or else kubectl's default, ~/.kube/config).
-KUBECTL = $(shell $(BIN)/python -c 'from stateward.local import binaries; print(binaries.locate().kubectl)')
+KUBECTL = $(shell $(BIN)/python -c 'from stateward_local import binaries; print(binaries.locate().kubectl)')
 KUBECONFIG ?= $(wildcard $(CURDIR)/.stateward/local/kubeconfig)
 KUBECTL_RUN = KUBECONFIG="$(KUBECONFIG)" $(KUBECTL)
 
@@ -129,7 +129,7 @@ chaos: binaries ## Soak: N random faults (default 50) against one cluster with a
 bench-patroni: $(STAMP) ## Reference: bare Patroni on loopback (no Kubernetes), write downtime per fault; etcd from `make binaries`
 	@$(BIN)/python -m bench.patroni_lab $(BENCH_PATRONI_FLAGS)
 
-OPERATOR_IMAGE = $(shell $(BIN)/python -c 'from stateward.local import images; print(images.OPERATOR_REF)')
+OPERATOR_IMAGE = $(shell $(BIN)/python -c 'from stateward_local import images; print(images.OPERATOR_REF)')
 
 .PHONY: image
 image: $(STAMP) ## Build the operator image (ghcr.io/stateward/stateward:VERSION) locally, no registry

@@ -55,7 +55,7 @@ from bench.dataplane import local_cluster
 from bench.nodes import say
 from bench.patroni_lab import replace_block
 from stateward.api import v1alpha1
-from stateward.cli.run import (
+from stateward_local.run import (
     OPERATOR_NAMESPACE,
     PostgresClusterResource,
     ensure_namespace,
@@ -63,8 +63,8 @@ from stateward.cli.run import (
     start_operator,
 )
 from stateward.controllers import core
-from stateward.local import binaries
-from stateward.local.cluster import LocalCluster
+from stateward_local import binaries
+from stateward_local.cluster import LocalCluster
 
 RESULTS = Path("bench/results/backups.json")
 DOC = Path("docs/benchmarks.md")

@@ -30,7 +30,7 @@ from tests.support import database_faults, faults
 
 from bench.dataplane import local_cluster
 from bench.nodes import say
-from stateward.local.cluster import LocalCluster
+from stateward_local.cluster import LocalCluster
 
 
 @dataclass(frozen=True)

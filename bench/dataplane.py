@@ -2,7 +2,7 @@
 
 Starts a fresh local cluster with 3 real nodes and no kwok nodes, in a temporary state
 directory on free ports (binaries and images are built first, untimed, if missing), installs
-the CRDs, starts the operator as a process (``stateward.cli.run.start_operator``, as the tests
+the CRDs, starts the operator as a process (``stateward_local.run.start_operator``, as the tests
 do), and measures, each ``--runs`` times (median and max reported):
 
 1. **apply → Ready**: a 1-instance and a 3-instance PostgresCluster (version 15, 1Gi, no
@@ -69,16 +69,16 @@ from bench.nodes import (
     status_kib,
 )
 from stateward.api import v1alpha1
-from stateward.cli.run import (
+from stateward_local.run import (
     OPERATOR_NAMESPACE,
     OperatorProcess,
     ensure_namespace,
     install_crds,
     start_operator,
 )
-from stateward.local import binaries, images, nodes
-from stateward.local.cluster import Config, LocalCluster, Ports, free_port_base
-from stateward.local.errors import LocalClusterError
+from stateward_local import binaries, images, nodes
+from stateward_local.cluster import Config, LocalCluster, Ports, free_port_base
+from stateward_local.errors import LocalClusterError
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "benchmarks.md"

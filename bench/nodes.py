@@ -44,8 +44,8 @@ from typing import Any
 
 import httpx
 
-from stateward.local import binaries, images, nodes
-from stateward.local.cluster import NODE_COMPONENTS, Config, LocalCluster, Ports, free_port_base
+from stateward_local import binaries, images, nodes
+from stateward_local.cluster import NODE_COMPONENTS, Config, LocalCluster, Ports, free_port_base
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "benchmarks.md"

@@ -64,8 +64,8 @@ from bench.dataplane import longest_gap, lost_rows, median_max, parse_rows, wait
 from bench.nodes import Interrupted, children, environment, say
 from bench.run import machine_busy_seconds
 from stateward.api.validation import OPERATOR_PARAMETERS
-from stateward.local import binaries, images
-from stateward.local.cluster import free_port_base
+from stateward_local import binaries, images
+from stateward_local.cluster import free_port_base
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "benchmarks.md"

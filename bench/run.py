@@ -56,15 +56,15 @@ from tests.support.kwok import simulate
 
 from bench import bare
 from stateward.api import v1alpha1
-from stateward.cli.run import (
+from stateward_local.run import (
     OPERATOR_NAMESPACE,
     OperatorProcess,
     ensure_namespace,
     install_crds,
     start_operator,
 )
-from stateward.local import binaries
-from stateward.local.cluster import OPERATOR_USER, Config, LocalCluster, Ports, free_port_base
+from stateward_local import binaries
+from stateward_local.cluster import OPERATOR_USER, Config, LocalCluster, Ports, free_port_base
 from stateward.runtime import webhook
 from stateward.runtime.operator import Options as RuntimeOptions
 

@@ -18,8 +18,8 @@ from lightkube.config.kubeconfig import KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace
 
-from stateward.local import binaries
-from stateward.local.cluster import Config, LocalCluster, Ports, free_port_base
+from stateward_local import binaries
+from stateward_local.cluster import Config, LocalCluster, Ports, free_port_base
 from tests.support.kwok import simulate
 
 os.environ.pop("KUBECONFIG", None)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from stateward.local import binaries
-from stateward.local.cluster import free_port_base
+from stateward_local import binaries
+from stateward_local.cluster import free_port_base
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.e2e

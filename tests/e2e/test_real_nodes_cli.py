@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from stateward.local import binaries, images, nodes
-from stateward.local.cluster import free_port_base
+from stateward_local import binaries, images, nodes
+from stateward_local.cluster import free_port_base
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.e2e

@@ -16,7 +16,9 @@ from lightkube import ApiError, Client, codecs
 from lightkube.resources.admissionregistration_v1 import ValidatingWebhookConfiguration
 from lightkube.resources.core_v1 import Secret
 
-from stateward.cli.run import (
+from stateward.runtime import webhook
+from stateward_local.cluster import OPERATOR_USER, LocalCluster
+from stateward_local.run import (
     OPERATOR_NAMESPACE,
     OperatorProcess,
     PostgresClusterResource,
@@ -24,8 +26,6 @@ from stateward.cli.run import (
     install_crds,
     start_operator,
 )
-from stateward.local.cluster import OPERATOR_USER, LocalCluster
-from stateward.runtime import webhook
 from tests.support import clusters
 from tests.support.waiting import wait_for
 

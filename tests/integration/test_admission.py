@@ -21,10 +21,10 @@ from lightkube.resources.core_v1 import Namespace
 from lightkube.types import PatchType
 
 from stateward import pki
-from stateward.cli.run import install_crds
 from stateward.controllers.kube import PostgresClusterResource
-from stateward.local.cluster import LocalCluster
 from stateward.runtime import webhook
+from stateward_local.cluster import LocalCluster
+from stateward_local.run import install_crds
 from tests.conftest import client_for
 from tests.integration.conftest import pgc_body
 from tests.support import clusters

@@ -18,12 +18,12 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
 from stateward.cli import plugin
-from stateward.cli.run import (
+from stateward_local import images, objectstore
+from stateward_local.cluster import LocalCluster
+from stateward_local.run import (
     OperatorProcess,
     PostgresClusterResource,
 )
-from stateward.local import images, objectstore
-from stateward.local.cluster import LocalCluster
 from tests.integration.conftest import condition, get_pgc
 from tests.support.dataplane import (
     client_of,

@@ -21,11 +21,11 @@ from lightkube.resources.rbac_authorization_v1 import ClusterRole
 
 from stateward import specs
 from stateward.api import v1alpha1
-from stateward.cli.run import PostgresClusterResource
-from stateward.local import binaries, images
-from stateward.local.cluster import LocalCluster
 from stateward.runtime import metrics, rbac
 from stateward.specs import mysql as mysql_spec
+from stateward_local import binaries, images
+from stateward_local.cluster import LocalCluster
+from stateward_local.run import PostgresClusterResource
 from tests.conftest import client_for
 from tests.integration.test_deploy import CRD_NAME, absent
 from tests.support import clusters, incluster

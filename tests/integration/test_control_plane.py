@@ -16,7 +16,7 @@ from lightkube.resources.batch_v1 import CronJob, Job
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import ConfigMap, Node, PersistentVolumeClaim, Pod
 
-from stateward.local.cluster import LocalCluster
+from stateward_local.cluster import LocalCluster
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration

@@ -25,12 +25,12 @@ from lightkube.resources.core_v1 import ConfigMap, Pod, Secret
 from lightkube.types import PatchType
 
 from stateward.api import v1alpha1
-from stateward.cli.run import (
+from stateward_local import netpol, nodes
+from stateward_local.cluster import LocalCluster
+from stateward_local.run import (
     OperatorProcess,
     PostgresClusterResource,
 )
-from stateward.local import netpol, nodes
-from stateward.local.cluster import LocalCluster
 from tests.integration.conftest import get_pgc, metric
 from tests.support import certificates
 from tests.support.dataplane import (
@@ -1027,7 +1027,7 @@ def test_the_network_policy_keeps_other_namespaces_and_non_members_out(
     real_cluster: LocalCluster, client: Client, ns: str
 ) -> None:
     # The local cluster enforces NetworkPolicies on its real nodes, as a policy-enforcing CNI
-    # would (stateward.local.netpol, started by local up). The operator's default policy: the
+    # would (stateward_local.netpol, started by local up). The operator's default policy: the
     # namespace may reach PostgreSQL, only the members reach Patroni, other namespaces
     # nothing — and the cluster, its operator on the host and a replica that joins under the
     # policy still work.

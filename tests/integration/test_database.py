@@ -16,8 +16,8 @@ from lightkube.resources.networking_v1 import NetworkPolicy
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
-from stateward.cli.run import OperatorProcess, PostgresClusterResource
 from stateward.controllers.kube import DatabaseResource
+from stateward_local.run import OperatorProcess, PostgresClusterResource
 from tests.integration.conftest import AuditLog, assert_no_writes_at_rest, gone, pgc_body
 from tests.support.waiting import wait_for
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from stateward.local.cluster import LocalCluster
+from stateward_local.cluster import LocalCluster
 from tests.support.database_faults import FAULTS, Lab, Outcome, lab_on, run_fault
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

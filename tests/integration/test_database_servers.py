@@ -14,9 +14,9 @@ import pytest
 from lightkube import ApiError, Client
 from lightkube.resources.core_v1 import Event, PersistentVolumeClaim
 
-from stateward.cli.run import OperatorProcess
 from stateward.controllers.kube import DatabaseResource
-from stateward.local.cluster import LocalCluster
+from stateward_local.cluster import LocalCluster
+from stateward_local.run import OperatorProcess
 from tests.integration.conftest import AuditLog, assert_no_writes_at_rest
 from tests.support.database_faults import FAULTS, Lab, mariadbd_of, port_dropped, run_fault
 from tests.support.databases import (

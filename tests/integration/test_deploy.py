@@ -25,11 +25,11 @@ from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
 from stateward import specs
 from stateward.api import v1alpha1
 from stateward.api.v1alpha1 import PostgresCluster
-from stateward.cli.run import OPERATOR_NAMESPACE, ensure_namespace
-from stateward.local import binaries
-from stateward.local.cluster import LocalCluster
 from stateward.runtime import rbac
 from stateward.specs import backup, config, secrets
+from stateward_local import binaries
+from stateward_local.cluster import LocalCluster
+from stateward_local.run import OPERATOR_NAMESPACE, ensure_namespace
 from tests.conftest import client_for
 from tests.support import clusters, incluster
 from tests.support.waiting import wait_for
@@ -115,7 +115,7 @@ def test_default_tree_is_valid_to_the_api_server(control_plane: LocalCluster, ku
     # Only a warning is acceptable: the Namespace was created without kubectl apply.
     assert "error" not in result.stderr.lower(), result.stderr
     # Nothing was written. (The ClusterRole itself may exist: the local operator user is
-    # bound to it by its own binding, stateward.cli.run.grant_operator.)
+    # bound to it by its own binding, stateward_local.run.grant_operator.)
     assert absent(kube, Deployment, "stateward-operator", OPERATOR_NAMESPACE)
     assert absent(kube, ClusterRoleBinding, rbac.CLUSTER_ROLE)
 

@@ -21,7 +21,7 @@ import pytest
 from lightkube.resources.core_v1 import Pod
 
 from stateward.cli import plugin
-from stateward.local.cluster import LocalCluster
+from stateward_local.cluster import LocalCluster
 from tests.support import faults
 from tests.support.dataplane import (
     Writer,

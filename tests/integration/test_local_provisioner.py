@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from stateward.local import provisioner as prov
-from stateward.local.cluster import LocalCluster
+from stateward_local import provisioner as prov
+from stateward_local.cluster import LocalCluster
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -77,7 +77,7 @@ def local_provisioner(control_plane: LocalCluster, tmp_path: Path) -> Iterator[R
     argv = [
         sys.executable,
         "-m",
-        "stateward.local.provisioner",
+        "stateward_local.provisioner",
         "--kubeconfig",
         str(control_plane.kubeconfig),
         "--root",

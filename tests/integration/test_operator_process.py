@@ -29,7 +29,9 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Event, Namespace, Secret, Service
 from lightkube.resources.rbac_authorization_v1 import RoleBinding
 
-from stateward.cli.run import (
+from stateward.runtime import rbac, webhook
+from stateward_local.cluster import OPERATOR_USER, LocalCluster
+from stateward_local.run import (
     LOCAL_BINDING,
     OPERATOR_NAMESPACE,
     OperatorProcess,
@@ -40,8 +42,6 @@ from stateward.cli.run import (
     install_crds,
     start_operator,
 )
-from stateward.local.cluster import OPERATOR_USER, LocalCluster
-from stateward.runtime import rbac, webhook
 from tests.conftest import client_for
 from tests.integration.conftest import AuditLog, metric, pgc_body, wait_leading
 from tests.support import clusters

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from lightkube import Client
 
-from stateward.cli.run import OperatorProcess
-from stateward.local import binaries
-from stateward.local.cluster import LocalCluster
+from stateward_local import binaries
+from stateward_local.cluster import LocalCluster
+from stateward_local.run import OperatorProcess
 from tests.integration.conftest import wait_phase
 from tests.support.dataplane import (
     client_of,

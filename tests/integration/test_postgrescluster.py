@@ -35,9 +35,9 @@ from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
 from lightkube.types import PatchType
 
 from stateward import pki
-from stateward.cli.run import OperatorProcess, PostgresClusterResource
-from stateward.local.cluster import LocalCluster
 from stateward.specs import tls
+from stateward_local.cluster import LocalCluster
+from stateward_local.run import OperatorProcess, PostgresClusterResource
 from tests.integration.conftest import (
     AuditLog,
     assert_no_writes_at_rest,

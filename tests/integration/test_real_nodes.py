@@ -26,8 +26,8 @@ from lightkube.resources.core_v1 import (
     Service,
 )
 
-from stateward.local import binaries, images, nodes
-from stateward.local.cluster import LocalCluster
+from stateward_local import binaries, images, nodes
+from stateward_local.cluster import LocalCluster
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration

@@ -1,5 +1,6 @@
-"""The wheel works installed: built from the sources, installed into a fresh virtualenv, and
-run from a directory that is not the checkout. Needs PyPI (or pip's warm cache) for the
+"""The wheels work installed: the operator's (stateward) and the local cluster's
+(stateward-local, local/) built from the sources, installed into a fresh virtualenv, and run
+from a directory that is not the checkout. Needs PyPI (or pip's warm cache) for the
 dependencies; no cluster, no binaries."""
 
 from __future__ import annotations
@@ -8,11 +9,12 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from stateward.local import binaries
+from stateward_local import binaries
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -27,29 +29,51 @@ def elsewhere(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def venv_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``bin/`` of a fresh virtualenv with the stateward wheel (and its dependencies) in it."""
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The operator's wheel and the local cluster's, built from a copy of the sources (so that
+    setuptools leaves no build/ or egg-info in the checkout)."""
     tmp = tmp_path_factory.mktemp("wheel")
-    # Build from a copy, so that setuptools leaves no build/ or egg-info in the checkout.
     project = tmp / "project"
     project.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, project / name)
-    shutil.copytree(
-        ROOT / "src",
-        project / "src",
-        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"),
-    )
-    pip = ["-m", "pip", "--disable-pip-version-check", "--quiet"]
-    subprocess.run(
-        [sys.executable, *pip, "wheel", "--no-deps", "-w", str(tmp / "dist"), str(project)],
-        check=True,
-    )
-    (wheel,) = (tmp / "dist").glob("stateward-*.whl")
-    subprocess.run([sys.executable, "-m", "venv", str(tmp / "venv")], check=True)
-    bin_dir = tmp / "venv" / "bin"
-    subprocess.run([str(bin_dir / "python"), *pip, "install", str(wheel)], check=True)
+    for folder in ("src", "local"):
+        shutil.copytree(
+            ROOT / folder,
+            project / folder,
+            ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"),
+        )
+    for source in (project, project / "local"):
+        subprocess.run(
+            [sys.executable, *PIP, "wheel", "--no-deps", "-w", str(tmp / "dist"), str(source)],
+            check=True,
+        )
+    (operator,) = (tmp / "dist").glob("stateward-*.whl")
+    (local,) = (tmp / "dist").glob("stateward_local-*.whl")
+    return operator, local
+
+
+@pytest.fixture(scope="module")
+def venv_bin(tmp_path_factory: pytest.TempPathFactory, wheels: tuple[Path, Path]) -> Path:
+    """``bin/`` of a fresh virtualenv with both wheels (and their dependencies) in it."""
+    venv = tmp_path_factory.mktemp("venv")
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    bin_dir = venv / "bin"
+    subprocess.run([str(bin_dir / "python"), *PIP, "install", *map(str, wheels)], check=True)
     return bin_dir
+
+
+PIP = ("-m", "pip", "--disable-pip-version-check", "--quiet")
+
+
+def test_the_operator_wheel_carries_no_local_cluster(wheels: tuple[Path, Path]) -> None:
+    operator, local = wheels
+    with zipfile.ZipFile(operator) as archive:
+        shipped = archive.namelist()
+    assert any(name.startswith("stateward/runtime/") for name in shipped)
+    assert not [name for name in shipped if "local" in name.split("/")[0] or "/local/" in name]
+    with zipfile.ZipFile(local) as archive:
+        assert "stateward_local/cluster.py" in archive.namelist()
 
 
 def run(
@@ -75,6 +99,7 @@ def test_the_installed_commands_start(venv_bin: Path, elsewhere: Path) -> None:
     where = run(venv_bin, elsewhere, "python", "-c", "import stateward; print(stateward.__file__)")
     assert where.stdout.startswith(str(venv_bin.parent)), "imported from the venv, not the checkout"
     assert "operator" in run(venv_bin, elsewhere, "stateward", "--help").stdout
+    assert "down" in run(venv_bin, elsewhere, "stateward", "local", "--help").stdout
     assert run(venv_bin, elsewhere, "stateward-instance", "--help").stdout
     assert "switchover" in run(venv_bin, elsewhere, "kubectl-stateward", "--help").stdout
 
@@ -88,13 +113,13 @@ def test_the_installed_manifests_are_the_committed_ones(venv_bin: Path, elsewher
     assert (root / CRD).read_text() == (ROOT / CRD).read_text()
 
 
-def test_the_wheel_carries_the_go_wrapper_modules(venv_bin: Path, elsewhere: Path) -> None:
+def test_the_local_wheel_carries_the_go_wrapper_modules(venv_bin: Path, elsewhere: Path) -> None:
     listed = run(
         venv_bin,
         elsewhere,
         "python",
         "-c",
-        "from stateward.local import binaries as b\n"
+        "from stateward_local import binaries as b\n"
         "for c in b.COMPONENTS: print(c.module_dir, b.tools_dir() / c.module_dir)",
     )
     found = dict(line.split(" ", 1) for line in listed.stdout.splitlines())
@@ -114,7 +139,7 @@ def test_what_needs_a_checkout_works_or_says_so_in_one_line(
         elsewhere,
         "python",
         "-c",
-        "from stateward.cli import run; print(run.sample_cluster()['kind'])",
+        "from stateward_local import run; print(run.sample_cluster()['kind'])",
     )
     assert sample.stdout.strip() == "PostgresCluster"  # generated: no config/samples here
     images = run(
@@ -122,7 +147,7 @@ def test_what_needs_a_checkout_works_or_says_so_in_one_line(
         elsewhere,
         "python",
         "-c",
-        "from stateward.local import images\n"
+        "from stateward_local import images\n"
         "try:\n    images.images_dir()\nexcept Exception as e:\n    print(e)",
     )
     (line,) = images.stdout.splitlines()

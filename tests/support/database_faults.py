@@ -28,8 +28,8 @@ from lightkube import Client
 from lightkube.resources.core_v1 import Event, PersistentVolume, PersistentVolumeClaim, Pod
 
 from stateward.controllers.kube import DatabaseResource
-from stateward.local import nodes
-from stateward.local.cluster import LocalCluster
+from stateward_local import nodes
+from stateward_local.cluster import LocalCluster
 from tests.support.databases import (
     PROBE_BASE,
     ServersWriter,

@@ -23,7 +23,9 @@ from lightkube.types import PatchType
 from prometheus_client.parser import text_string_to_metric_families
 
 from stateward.api import v1alpha1
-from stateward.cli.run import (
+from stateward_local import binaries, objectstore
+from stateward_local.cluster import LocalCluster
+from stateward_local.run import (
     OPERATOR_NAMESPACE,
     OperatorProcess,
     PostgresClusterResource,
@@ -31,8 +33,6 @@ from stateward.cli.run import (
     install_crds,
     start_operator,
 )
-from stateward.local import binaries, objectstore
-from stateward.local.cluster import LocalCluster
 from tests.integration.conftest import RESYNC_SECONDS, get_pgc, wait_leading
 from tests.support.waiting import Timeout, wait_for
 

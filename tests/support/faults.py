@@ -25,7 +25,9 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod, Secret
 from lightkube.types import PatchType
 
-from stateward.cli.run import (
+from stateward_local import binaries, nodes
+from stateward_local.cluster import LocalCluster
+from stateward_local.run import (
     OPERATOR_NAMESPACE,
     OperatorProcess,
     PostgresClusterResource,
@@ -33,8 +35,6 @@ from stateward.cli.run import (
     install_crds,
     start_operator,
 )
-from stateward.local import binaries, nodes
-from stateward.local.cluster import LocalCluster
 from tests.integration.conftest import RESYNC_SECONDS, get_pgc, wait_leading
 from tests.support.dataplane import Writer, create_cluster, sql, status_of
 from tests.support.waiting import Timeout, wait_for

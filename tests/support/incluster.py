@@ -15,8 +15,8 @@ from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Pod
 
-from stateward.cli.run import PostgresClusterResource
 from stateward.runtime import webhook
+from stateward_local.run import PostgresClusterResource
 from tests.support.dataplane import create_cluster, fresh_namespace, ready
 from tests.support.waiting import wait_for
 

@@ -23,7 +23,7 @@ from stateward.api.validation import (
     validate_cron,
     validate_spec,
 )
-from stateward.local import provisioner as prov
+from stateward_local import provisioner as prov
 from tests.support import clusters
 
 pytestmark = pytest.mark.unit

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stateward.local import binaries, cluster
-from stateward.local.errors import LocalClusterError
+from stateward_local import binaries, cluster
+from stateward_local.errors import LocalClusterError
 from tests.support import kwok
 
 pytestmark = pytest.mark.unit
@@ -113,7 +113,7 @@ def test_no_go_toolchain_is_one_clear_error(
 def test_the_local_authority_keeps_its_ca_on_disk_and_signs_with_it(tmp_path: Path) -> None:
     from cryptography import x509
 
-    from stateward.local import pki as local_pki
+    from stateward_local import pki as local_pki
 
     first = local_pki.Authority(tmp_path)
     again = local_pki.Authority(tmp_path)  # loaded, not made anew
@@ -124,3 +124,36 @@ def test_the_local_authority_keeps_its_ca_on_disk_and_signs_with_it(tmp_path: Pa
     assert issued.subject.rfc4514_string() == "O=team,CN=someone"
     assert oct(pair.key.stat().st_mode & 0o777) == "0o600"
     assert oct((tmp_path / "ca.key").stat().st_mode & 0o777) == "0o600"
+
+
+def test_stateward_local_is_handed_to_the_local_distribution(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from stateward.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main.main(["local", "--help"])
+    assert exited.value.code == 0
+    assert "node" in capsys.readouterr().out, "the local cluster's own verbs"
+
+
+def test_stateward_local_without_the_distribution_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As in the operator's image, which carries only the stateward wheel."""
+    import importlib
+
+    from stateward.cli import main
+
+    real = importlib.import_module
+
+    def without_local(name: str, package: str | None = None) -> object:
+        if name.startswith("stateward_local"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name="stateward_local")
+        return real(name, package)
+
+    monkeypatch.setattr(importlib, "import_module", without_local)
+    assert main.main(["local", "up"]) == 2
+    error = capsys.readouterr().err
+    assert "stateward-local" in error and "make venv" in error and "pip install ./local" in error
+    assert error.count("\n") == 1, "one line"

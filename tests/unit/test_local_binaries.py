@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from stateward.local import binaries, host
-from stateward.local.errors import LocalClusterError
+from stateward_local import binaries, host
+from stateward_local.errors import LocalClusterError
 
 pytestmark = pytest.mark.unit
 

@@ -28,9 +28,9 @@ from packaging.requirements import Requirement
 import stateward
 from stateward.api import v1alpha1
 from stateward.instance import patroni
-from stateward.local import images, piplock
-from stateward.local.errors import LocalClusterError
 from stateward.specs import pods, statefulset
+from stateward_local import images, piplock
+from stateward_local.errors import LocalClusterError
 
 pytestmark = pytest.mark.unit
 
@@ -298,7 +298,7 @@ def test_postgres_17_comes_from_a_trixie_base_like_bookworms() -> None:
         "from_image": None,
         "packages": [],
         "sources": [],
-        "hook": "stateward.local.images._configure_debian",
+        "hook": "stateward_local.images._configure_debian",
         "config": {"Cmd": ["/bin/bash"], "Env": [images.DEFAULT_PATH, "LANG=C.UTF-8"]},
     }, "unchanged: the cached bookworm base archive stays valid"
     same = dataclasses.replace(trixie, tag=bookworm.tag, debootstrap="bookworm", on_nodes=True)
@@ -440,6 +440,14 @@ def test_the_operator_image_follows_stateward_sources(
     assert images.stateward_version() == stateward.__version__, "no checkout: the installed one"
 
 
+def test_the_images_carry_the_operator_and_not_the_local_cluster() -> None:
+    """The operator's image is built from ``src/stateward`` alone: the local cluster is the
+    stateward-local distribution (``local/``), which no image carries."""
+    files = images._package_files(images.source_dir())
+    assert "src/stateward/runtime/operator.py" in files
+    assert not [name for name in files if "local" in name.split("/") or "stateward_local" in name]
+
+
 def chroot_calls(
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
@@ -467,7 +475,8 @@ def chroot_calls(
         if "--no-index" in argv:  # the project itself, from its tree
             project = rootfs / argv[-1].lstrip("/")
             assert (project / "pyproject.toml").is_file()
-            assert (project / "src" / "stateward" / "local" / "images.py").is_file()
+            assert (project / "src" / "stateward" / "runtime" / "operator.py").is_file()
+            assert not (project / "src" / "stateward" / "local").exists()
             assert (project / "README.md").read_text().startswith("# Stateward\n")
 
     monkeypatch.setattr(images, "_pip_network", lambda _root: (["--cert", "/ca"], {}))
@@ -884,16 +893,16 @@ def test_uv_is_the_installed_module_or_else_on_path(monkeypatch: pytest.MonkeyPa
 def test_the_lock_verb_writes_or_checks(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from stateward.cli.main import main
+    from stateward_local.cli import main
 
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr(images, "write_locks", lambda **kwargs: calls.append(kwargs) or [])
-    assert main(["local", "lock"]) == 0 and main(["local", "lock", "--upgrade"]) == 0
+    assert main(["lock"]) == 0 and main(["lock", "--upgrade"]) == 0
     assert calls == [{"upgrade": False}, {"upgrade": True}]
     with pytest.raises(SystemExit):
-        main(["local", "lock", "--upgrade", "--check"])
+        main(["lock", "--upgrade", "--check"])
 
-    assert main(["local", "lock", "--check"]) == 0
+    assert main(["lock", "--check"]) == 0
     assert capsys.readouterr().out == "the images' pip lock files are current\n"
     folder = tmp_path / "images"
     shutil.copytree(REPO_IMAGES, folder)
@@ -901,7 +910,7 @@ def test_the_lock_verb_writes_or_checks(
     (folder / "stateward" / "build-requirements-bookworm.txt").unlink()
     lock = folder / "postgres-instance" / "requirements-trixie.txt"
     lock.write_text(lock.read_text().replace("# python: 3.13", "# python: 3.12"))
-    assert main(["local", "lock", "--check"]) == 1
+    assert main(["lock", "--check"]) == 1
     assert capsys.readouterr().err.splitlines() == [
         "images/postgres-instance/requirements-trixie.txt: made for python 3.12, not 3.13",
         "images/stateward/build-requirements-bookworm.txt: missing",
@@ -912,7 +921,7 @@ def test_the_lock_verb_writes_or_checks(
         raise LocalClusterError("uv pip compile for x failed (exit 1): boom")
 
     monkeypatch.setattr(images, "write_locks", failing)
-    assert main(["local", "lock"]) == 1
+    assert main(["lock"]) == 1
     assert capsys.readouterr().err == "stateward: uv pip compile for x failed (exit 1): boom\n"
 
 

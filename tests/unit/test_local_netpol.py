@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from stateward import specs
-from stateward.local import netpol, nodes
 from stateward.specs import config
+from stateward_local import netpol, nodes
 from tests.support import clusters
 
 pytestmark = pytest.mark.unit

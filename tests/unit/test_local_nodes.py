@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stateward.local import nodes
+from stateward_local import nodes
 
 pytestmark = pytest.mark.unit
 

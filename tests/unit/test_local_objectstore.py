@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from stateward.api import manifests
-from stateward.local import nodes, objectstore
+from stateward_local import nodes, objectstore
 
 pytestmark = pytest.mark.unit
 

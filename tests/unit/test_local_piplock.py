@@ -1,4 +1,4 @@
-"""The images' pip locks (stateward.local.piplock): reading, writing, checking lock files and
+"""The images' pip locks (stateward_local.piplock): reading, writing, checking lock files and
 the uv and pip commands built from them."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from stateward.local import piplock
+from stateward_local import piplock
 
 pytestmark = pytest.mark.unit
 

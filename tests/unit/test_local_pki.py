@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stateward.local import pki
+from stateward_local import pki
 
 pytestmark = pytest.mark.unit
 

@@ -184,7 +184,7 @@ def bindings(
     :func:`leader_election_role` in ``namespace``, both named ``name``, for ``subject``.
 
     ``config/rbac`` binds the ServiceAccount by hand-written YAML; the local cluster
-    (``stateward.cli.run.grant_operator``) binds its operator *user* with these, so the
+    (``stateward_local.run.grant_operator``) binds its operator *user* with these, so the
     operator on the local cluster holds exactly what a deployed one holds.
     """
     labels = {"app.kubernetes.io/name": "stateward", "app.kubernetes.io/component": "operator"}

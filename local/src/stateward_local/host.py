@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from stateward.local import binaries, errors
+from stateward_local import binaries, errors
 
 Progress = Callable[[str], None]
 

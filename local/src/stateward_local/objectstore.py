@@ -20,7 +20,7 @@ import secrets
 from pathlib import Path
 from typing import Any, Final
 
-from stateward.local import nodes
+from stateward_local import nodes
 
 PORT: Final = 7070
 """versitygw's own default port, on the bridge address only."""

@@ -41,7 +41,7 @@ from typing import IO, Any, BinaryIO, Literal
 import stateward
 from stateward.api import v1alpha1
 from stateward.instance import patroni
-from stateward.local import binaries, errors, piplock
+from stateward_local import binaries, errors, piplock
 
 # Bump when the packer or the generic build steps change what an archive holds.
 PACKER_VERSION = "1"

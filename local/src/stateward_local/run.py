@@ -27,10 +27,10 @@ from lightkube.resources.core_v1 import Namespace
 
 from stateward.api import manifests, v1alpha1
 from stateward.controllers.kube import DatabaseResource, PostgresClusterResource
-from stateward.local import binaries, images
-from stateward.local.cluster import OPERATOR_USER, Config, LocalCluster, free_port_base
 from stateward.runtime import rbac
 from stateward.specs import statefulset
+from stateward_local import binaries, images
+from stateward_local.cluster import OPERATOR_USER, Config, LocalCluster, free_port_base
 
 OPERATOR_NAMESPACE = "stateward-system"
 LOCAL_BINDING = "stateward-operator-local"

@@ -1,7 +1,7 @@
 """Cluster binaries, built from the Go module proxy once and cached outside the repository.
 
 Each component is a small wrapper Go module under ``tools/`` (package data of
-``stateward.local``, installed with the wheel) that pins one upstream release:
+``stateward_local``, installed with the wheel) that pins one upstream release:
 the control plane (Kubernetes, etcd), kwok for simulated nodes, containerd, the CNI plugins
 and CoreDNS for real nodes, versitygw (the S3 store of local backups) and Helm (the chart's
 tests). The build lands in
@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
-from stateward.local import errors
+from stateward_local import errors
 
 KUBERNETES_VERSION = "v1.37.2"
 ETCD_VERSION = "v3.6.16"

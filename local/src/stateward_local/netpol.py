@@ -19,7 +19,7 @@ sends to a guarded pod before then is dropped, and the kernel sends it again. Wh
 does first must therefore retry: Patroni's base backup does, and a MariaDB server whose
 Database has data waits for its primary (it never initializes an empty data directory).
 
-Run by hand: ``python -m stateward.local.netpol --kubeconfig PATH --state-dir DIR --nodes N``
+Run by hand: ``python -m stateward_local.netpol --kubeconfig PATH --state-dir DIR --nodes N``
 (``--namespace NS``, repeatable: guard only those namespaces' pods); it removes its tables
 when it stops.
 """
@@ -40,7 +40,7 @@ from lightkube.config.kubeconfig import KubeConfig
 from lightkube.resources.core_v1 import Namespace, Pod
 from lightkube.resources.networking_v1 import NetworkPolicy
 
-from stateward.local import nodes
+from stateward_local import nodes
 
 TABLE = "stateward-policy"
 INTERVAL = 1.0
@@ -290,7 +290,7 @@ def _round(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stateward.local.netpol")
+    parser = argparse.ArgumentParser(prog="python -m stateward_local.netpol")
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--state-dir", required=True)
     parser.add_argument("--nodes", type=int, required=True)

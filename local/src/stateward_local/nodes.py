@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from stateward.local.errors import LocalClusterError
+from stateward_local.errors import LocalClusterError
 
 BRIDGE = "stw0"
 NETWORK = ipaddress.ip_network("10.250.0.0/24")

@@ -29,8 +29,8 @@ from typing import Any
 import httpx
 import yaml
 
-from stateward.local import binaries, host, images, nodes, objectstore, pki, provisioner
-from stateward.local.errors import LocalClusterError
+from stateward_local import binaries, host, images, nodes, objectstore, pki, provisioner
+from stateward_local.errors import LocalClusterError
 
 DEFAULT_PORT_BASE = 16443
 DEFAULT_REAL_NODES = 3
@@ -583,7 +583,7 @@ class LocalCluster:
         return [
             sys.executable,
             "-m",
-            "stateward.local.provisioner",
+            "stateward_local.provisioner",
             f"--kubeconfig={self.state_dir / 'provisioner.kubeconfig'}",
             f"--root={self.state_dir / 'volumes'}",
         ]
@@ -610,7 +610,7 @@ class LocalCluster:
         return [
             sys.executable,
             "-m",
-            "stateward.local.netpol",
+            "stateward_local.netpol",
             f"--kubeconfig={self.state_dir / 'netpol.kubeconfig'}",
             f"--state-dir={self.state_dir}",
             f"--nodes={self.config.real_nodes}",
@@ -793,7 +793,7 @@ class LocalCluster:
         pki.service_account_key(self.pki_dir / "service-account.key")
         users = {
             "admin": (ADMIN_USER, ("system:masters",)),
-            # No group: the operator holds only what `stateward.cli.run.grant_operator` binds
+            # No group: the operator holds only what `stateward_local.run.grant_operator` binds
             # to it, the generated roles of config/rbac, so a missing right fails locally.
             "operator": (OPERATOR_USER, ()),
             "controller-manager": ("system:kube-controller-manager", ()),
