@@ -44,15 +44,15 @@ test-unit: $(STAMP) ## Unit tests only (no binaries, seconds)
 
 .PHONY: lint
 lint: $(STAMP) ## ruff, mypy --strict and the import-layer contracts
-	@$(BIN)/ruff check src local/src tests
-	@$(BIN)/ruff format --check src local/src tests
+	@$(BIN)/ruff check src local/src lab tests
+	@$(BIN)/ruff format --check src local/src lab tests
 	@$(BIN)/mypy src local/src
 	@$(BIN)/lint-imports
 
 .PHONY: fmt
 fmt: $(STAMP) ## Format and autofix
-	@$(BIN)/ruff format src local/src tests
-	@$(BIN)/ruff check --fix src local/src tests
+	@$(BIN)/ruff format src local/src lab tests
+	@$(BIN)/ruff check --fix src local/src lab tests
 
 .PHONY: manifests
 manifests: $(STAMP) ## Regenerate the CRDs and RBAC under config/ from the code

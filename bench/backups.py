@@ -40,8 +40,8 @@ from lightkube import Client
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace
-from tests.integration.conftest import wait_leading
-from tests.support.dataplane import (
+from lab.operator import wait_leading
+from lab.dataplane import (
     annotate,
     create_cluster,
     local_repository,
@@ -49,7 +49,7 @@ from tests.support.dataplane import (
     sql,
     status_of,
 )
-from tests.support.waiting import wait_for
+from lab.waiting import wait_for
 
 from bench.dataplane import local_cluster
 from bench.nodes import say

@@ -3,7 +3,7 @@
 A fresh local cluster with three real nodes, the operator, and one 3-instance
 PostgresCluster (``--engine postgres``, the default) or 3-server MariaDB Database
 (``--engine mariadb``); then ``--faults`` faults (default 50) drawn at random from that
-engine's fault matrix (``tests.support.faults.FAULTS``, ``tests.support.database_faults.
+engine's fault matrix (``lab.faults.FAULTS``, ``lab.database_faults.
 FAULTS``: the same the e2e tests run). After each one the cluster must be healthy again,
 every acknowledged write must be on every member, and no server may have acknowledged a
 write after another took over. A summary table is printed; the exit status is 1 on any
@@ -26,7 +26,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.support import database_faults, faults
+from lab import database_faults, faults
 
 from bench.dataplane import local_cluster
 from bench.nodes import say

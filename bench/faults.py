@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.support.faults import FAULTS
+from lab.faults import FAULTS
 
 from bench import chaos
 from bench.nodes import say

@@ -3,7 +3,7 @@ PostgreSQL's numbers for the same faults.
 
 The same cluster, writer and verdict as ``make chaos --engine mariadb`` and the real-node
 tests (a fresh local cluster with three real nodes, the operator as a process, one 3-server
-MariaDB 10.11 Database; ``tests.support.database_faults``), in a fixed round-robin order so
+MariaDB 10.11 Database; ``lab.database_faults``), in a fixed round-robin order so
 every fault gets the same number of runs. Per fault: write downtime (the longest gap between
 acknowledged inserts around the fault; the writer tries every server, as a connector with a
 host list does), the time until ``status.lastFailover`` names the new primary, acknowledged
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.support.database_faults import FAULTS, POSTGRES_TWIN
+from lab.database_faults import FAULTS, POSTGRES_TWIN
 
 from bench import chaos
 from bench.faults import SECTION as POSTGRES_SECTION
@@ -49,7 +49,7 @@ What failures cost a MariaDB `Database`: `make bench-mariadb` (`python -m bench.
 
 **Method.** A fresh local cluster with 3 real nodes, the operator as a process on the host,
 one 3-server MariaDB 10.11 Database (semi-synchronous replication, AFTER_SYNC, no fallback),
-one server per node. Every fault of the MariaDB matrix (`tests/support/database_faults.py`,
+one server per node. Every fault of the MariaDB matrix (`lab/database_faults.py`,
 the same the real-node tests and `make chaos --engine mariadb` run), round robin, 5 runs
 each by default: a writer inserts numbered rows one at a time into whichever server takes
 writes (trying every server's address after an error, as a connector with a host list

@@ -52,7 +52,7 @@ import yaml
 from lightkube import Client
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.resources.core_v1 import Secret
-from tests.support.kwok import simulate
+from lab.kwok import simulate
 
 from bench import bare
 from stateward.api import v1alpha1

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lab.kwok import simulate
 from lightkube import Client
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
@@ -20,7 +21,6 @@ from lightkube.resources.core_v1 import Namespace
 
 from stateward_local import binaries
 from stateward_local.cluster import Config, LocalCluster, Ports, free_port_base
-from tests.support.kwok import simulate
 
 os.environ.pop("KUBECONFIG", None)
 

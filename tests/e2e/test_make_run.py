@@ -13,10 +13,10 @@ import threading
 from pathlib import Path
 
 import pytest
+from lab.waiting import wait_for
 
 from stateward_local import binaries
 from stateward_local.cluster import free_port_base
-from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 

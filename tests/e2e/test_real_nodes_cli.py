@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lab.waiting import wait_for
 
 from stateward_local import binaries, images, nodes
 from stateward_local.cluster import free_port_base
-from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -10,8 +10,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
+from lab.operator import RESYNC_SECONDS, get_pgc, metric, wait_leading
+from lab.waiting import wait_for
 from lightkube import ApiError, Client, codecs
 from lightkube.resources.admissionregistration_v1 import ValidatingWebhookConfiguration
 from lightkube.resources.core_v1 import Secret
@@ -21,37 +22,11 @@ from stateward_local.cluster import OPERATOR_USER, LocalCluster
 from stateward_local.run import (
     OPERATOR_NAMESPACE,
     OperatorProcess,
-    PostgresClusterResource,
     ensure_namespace,
     install_crds,
     start_operator,
 )
 from tests.support import clusters
-from tests.support.waiting import wait_for
-
-RESYNC_SECONDS = 3
-
-
-def metric(port: int, name: str, labels: str = "") -> float:
-    """One sample from the operator's /metrics (0 when absent)."""
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + ("{" if labels else "")) or line.startswith(name + " "):
-            if labels and labels not in line:
-                continue
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
-def wait_leading(handle: OperatorProcess, timeout: float = 60) -> None:
-    def leading() -> bool:
-        if handle.process.poll() is not None:
-            raise AssertionError(f"operator exited; log:\n{handle.log.read_text()[-3000:]}")
-        response = httpx.get(f"http://127.0.0.1:{handle.probe_port}/readyz", timeout=2)
-        return response.status_code == 200 and metric(handle.probe_port, "stateward_leader") == 1
-
-    wait_for(leading, what="the operator to lead and be ready", timeout=timeout)
 
 
 @pytest.fixture(scope="session")
@@ -142,11 +117,6 @@ def make_cluster(kube: Client, namespace: str, operator: OperatorProcess) -> Cal
         return name
 
     return make
-
-
-def get_pgc(kube: Client, name: str, namespace: str) -> dict[str, Any]:
-    result: dict[str, Any] = kube.get(PostgresClusterResource, name, namespace=namespace).to_dict()
-    return result
 
 
 def condition(obj: dict[str, Any], type: str) -> dict[str, Any]:

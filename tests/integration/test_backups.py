@@ -13,6 +13,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from lab.dataplane import (
+    client_of,
+    create_cluster,
+    event_reasons,
+    fresh_namespace,
+    local_repository,
+    operator_on,
+    ready,
+    sql,
+    status_of,
+)
+from lab.operator import get_pgc
+from lab.waiting import wait_for
 from lightkube import ApiError, Client
 from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
@@ -24,19 +37,7 @@ from stateward_local.run import (
     OperatorProcess,
     PostgresClusterResource,
 )
-from tests.integration.conftest import condition, get_pgc
-from tests.support.dataplane import (
-    client_of,
-    create_cluster,
-    event_reasons,
-    fresh_namespace,
-    local_repository,
-    operator_on,
-    ready,
-    sql,
-    status_of,
-)
-from tests.support.waiting import wait_for
+from tests.integration.conftest import condition
 
 pytestmark = pytest.mark.integration
 

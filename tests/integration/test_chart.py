@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 import yaml
+from lab.dataplane import create_cluster, fresh_namespace, ready
+from lab.waiting import wait_for
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Pod
@@ -29,8 +31,6 @@ from stateward_local.run import PostgresClusterResource
 from tests.conftest import client_for
 from tests.integration.test_deploy import CRD_NAME, absent
 from tests.support import clusters, incluster
-from tests.support.dataplane import create_cluster, fresh_namespace, ready
-from tests.support.waiting import wait_for
 from tests.unit import test_instance_metrics as instance_metrics
 from tests.unit.test_specs_database import make_database
 

@@ -7,6 +7,7 @@ import uuid
 from typing import Any
 
 import pytest
+from lab.waiting import wait_for
 from lightkube import ApiError, Client
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.meta_v1 import ObjectMeta
@@ -17,7 +18,6 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import ConfigMap, Node, PersistentVolumeClaim, Pod
 
 from stateward_local.cluster import LocalCluster
-from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -20,20 +20,7 @@ from typing import Any
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
-from lightkube import ApiError, Client
-from lightkube.resources.core_v1 import ConfigMap, Pod, Secret
-from lightkube.types import PatchType
-
-from stateward.api import v1alpha1
-from stateward_local import netpol, nodes
-from stateward_local.cluster import LocalCluster
-from stateward_local.run import (
-    OperatorProcess,
-    PostgresClusterResource,
-)
-from tests.integration.conftest import get_pgc, metric
-from tests.support import certificates
-from tests.support.dataplane import (
+from lab.dataplane import (
     CONNECT_AS_AN_APPLICATION,
     PATCH_CONFIG_AS_AN_ATTACKER,
     PoolerWriter,
@@ -55,8 +42,21 @@ from tests.support.dataplane import (
     status_of,
     switchover_done,
 )
-from tests.support.faults import instance_processes
-from tests.support.waiting import Timeout, wait_for
+from lab.faults import instance_processes
+from lab.operator import get_pgc, metric
+from lab.waiting import Timeout, wait_for
+from lightkube import ApiError, Client
+from lightkube.resources.core_v1 import ConfigMap, Pod, Secret
+from lightkube.types import PatchType
+
+from stateward.api import v1alpha1
+from stateward_local import netpol, nodes
+from stateward_local.cluster import LocalCluster
+from stateward_local.run import (
+    OperatorProcess,
+    PostgresClusterResource,
+)
+from tests.support import certificates
 
 pytestmark = pytest.mark.integration
 

@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 import pytest
+from lab.waiting import wait_for
 from lightkube import ApiError, Client, codecs
 from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import ConfigMap, PersistentVolumeClaim, Secret, Service
@@ -19,7 +20,6 @@ from lightkube.types import PatchType
 from stateward.controllers.kube import DatabaseResource
 from stateward_local.run import OperatorProcess, PostgresClusterResource
 from tests.integration.conftest import AuditLog, assert_no_writes_at_rest, gone, pgc_body
-from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -1,5 +1,5 @@
 """MariaDB failures with a writer running: one 3-server Database on the three real nodes,
-one fault of ``tests.support.database_faults.FAULTS`` per test, and after each the same
+one fault of ``lab.database_faults.FAULTS`` per test, and after each the same
 verdict — every acknowledged row on every server, never two servers acknowledging writes,
 no volume that held data deleted (``run_fault``). The pod-delete fault runs in
 ``test_database_servers`` (with the scale-down that follows it). Write gaps are printed, not
@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from lab.database_faults import FAULTS, Lab, Outcome, lab_on, run_fault
 
 from stateward_local.cluster import LocalCluster
-from tests.support.database_faults import FAULTS, Lab, Outcome, lab_on, run_fault
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

@@ -11,15 +11,8 @@ from typing import Any
 
 import pymysql
 import pytest
-from lightkube import ApiError, Client
-from lightkube.resources.core_v1 import Event, PersistentVolumeClaim
-
-from stateward.controllers.kube import DatabaseResource
-from stateward_local.cluster import LocalCluster
-from stateward_local.run import OperatorProcess
-from tests.integration.conftest import AuditLog, assert_no_writes_at_rest
-from tests.support.database_faults import FAULTS, Lab, mariadbd_of, port_dropped, run_fault
-from tests.support.databases import (
+from lab.database_faults import FAULTS, Lab, mariadbd_of, port_dropped, run_fault
+from lab.databases import (
     clone_stream_bytes,
     create,
     pod_ip,
@@ -31,8 +24,15 @@ from tests.support.databases import (
     secret,
     tls_of,
 )
-from tests.support.dataplane import client_of, fresh_namespace, operator_on, scrape, sql
-from tests.support.waiting import wait_for
+from lab.dataplane import client_of, fresh_namespace, operator_on, scrape, sql
+from lab.waiting import wait_for
+from lightkube import ApiError, Client
+from lightkube.resources.core_v1 import Event, PersistentVolumeClaim
+
+from stateward.controllers.kube import DatabaseResource
+from stateward_local.cluster import LocalCluster
+from stateward_local.run import OperatorProcess
+from tests.integration.conftest import AuditLog, assert_no_writes_at_rest
 
 pytestmark = pytest.mark.integration
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
+from lab.waiting import wait_for
 from lightkube import ApiError, Client
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
@@ -32,7 +33,6 @@ from stateward_local.cluster import LocalCluster
 from stateward_local.run import OPERATOR_NAMESPACE, ensure_namespace
 from tests.conftest import client_for
 from tests.support import clusters, incluster
-from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

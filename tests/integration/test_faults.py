@@ -1,5 +1,5 @@
 """Failures with a writer running: one 3-instance cluster on the three real nodes, one fault
-per test (the matrix is ``tests.support.faults.FAULTS``), and after each the same verdict.
+per test (the matrix is ``lab.faults.FAULTS``), and after each the same verdict.
 
 Every fault starts from a healthy cluster (Ready, a synchronous standby, every replica
 streaming, one timeline), runs a writer that records each acknowledged commit and the
@@ -18,12 +18,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from lightkube.resources.core_v1 import Pod
-
-from stateward.cli import plugin
-from stateward_local.cluster import LocalCluster
-from tests.support import faults
-from tests.support.dataplane import (
+from lab import faults
+from lab.dataplane import (
     Writer,
     annotate,
     event_reasons,
@@ -31,7 +27,7 @@ from tests.support.dataplane import (
     status_of,
     switchover_done,
 )
-from tests.support.faults import (
+from lab.faults import (
     FAULTS,
     NAME,
     REPLICAS,
@@ -43,7 +39,11 @@ from tests.support.faults import (
     synchronous_method,
     verdict,
 )
-from tests.support.waiting import wait_for
+from lab.waiting import wait_for
+from lightkube.resources.core_v1 import Pod
+
+from stateward.cli import plugin
+from stateward_local.cluster import LocalCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

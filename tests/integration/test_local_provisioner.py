@@ -19,10 +19,10 @@ from typing import Any
 
 import httpx
 import pytest
+from lab.waiting import wait_for
 
 from stateward_local import provisioner as prov
 from stateward_local.cluster import LocalCluster
-from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

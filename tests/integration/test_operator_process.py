@@ -19,6 +19,8 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from lab.operator import metric, wait_leading
+from lab.waiting import wait_for
 from lightkube import ApiError, Client, codecs
 from lightkube.models.authorization_v1 import ResourceAttributes, SelfSubjectAccessReviewSpec
 from lightkube.resources.admissionregistration_v1 import ValidatingWebhookConfiguration
@@ -43,9 +45,8 @@ from stateward_local.run import (
     start_operator,
 )
 from tests.conftest import client_for
-from tests.integration.conftest import AuditLog, metric, pgc_body, wait_leading
+from tests.integration.conftest import AuditLog, pgc_body
 from tests.support import clusters
-from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

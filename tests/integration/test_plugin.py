@@ -11,13 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from lightkube import Client
-
-from stateward_local import binaries
-from stateward_local.cluster import LocalCluster
-from stateward_local.run import OperatorProcess
-from tests.integration.conftest import wait_phase
-from tests.support.dataplane import (
+from lab.dataplane import (
     client_of,
     create_cluster,
     fresh_namespace,
@@ -25,7 +19,13 @@ from tests.support.dataplane import (
     ready,
     roles,
 )
-from tests.support.waiting import wait_for
+from lab.waiting import wait_for
+from lightkube import Client
+
+from stateward_local import binaries
+from stateward_local.cluster import LocalCluster
+from stateward_local.run import OperatorProcess
+from tests.integration.conftest import wait_phase
 
 pytestmark = pytest.mark.integration
 

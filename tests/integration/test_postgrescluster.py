@@ -12,6 +12,9 @@ from typing import Any
 import pytest
 import yaml
 from cryptography import x509
+from lab.kwok import SIMULATED_FAILURE_SUFFIX
+from lab.operator import get_pgc, metric
+from lab.waiting import wait_for
 from lightkube import ApiError, Client, codecs
 from lightkube.models.core_v1 import ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
@@ -42,16 +45,12 @@ from tests.integration.conftest import (
     AuditLog,
     assert_no_writes_at_rest,
     condition,
-    get_pgc,
     gone,
-    metric,
     pgc_body,
     wait_condition,
     wait_phase,
 )
 from tests.support import certificates, clusters
-from tests.support.kwok import SIMULATED_FAILURE_SUFFIX
-from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

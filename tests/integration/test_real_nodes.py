@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from lab.waiting import wait_for
 from lightkube import Client, codecs
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
@@ -28,7 +29,6 @@ from lightkube.resources.core_v1 import (
 
 from stateward_local import binaries, images, nodes
 from stateward_local.cluster import LocalCluster
-from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+from lab.dataplane import create_cluster, fresh_namespace, ready
+from lab.waiting import wait_for
 from lightkube import ApiError, Client, codecs
 from lightkube.generic_resource import create_global_resource
 from lightkube.resources.apps_v1 import Deployment
@@ -17,8 +19,6 @@ from lightkube.resources.core_v1 import Pod
 
 from stateward.runtime import webhook
 from stateward_local.run import PostgresClusterResource
-from tests.support.dataplane import create_cluster, fresh_namespace, ready
-from tests.support.waiting import wait_for
 
 DEPLOYMENT = "stateward-operator"
 LEASE = "stateward-operator-leader"

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from bench import chaos
-
-from tests.support.faults import FAULTS, Outcome
+from lab.faults import FAULTS, Outcome
 
 
 def test_a_seed_gives_the_same_schedule_of_known_faults() -> None:
@@ -52,7 +51,7 @@ def test_the_fault_bench_runs_every_fault_alike_and_tabulates_them() -> None:
 
 
 def test_chaos_targets_a_mariadb_database_with_its_own_matrix() -> None:
-    from tests.support import database_faults
+    from lab import database_faults
 
     args = chaos.parse(["--engine", "mariadb", "--only", "mariadbd-kill"])
     assert args.engine == "mariadb"

@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 from bench import chaos, mariadb
-
-from tests.support.database_faults import FAULTS, POSTGRES_TWIN, Outcome
+from lab.database_faults import FAULTS, POSTGRES_TWIN, Outcome
 
 pytestmark = pytest.mark.unit
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from lab import kwok
 
 from stateward_local import binaries, cluster
 from stateward_local.errors import LocalClusterError
-from tests.support import kwok
 
 pytestmark = pytest.mark.unit
 

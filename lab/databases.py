@@ -19,8 +19,8 @@ from lightkube import Client, codecs
 from lightkube.resources.core_v1 import Pod, Secret
 from lightkube.types import PatchType
 
+from lab.waiting import wait_for
 from stateward.controllers.kube import DatabaseResource
-from tests.support.waiting import wait_for
 
 
 def create(client: Client, ns: str, name: str, engine: str, version: str, replicas: int) -> None:

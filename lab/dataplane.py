@@ -22,6 +22,8 @@ from lightkube.resources.core_v1 import Event, Namespace, Pod, Secret, Service
 from lightkube.types import PatchType
 from prometheus_client.parser import text_string_to_metric_families
 
+from lab.operator import RESYNC_SECONDS, get_pgc, wait_leading
+from lab.waiting import Timeout, wait_for
 from stateward.api import v1alpha1
 from stateward_local import binaries, objectstore
 from stateward_local.cluster import LocalCluster
@@ -33,8 +35,6 @@ from stateward_local.run import (
     install_crds,
     start_operator,
 )
-from tests.integration.conftest import RESYNC_SECONDS, get_pgc, wait_leading
-from tests.support.waiting import Timeout, wait_for
 
 APP_DATABASE = "app"
 APP_USER = "app"

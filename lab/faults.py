@@ -25,6 +25,9 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod, Secret
 from lightkube.types import PatchType
 
+from lab.dataplane import Writer, create_cluster, sql, status_of
+from lab.operator import RESYNC_SECONDS, get_pgc, wait_leading
+from lab.waiting import Timeout, wait_for
 from stateward_local import binaries, nodes
 from stateward_local.cluster import LocalCluster
 from stateward_local.run import (
@@ -35,9 +38,6 @@ from stateward_local.run import (
     install_crds,
     start_operator,
 )
-from tests.integration.conftest import RESYNC_SECONDS, get_pgc, wait_leading
-from tests.support.dataplane import Writer, create_cluster, sql, status_of
-from tests.support.waiting import Timeout, wait_for
 
 NAME = "f"
 REPLICAS = 3

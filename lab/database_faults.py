@@ -1,5 +1,5 @@
 """The MariaDB fault matrix — the real-node tests, ``make bench-mariadb`` and ``make chaos
---engine mariadb`` draw from it, as ``tests.support.faults`` is PostgreSQL's.
+--engine mariadb`` draw from it, as ``lab.faults`` is PostgreSQL's.
 
 A 3-server MariaDB Database, one server per real node, with its own operator. Every fault
 starts from a healthy Database (Running, a primary and two replicating replicas), runs a
@@ -27,10 +27,7 @@ from typing import Any
 from lightkube import Client
 from lightkube.resources.core_v1 import Event, PersistentVolume, PersistentVolumeClaim, Pod
 
-from stateward.controllers.kube import DatabaseResource
-from stateward_local import nodes
-from stateward_local.cluster import LocalCluster
-from tests.support.databases import (
+from lab.databases import (
     PROBE_BASE,
     ServersWriter,
     create,
@@ -40,8 +37,11 @@ from tests.support.databases import (
     running,
     secret,
 )
-from tests.support.dataplane import client_of, fresh_namespace, operator_on
-from tests.support.waiting import Timeout, wait_for
+from lab.dataplane import client_of, fresh_namespace, operator_on
+from lab.waiting import Timeout, wait_for
+from stateward.controllers.kube import DatabaseResource
+from stateward_local import nodes
+from stateward_local.cluster import LocalCluster
 
 SERVERS = 3
 HOLD = 15.0
@@ -220,7 +220,7 @@ POSTGRES_TWIN = {
     "primary-node-freeze": "node-freeze",
     "primary-node-partition": "node-partition",
 }
-"""MariaDB's fault → the same fault in PostgreSQL's matrix (``tests.support.faults``)."""
+"""MariaDB's fault → the same fault in PostgreSQL's matrix (``lab.faults``)."""
 
 
 # --- one fault, and the verdict ------------------------------------------------------------------
