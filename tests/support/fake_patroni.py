@@ -24,9 +24,10 @@ import json
 from typing import Any
 
 from stateward.api import v1alpha1
-from stateward.controllers import core, postgrescluster
-from stateward.controllers.dataplane import DataPlane
+from stateward.controllers import core
 from stateward.controllers.kube import PatroniAccess, PatroniError, Ref
+from stateward.controllers.postgres import reconcile as postgrescluster
+from stateward.controllers.postgres.dataplane import DataPlane
 from stateward.controllers.store import ObjectStore
 from stateward.instance import patroni
 from stateward.specs import meta, secrets, tls
@@ -214,7 +215,7 @@ class FakePatroni:
 
     async def console(self, host: str, _port: int, _context: Any, command: str, **_: Any) -> None:
         """PgBouncer's admin console on the pooler pod at ``host``."""
-        from stateward.controllers import pgbouncer
+        from stateward.controllers.postgres import pgbouncer
 
         name = next(n for n in self.poolers if self.pooler_address(n) == host)
         self.console_calls.append((name, command))

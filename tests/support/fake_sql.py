@@ -1,12 +1,13 @@
 """A fake SQL layer for fast unit tests of MySQL and MariaDB replication (``replicate``).
 
 The Database reconciler speaks to the servers only through the functions of
-``stateward.controllers.mysql`` (``observe``, ``detach``, ``follow``, ...), looked up on that
+``stateward.controllers.mariadb.sql`` (``observe``, ``detach``, ``follow``, ...), looked up on that
 module at each call. :class:`FakeSQL` replaces exactly those (``install``): it holds a
 scripted state per server, answers ``observe`` from it, records every change sent, in order,
 and applies it as the server would (``follow`` makes a server replicate from the source and
 catch up, ``open_writes`` makes it writable, ...). :class:`Servers` runs the real
-``DatabaseReconciler.replicate`` over it with the pods, claims and Secrets in a store.
+``Servers.replicate`` (``controllers.mariadb.reconcile``) over it with the pods, claims and
+Secrets in a store.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ import pytest
 from stateward import pki
 from stateward.api import v1alpha1
 from stateward.controllers import core, database
-from stateward.controllers import mysql as servers
 from stateward.controllers.kube import Ref
+from stateward.controllers.mariadb import failover, sql
+from stateward.controllers.mariadb import reconcile as mariadb
 from stateward.controllers.store import ObjectStore
 from stateward.specs import meta, tls
 from stateward.specs import mysql as mysql_spec
@@ -53,11 +55,11 @@ class Server:
 
     @property
     def address(self) -> str:
-        return f"10.1.0.{servers.ordinal(self.pod) + 10}"
+        return f"10.1.0.{failover.ordinal(self.pod) + 10}"
 
 
 def host(pod: str) -> str:
-    return servers.host_of(make_database("mariadb"), pod)
+    return failover.host_of(make_database("mariadb"), pod)
 
 
 def primary(pod: str, gtid: str = "0-1-100", **kw: Any) -> Server:
@@ -80,7 +82,7 @@ LAYER = (
     "set_semi_sync",
     "switchover",
 )
-"""The functions of ``stateward.controllers.mysql`` that talk to a server."""
+"""The functions of ``stateward.controllers.mariadb.sql`` that talk to a server."""
 
 
 class FakeSQL:
@@ -95,11 +97,11 @@ class FakeSQL:
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         for name in LAYER:
-            monkeypatch.setattr(servers, name, getattr(self, name))
+            monkeypatch.setattr(sql, name, getattr(self, name))
 
     def _change(self, what: str, server: Server) -> None:
         if not server.answers:
-            raise servers.SQLError(f"the server at {server.address} did not answer")
+            raise sql.SQLError(f"the server at {server.address} did not answer")
         self.changes.append((what, server.pod))
 
     async def observe(self, address: str | None, credentials: Any, engine: Any) -> dict[str, Any]:
@@ -123,8 +125,8 @@ class FakeSQL:
     async def detach(self, address: str, credentials: Any, engine: Any, received: str = "") -> None:
         server = self._at(address)
         self._change("detach", server)
-        if received and sum(servers.positions(received).values()) > sum(
-            servers.positions(server.gtid).values()
+        if received and sum(failover.positions(received).values()) > sum(
+            failover.positions(server.gtid).values()
         ):
             server.gtid = received  # applies what its relay log held
         server.source, server.replicating, server.received = None, False, ""
@@ -290,8 +292,8 @@ class Servers:
         )
         # What apply_servers decides first: a scale-down that would remove the primary waits
         # for it to move below the cut.
-        database._hold_scale_down(scope, [{"kind": "StatefulSet", "spec": {"replicas": 0}}])
-        note = await self.reconciler.replicate(scope)
+        mariadb._hold_scale_down(scope, [{"kind": "StatefulSet", "spec": {"replicas": 0}}])
+        note = await self.reconciler.servers.replicate(scope)
         self.status["primaryPod"] = scope.primary
         if scope.last_failover is not None:
             self.status["lastFailover"] = scope.last_failover

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from stateward.controllers import postgrescluster
+from stateward.controllers.postgres import reconcile as postgrescluster
 from stateward.controllers.store import ObjectStore
 from stateward.instance import patroni
 from tests.support.clusters import make_cluster

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from stateward.controllers import backups
+from stateward.controllers.postgres import backups
 
 pytestmark = pytest.mark.unit
 

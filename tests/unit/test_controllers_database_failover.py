@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from stateward.controllers import database
-from stateward.controllers import mysql as servers
+from stateward.controllers.mariadb import failover, sql
+from stateward.controllers.mariadb import reconcile as mariadb
 from stateward.controllers.store import ObjectStore
 from tests.support.clock import Clock
 from tests.unit.test_specs_database import make_database
@@ -51,57 +52,57 @@ def test_a_silent_primary_whose_pod_is_ready_gets_a_grace_before_the_failover() 
     clock = Clock()
     reconciler = database.DatabaseReconciler(None, ObjectStore(), clock=clock)  # type: ignore[arg-type]
     s = scope()
-    waiting = reconciler._failover_wait(s, pod("shop-0"))
+    waiting = reconciler.servers._failover_wait(s, pod("shop-0"))
     assert waiting is not None and "shop-0 does not answer" in waiting
-    clock.now += database.FAILOVER_GRACE - 0.5
-    assert reconciler._failover_wait(s, pod("shop-0")) is not None  # still within the grace
+    clock.now += mariadb.FAILOVER_GRACE - 0.5
+    assert reconciler.servers._failover_wait(s, pod("shop-0")) is not None  # still within the grace
     clock.now += 0.5
-    assert reconciler._failover_wait(s, pod("shop-0")) is None  # silent long enough
+    assert reconciler.servers._failover_wait(s, pod("shop-0")) is None  # silent long enough
 
 
 @pytest.mark.parametrize("proof", [None, pod("shop-0", ready=False), pod("shop-0", deleting=True)])
 def test_kubernetes_proof_fails_over_at_once(proof: dict[str, Any] | None) -> None:
     reconciler = database.DatabaseReconciler(None, ObjectStore(), clock=Clock())  # type: ignore[arg-type]
-    assert reconciler._failover_wait(scope(), proof) is None
+    assert reconciler.servers._failover_wait(scope(), proof) is None
 
 
 def test_the_grace_starts_again_for_another_primary() -> None:
     clock = Clock()
     reconciler = database.DatabaseReconciler(None, ObjectStore(), clock=clock)  # type: ignore[arg-type]
     s = scope()
-    reconciler._failover_wait(s, pod("shop-0"))
-    clock.now += database.FAILOVER_GRACE
-    assert reconciler._failover_wait(s, pod("shop-1")) is not None
+    reconciler.servers._failover_wait(s, pod("shop-0"))
+    clock.now += mariadb.FAILOVER_GRACE
+    assert reconciler.servers._failover_wait(s, pod("shop-1")) is not None
 
 
-SOURCE0 = servers.host_of(make_database("mariadb"), "shop-0")
+SOURCE0 = failover.host_of(make_database("mariadb"), "shop-0")
 
 
-def primary(semi_sync: bool) -> servers.Server:
-    return servers.Server(
+def primary(semi_sync: bool) -> failover.Server:
+    return failover.Server(
         pod="shop-0", ready=True, role="primary", writable=True, semi_sync=semi_sync
     )
 
 
-def replica(name: str, *, replicating: bool) -> servers.Server:
-    return servers.Server(
+def replica(name: str, *, replicating: bool) -> failover.Server:
+    return failover.Server(
         pod=name, ready=True, role="replica", writable=False, source=SOURCE0,
         replicating=replicating, semi_sync=False,
     )  # fmt: skip
 
 
 async def keep(
-    monkeypatch: pytest.MonkeyPatch, observed: list[servers.Server], replicas: int
+    monkeypatch: pytest.MonkeyPatch, observed: list[failover.Server], replicas: int
 ) -> tuple[list[bool], Kube]:
     switched: list[bool] = []
 
     async def set_semi_sync(address: str, credentials: Any, engine: Any, *, on: bool) -> None:
         switched.append(on)
 
-    monkeypatch.setattr(servers, "set_semi_sync", set_semi_sync)
+    monkeypatch.setattr(sql, "set_semi_sync", set_semi_sync)
     kube = Kube()
-    credentials = servers.Credentials(root_password="r", replication_password="p")
-    await database._keep_semi_sync(scope(replicas, kube), observed[0], observed, credentials, "ip")
+    credentials = sql.Credentials(root_password="r", replication_password="p")
+    await mariadb._keep_semi_sync(scope(replicas, kube), observed[0], observed, credentials, "ip")
     return switched, kube
 
 
@@ -137,25 +138,23 @@ def test_a_failover_waits_for_every_server_whose_data_exists_but_cannot_be_asked
     # Semi-synchronous: any one replica acknowledges a commit. shop-2 may hold one that the
     # server to promote lacks: silent with a ready pod, not ready (its node cut off with the
     # primary's), or with no pod at all — while its volume claim exists, the failover waits.
-    decided = servers.Plan(primary="shop-1", promote="shop-1", failover_from="shop-0")
+    decided = failover.Plan(primary="shop-1", promote="shop-1", failover_from="shop-0")
     promoted = replica("shop-1", replicating=False)
     claim = {"metadata": {"name": "data-shop-2"}}
     claims: dict[str, Any] = {"shop-0": claim, "shop-1": claim, "shop-2": claim}
-    silent = servers.Server(pod="shop-2", ready=False, role="replica")
-    assert database._may_hold_more(decided, [promoted, silent], claims) == ["shop-2"]
-    assert database._may_hold_more(decided, [promoted], claims) == ["shop-2"], "no pod"
+    silent = failover.Server(pod="shop-2", ready=False, role="replica")
+    assert mariadb._may_hold_more(decided, [promoted, silent], claims) == ["shop-2"]
+    assert mariadb._may_hold_more(decided, [promoted], claims) == ["shop-2"], "no pod"
     # Answering (and so stopped from receiving, then compared): no wait.
     answering = replica("shop-2", replicating=False)
-    assert database._may_hold_more(decided, [promoted, answering], claims) == []
+    assert mariadb._may_hold_more(decided, [promoted, answering], claims) == []
     # Its data gone, or going (the user accepted losing what only it held): no wait.
     deleting = {"metadata": {"name": "data-shop-2", "deletionTimestamp": "2026-12-04T00:00:00Z"}}
     for gone in (None, deleting):
-        assert (
-            database._may_hold_more(decided, [promoted, silent], {**claims, "shop-2": gone}) == []
-        )
+        assert mariadb._may_hold_more(decided, [promoted, silent], {**claims, "shop-2": gone}) == []
     # The lost primary itself is never waited for (its unacknowledged tail is not a loss).
-    assert database._may_hold_more(decided, [promoted, answering], claims) == []
-    assert database._may_hold_more(servers.Plan(primary="shop-1"), [promoted], claims) == []
+    assert mariadb._may_hold_more(decided, [promoted, answering], claims) == []
+    assert mariadb._may_hold_more(failover.Plan(primary="shop-1"), [promoted], claims) == []
 
 
 def test_a_server_without_a_node_of_its_own_is_named_with_the_scheduler_s_reason() -> None:
@@ -164,8 +163,8 @@ def test_a_server_without_a_node_of_its_own_is_named_with_the_scheduler_s_reason
         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
          "message": "0/2 nodes are available: 2 node(s) didn't match pod anti-affinity rules."}
     )  # fmt: skip
-    message = database._unschedulable([pod("shop-0"), pod("shop-1"), waiting])
+    message = mariadb._unschedulable([pod("shop-0"), pod("shop-1"), waiting])
     assert message is not None
     assert message.startswith("shop-2: 0/2 nodes are available")
     assert "a node of its own" in message and "spec.replicas" in message
-    assert database._unschedulable([pod("shop-0"), pod("shop-1", ready=False)]) is None
+    assert mariadb._unschedulable([pod("shop-0"), pod("shop-1", ready=False)]) is None

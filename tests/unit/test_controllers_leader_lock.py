@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from lightkube import ApiError
 
-from stateward.controllers import postgrescluster
-from stateward.controllers.dataplane import DataPlane
+from stateward.controllers.postgres import reconcile as postgrescluster
+from stateward.controllers.postgres.dataplane import DataPlane
 from stateward.controllers.store import ObjectStore
 from tests.support.clusters import make_cluster
 

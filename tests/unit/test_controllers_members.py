@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from stateward.api import v1alpha1
-from stateward.controllers import members as m
-from stateward.controllers.dataplane import configuration_patch
-from stateward.controllers.members import progress_only
+from stateward.controllers.postgres import members as m
+from stateward.controllers.postgres.dataplane import configuration_patch
+from stateward.controllers.postgres.members import progress_only
 from stateward.instance import patroni
 
 pytestmark = pytest.mark.unit

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from stateward.api.v1alpha1 import Engine
-from stateward.controllers import mysql
+from stateward.controllers.mariadb import sql
 from stateward.runtime.leader import LeaderElector
 from tests.support.clock import Clock
 
@@ -30,8 +30,8 @@ async def silent_server(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[str]:
         held.append(writer)
 
     server = await asyncio.start_server(accept, "127.0.0.1", 0)
-    monkeypatch.setattr(mysql.spec, "PORT", server.sockets[0].getsockname()[1])
-    monkeypatch.setattr(mysql, "CONNECT_TIMEOUT", 0.3)
+    monkeypatch.setattr(sql.spec, "PORT", server.sockets[0].getsockname()[1])
+    monkeypatch.setattr(sql, "CONNECT_TIMEOUT", 0.3)
     try:
         yield "127.0.0.1"
     finally:
@@ -41,22 +41,22 @@ async def silent_server(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[str]:
         await server.wait_closed()
 
 
-CREDENTIALS = mysql.Credentials(root_password="r00t", replication_password="repl")
+CREDENTIALS = sql.Credentials(root_password="r00t", replication_password="repl")
 
 
 async def test_a_server_that_never_answers_is_observed_as_unreachable_not_waited_for(
     silent_server: str,
 ) -> None:
     # The bound is the session's, not a thread left behind: the call itself returns.
-    observed = await asyncio.wait_for(mysql.observe(silent_server, CREDENTIALS, Engine.MARIADB), 10)
+    observed = await asyncio.wait_for(sql.observe(silent_server, CREDENTIALS, Engine.MARIADB), 10)
     assert observed == {}
 
 
 async def test_a_change_to_a_server_that_never_answers_fails_with_its_address_and_no_secret(
     silent_server: str,
 ) -> None:
-    with pytest.raises(mysql.SQLError) as raised:
-        await asyncio.wait_for(mysql.fence(silent_server, CREDENTIALS, Engine.MARIADB), 10)
+    with pytest.raises(sql.SQLError) as raised:
+        await asyncio.wait_for(sql.fence(silent_server, CREDENTIALS, Engine.MARIADB), 10)
     message = str(raised.value)
     assert silent_server in message and "log in" in message
     assert "r00t" not in message and "repl" not in message
@@ -69,7 +69,7 @@ class Recorder:
         self.sent: list[tuple[str, float]] = []
 
     @contextlib.asynccontextmanager
-    async def session(self, address: str, credentials: mysql.Credentials) -> AsyncIterator[Any]:
+    async def session(self, address: str, credentials: sql.Credentials) -> AsyncIterator[Any]:
         yield object()
 
     async def query(
@@ -79,7 +79,7 @@ class Recorder:
         statement: str,
         params: Any = None,
         *,
-        within: float = mysql.STATEMENT_TIMEOUT,
+        within: float = sql.STATEMENT_TIMEOUT,
     ) -> dict[str, Any]:
         self.sent.append((statement, within))
         return {}
@@ -88,31 +88,31 @@ class Recorder:
 @pytest.fixture
 def wire(monkeypatch: pytest.MonkeyPatch) -> Recorder:
     recorder = Recorder()
-    monkeypatch.setattr(mysql, "_session", recorder.session)
-    monkeypatch.setattr(mysql, "_query", recorder.query)
+    monkeypatch.setattr(sql, "_session", recorder.session)
+    monkeypatch.setattr(sql, "_query", recorder.query)
     return recorder
 
 
-def holding(*terms: float) -> mysql.Credentials:
+def holding(*terms: float) -> sql.Credentials:
     """Credentials of an operator whose term left reads ``terms`` in turn (then the last)."""
     values = itertools.chain(terms, itertools.repeat(terms[-1]))
-    return mysql.Credentials(
+    return sql.Credentials(
         root_password="r00t", replication_password="repl", leadership=lambda: next(values)
     )
 
 
 async def test_an_operator_that_lost_the_lease_sends_no_promotion(wire: Recorder) -> None:
-    with pytest.raises(mysql.NotLeader, match="leader Lease"):
-        await mysql.open_writes("10.0.0.5", holding(0.0), Engine.MARIADB, semi_sync=True)
+    with pytest.raises(sql.NotLeader, match="leader Lease"):
+        await sql.open_writes("10.0.0.5", holding(0.0), Engine.MARIADB, semi_sync=True)
     assert wire.sent == []
 
 
 async def test_a_failover_stops_sending_the_moment_the_term_runs_short(wire: Recorder) -> None:
     # The promotion's first statements go out; the term then runs short: the rest (the one
     # that opens writes) is never sent.
-    statements = (*mysql.MARIADB.semi_sync[True], *mysql.MARIADB.open_writes)
-    with pytest.raises(mysql.NotLeader):
-        await mysql.open_writes(
+    statements = (*sql.MARIADB.semi_sync[True], *sql.MARIADB.open_writes)
+    with pytest.raises(sql.NotLeader):
+        await sql.open_writes(
             "10.0.0.5", holding(12.0, 12.0, 12.0, 1.0), Engine.MARIADB, semi_sync=True
         )
     assert [s for s, _ in wire.sent] == list(statements[:3])
@@ -120,17 +120,17 @@ async def test_a_failover_stops_sending_the_moment_the_term_runs_short(wire: Rec
 
 
 async def test_each_change_is_given_up_on_before_the_term_could_pass(wire: Recorder) -> None:
-    await mysql.fence("10.0.0.5", holding(30.0, 4.0, 2.0), Engine.MARIADB)
+    await sql.fence("10.0.0.5", holding(30.0, 4.0, 2.0), Engine.MARIADB)
     deadlines = [within for _, within in wire.sent]
-    assert deadlines[0] == mysql.STATEMENT_TIMEOUT, "a long term: the usual deadline"
-    assert deadlines[1] == 4.0 - mysql.CHANGE_MARGIN
-    assert all(within == 2.0 - mysql.CHANGE_MARGIN for within in deadlines[2:])
-    assert len(wire.sent) == len(mysql.MARIADB.fence)
+    assert deadlines[0] == sql.STATEMENT_TIMEOUT, "a long term: the usual deadline"
+    assert deadlines[1] == 4.0 - sql.CHANGE_MARGIN
+    assert all(within == 2.0 - sql.CHANGE_MARGIN for within in deadlines[2:])
+    assert len(wire.sent) == len(sql.MARIADB.fence)
 
 
 async def test_reading_a_server_needs_no_lease(wire: Recorder) -> None:
     # Observing is what a standby may do too; only changes are fenced.
-    await mysql.observe("10.0.0.5", holding(0.0), Engine.MARIADB)
+    await sql.observe("10.0.0.5", holding(0.0), Engine.MARIADB)
     assert [s for s, _ in wire.sent] == [
         "SELECT @@read_only AS read_only, @@gtid_current_pos AS gtid,"
         " @@rpl_semi_sync_master_enabled AS semi_sync",

@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from stateward.controllers import pgbouncer
+from stateward.controllers.postgres import pgbouncer
 
 pytestmark = pytest.mark.unit
 

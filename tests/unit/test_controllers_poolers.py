@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from stateward.controllers import certificates, pgbouncer, poolers
+from stateward.controllers import certificates
+from stateward.controllers.postgres import pgbouncer, poolers
 from tests.support.fake_patroni import FakePatroni, Operator
 from tests.unit.test_controllers_switchover import settled, three
 

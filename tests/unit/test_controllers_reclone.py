@@ -9,6 +9,7 @@ import pytest
 
 from stateward.controllers import database
 from stateward.controllers.kube import Ref
+from stateward.controllers.mariadb import reconcile as mariadb
 from stateward.controllers.store import ObjectStore
 from stateward.specs import mysql as mysql_spec
 from tests.unit.test_specs_database import make_database
@@ -60,7 +61,7 @@ def test_the_diverged_volume_is_retained_and_named_before_its_claim_goes() -> No
     kube = Recorder()
     scope = make_scope(kube, store)
     gtids = {"shop-0": "0-1-120", "shop-1": "0-2-118"}
-    asyncio.run(database._reclone(scope, pod, gtids))
+    asyncio.run(mariadb._reclone(scope, pod, gtids))
 
     verbs = [(verb, getattr(target, "kind", target)) for verb, target, _ in kube.calls]
     assert verbs == [
@@ -72,7 +73,7 @@ def test_the_diverged_volume_is_retained_and_named_before_its_claim_goes() -> No
     _, volume, patch = kube.calls[0]
     assert volume.name == "pv-17"
     assert patch["spec"] == {"persistentVolumeReclaimPolicy": "Retain"}
-    assert patch["metadata"]["labels"] == {database.DIVERGED_FROM_LABEL: "apps.shop"}
+    assert patch["metadata"]["labels"] == {mariadb.DIVERGED_FROM_LABEL: "apps.shop"}
     assert patch["metadata"]["annotations"] == {
         "stateward.io/diverged-pod": "shop-0",
         "stateward.io/diverged-gtid": "0-1-120",
@@ -98,13 +99,13 @@ def test_diverged_stays_while_the_volume_exists_and_clears_once_the_user_deletes
         {"volume": "pv-20", "pod": "shop-2", "gtid": "0-3-9", "at": "t2"},
     ]
     scope = make_scope(kube, ObjectStore(), diverged=[dict(e) for e in entries])
-    note = asyncio.run(database.check_diverged(scope))
+    note = asyncio.run(mariadb.check_diverged(scope))
     assert note == "diverged volumes deleted: pv-20"
     assert scope.diverged == entries[:1]
     assert [c["status"] for c in scope.conditions if c["type"] == "Diverged"] == ["True"]
 
     kube.volumes = set()
-    asyncio.run(database.check_diverged(scope))
+    asyncio.run(mariadb.check_diverged(scope))
     assert scope.diverged == []
     (diverged,) = [c for c in scope.conditions if c["type"] == "Diverged"]
     assert diverged["status"] == "False" and diverged["reason"] == "NoDivergedVolumes"
@@ -113,5 +114,5 @@ def test_diverged_stays_while_the_volume_exists_and_clears_once_the_user_deletes
 def test_a_database_that_never_diverged_reads_no_volume() -> None:
     kube = Recorder()
     scope = make_scope(kube, ObjectStore())
-    assert asyncio.run(database.check_diverged(scope)) is None
+    assert asyncio.run(mariadb.check_diverged(scope)) is None
     assert kube.calls == [] and scope.conditions == []

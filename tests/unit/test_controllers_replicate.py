@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from stateward.controllers import core, database
+from stateward.controllers.mariadb import reconcile as mariadb
 from stateward.controllers.store import ObjectStore
 from stateward.specs import meta
 from stateward.specs import mysql as mysql_spec
@@ -152,7 +153,7 @@ async def test_a_primary_that_only_stopped_answering_gets_a_grace_first(
 
     note = await world.replicate()
     assert note is not None and "does not answer over SQL but its pod is ready" in note
-    world.now += database.FAILOVER_GRACE - 1
+    world.now += mariadb.FAILOVER_GRACE - 1
     await world.replicate()
     assert sql.changes == [] and world.status["primaryPod"] == "shop-0"
 
@@ -169,7 +170,7 @@ async def test_a_restarted_operator_waits_the_whole_grace_again(
     world = Servers(monkeypatch, sql)
     world.status["primaryPod"] = "shop-0"
     await world.replicate()
-    world.now += database.FAILOVER_GRACE - 1
+    world.now += mariadb.FAILOVER_GRACE - 1
     world.restart()
     world.now += 1
     await world.replicate()
@@ -277,6 +278,6 @@ async def test_the_servers_configmap_says_whether_the_database_has_data(
         conditions=[],
         primary=primary,
     )
-    await database.apply_servers(scope)
+    await mariadb.apply_servers(scope)
     config = next(c for c in applied if c["kind"] == "ConfigMap")
     assert mysql_spec.has_data_marked(config) is marked

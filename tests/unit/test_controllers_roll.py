@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from stateward.controllers import postgrescluster
 from stateward.controllers.kube import Ref
+from stateward.controllers.postgres import reconcile as postgrescluster
 from stateward.controllers.store import ObjectStore
 from tests.support.clusters import make_cluster
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from stateward.api import v1alpha1
-from stateward.controllers import dataplane
 from stateward.controllers.kube import PatroniError
+from stateward.controllers.postgres import dataplane
 from stateward.specs import meta
 from tests.support.fake_patroni import Call, FakePatroni, Member, Operator, stamp
 

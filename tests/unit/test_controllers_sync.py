@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from stateward.controllers import dataplane
-from stateward.controllers.dataplane import DataPlane
+from stateward.controllers.postgres import dataplane
+from stateward.controllers.postgres.dataplane import DataPlane
 from stateward.instance import patroni
 from stateward.specs import meta
 from tests.support.clusters import make_cluster

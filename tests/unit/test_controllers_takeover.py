@@ -1,4 +1,4 @@
-"""When the operator may release a dead primary's leader lock (controllers/takeover.py)."""
+"""When the operator may release a dead primary's leader lock (controllers/postgres/takeover.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from stateward.controllers import takeover
+from stateward.controllers.postgres import takeover
 
 C = "postgres"
 

@@ -1,5 +1,5 @@
-"""The major upgrade's checklist (``controllers.upgrades``) step by step over observed state:
-what each step asks of the StatefulSet (version, instances), what it creates and deletes,
+"""The major upgrade's checklist (``controllers.postgres.upgrades``) step by step over observed
+state: what each step asks of the StatefulSet (version, instances), what it creates and deletes,
 and how it ends — refused with the old data running again, failed and left stopped, or
 succeeded with ``status.version`` moved. Pods come from the fake Patroni's pod bodies."""
 
@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 
 from stateward.api import v1alpha1
-from stateward.controllers import pgscope, postgrescluster, upgrades
 from stateward.controllers.kube import Ref
+from stateward.controllers.postgres import reconcile as postgrescluster
+from stateward.controllers.postgres import scope as pgscope
+from stateward.controllers.postgres import upgrades
 from stateward.controllers.store import ObjectStore
 from stateward.instance import patroni
 from stateward.specs import meta

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from stateward.api import validation
-from stateward.controllers import postgrescluster
+from stateward.controllers.postgres import reconcile as postgrescluster
 from stateward.controllers.store import ObjectStore
 from stateward.runtime import webhook
 from tests.support.clusters import BACKUP, make_cluster

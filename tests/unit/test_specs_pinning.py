@@ -10,7 +10,8 @@ import pytest
 from stateward import specs
 from stateward.api import v1alpha1
 from stateward.cli.main import build_parser
-from stateward.controllers import core, postgrescluster
+from stateward.controllers import core
+from stateward.controllers.postgres import reconcile as postgrescluster
 from stateward.controllers.store import ObjectStore
 from stateward.runtime import operator
 from stateward.specs import backup, config, pinning

@@ -36,8 +36,8 @@ from pythonjsonlogger.json import JsonFormatter
 from stateward.api import v1alpha1
 from stateward.controllers.database import DatabaseReconciler
 from stateward.controllers.kube import FIELD_MANAGER, UNREACHABLE, Kube, transient
-from stateward.controllers.members import progress_only
-from stateward.controllers.postgrescluster import Reconciler
+from stateward.controllers.postgres.members import progress_only
+from stateward.controllers.postgres.reconcile import Reconciler
 from stateward.controllers.queue import Outcome, WorkQueue
 from stateward.controllers.store import CLUSTER_LABEL, ObjectStore
 from stateward.runtime import metrics, webhook

@@ -136,10 +136,10 @@ def cluster_role() -> dict[str, Any]:
     rules.allow("", ["persistentvolumes"], ("get", "patch"))
     rules.allow("storage.k8s.io", ["storageclasses"], ("get",))
     # Before resuming a pooler paused for a switchover: has the primary Service's endpoint
-    # moved to the new primary (controllers/poolers.py)? Read during switchovers only.
+    # moved to the new primary (controllers/postgres/poolers.py)? Read during switchovers only.
     rules.allow("discovery.k8s.io", ["endpointslices"], ("list",))
     # A failing primary's node: an out-of-service taint proves it cannot accept writes
-    # (controllers/takeover.py). Read only while a primary pod looks unhealthy.
+    # (controllers/postgres/takeover.py). Read only while a primary pod looks unhealthy.
     rules.allow("", ["nodes"], ("get",))
     # The validating webhook configuration the leader keeps pointed at the webhook
     # (runtime/webhook.py). Server-side apply of a missing object is a create, and creation

@@ -2,7 +2,7 @@
 server configuration, the credentials. Pure: the model in, the objects out.
 
 Every server starts read-only with binary logging and GTIDs on; the operator chooses the
-primary, makes it writable and points the others at it (``controllers.mysql``), and labels
+primary, makes it writable and points the others at it (``controllers.mariadb``), and labels
 the pods by role so the ``-primary`` and ``-replicas`` Services follow. A server that comes
 back after losing its role (the old primary of a failover) is therefore never writable until
 the operator says so.

@@ -32,7 +32,7 @@ from lightkube import ApiError
 from stateward.api import v1alpha1
 from stateward.api.v1alpha1 import UpgradePhase
 from stateward.controllers.kube import Ref
-from stateward.controllers.pgscope import (
+from stateward.controllers.postgres.scope import (
     Scope,
     delete_patroni_state,
     instance_pods,

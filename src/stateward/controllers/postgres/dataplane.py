@@ -22,10 +22,10 @@ from lightkube import ApiError
 
 from stateward import rfc3339
 from stateward.api import v1alpha1
-from stateward.controllers import members as m
-from stateward.controllers import poolers, takeover
 from stateward.controllers.kube import Body, PatroniError, Ref
-from stateward.controllers.pgscope import Scope, instance_pods, pod_role
+from stateward.controllers.postgres import members as m
+from stateward.controllers.postgres import poolers, takeover
+from stateward.controllers.postgres.scope import Scope, instance_pods, pod_role
 from stateward.instance import patroni
 from stateward.specs import meta
 from stateward.specs.statefulset import CONTAINER_NAME

@@ -10,7 +10,7 @@ from typing import Any, Final
 from stateward.api.v1alpha1 import PostgresCluster
 from stateward.controllers import core
 from stateward.controllers.kube import Body, PatroniAccess, Ref
-from stateward.controllers.members import Member, member
+from stateward.controllers.postgres.members import Member, member
 from stateward.instance import patroni
 from stateward.specs import meta, secrets, tls
 
@@ -47,9 +47,9 @@ class Scope(core.Scope):
     """The operator's own image, which backup Jobs run; None: each cluster's instance image."""
     paused_poolers: dict[tuple[str, str], list[str]] = dataclasses.field(default_factory=dict)
     """Shared by one reconciler's scopes: per cluster, the pooler pods this operator paused
-    and has not resumed; no entry yet: unknown (``controllers.poolers``)."""
+    and has not resumed; no entry yet: unknown (``controllers.postgres.poolers``)."""
     upgrade: dict[str, Any] | None = None
-    """``status.upgrade``: the running or last major upgrade (``controllers.upgrades``)."""
+    """``status.upgrade``: the running or last major upgrade (``controllers.postgres.upgrades``)."""
     version: str | None = None
     """``status.version``: the version the data files are of, as last recorded."""
     children_version: str | None = None
@@ -58,7 +58,7 @@ class Scope(core.Scope):
     """While an upgrade runs: the instances wanted instead of the spec's (1, then 0)."""
     hold_data_plane: bool = False
     """Set while an upgrade has (or is taking) every instance down: the phases that follow
-    Patroni do not run (``controllers.upgrades.gate``)."""
+    Patroni do not run (``controllers.postgres.upgrades.gate``)."""
     halted: bool = False
     """Set by a phase after which none may run (the spec must change first)."""
     _members: list[Member] | None = dataclasses.field(default=None, init=False, repr=False)

@@ -20,9 +20,10 @@ import asyncio
 import time
 from typing import Final
 
-from stateward.controllers import certificates, pgbouncer
+from stateward.controllers import certificates
 from stateward.controllers.kube import Body
-from stateward.controllers.pgscope import Scope
+from stateward.controllers.postgres import pgbouncer
+from stateward.controllers.postgres.scope import Scope
 from stateward.instance import pooler
 from stateward.specs import meta
 from stateward.specs import pooler as pooler_spec

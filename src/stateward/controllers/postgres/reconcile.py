@@ -22,12 +22,13 @@ from lightkube import ApiError
 from stateward import rfc3339, specs
 from stateward.api import v1alpha1, validation
 from stateward.api.v1alpha1 import PostgresCluster
-from stateward.controllers import backups, certificates, core, upgrades
+from stateward.controllers import certificates, core
 from stateward.controllers import conditions as cond
-from stateward.controllers.dataplane import DataPlane, start_switchover
 from stateward.controllers.kube import Body, Kube, Ref
-from stateward.controllers.members import QUORUM_STANDBY, SYNC_STANDBY, instances
-from stateward.controllers.pgscope import (
+from stateward.controllers.postgres import backups, upgrades
+from stateward.controllers.postgres.dataplane import DataPlane, start_switchover
+from stateward.controllers.postgres.members import QUORUM_STANDBY, SYNC_STANDBY, instances
+from stateward.controllers.postgres.scope import (
     Scope,
     delete_patroni_state,
     instance_pods,
@@ -78,7 +79,8 @@ class Reconciler:
         """Per cluster: the generation whose backup credentials were last found complete,
         and when (monotonic). Freed with the cluster."""
         self.paused_poolers: dict[tuple[str, str], list[str]] = {}
-        """Per cluster: the pooler pods paused for a switchover (``controllers.poolers``)."""
+        """Per cluster: the pooler pods paused for a switchover
+        (``controllers.postgres.poolers``)."""
 
     def forget(self, namespace: str, name: str) -> None:
         """Free what is kept in memory for a cluster that is gone (its credentials among it):
@@ -334,7 +336,7 @@ async def apply_children(scope: Scope) -> str | None:
 
 def _children_cluster(scope: Scope) -> PostgresCluster:
     """The cluster the children are built for: the spec, but for the version and the
-    instances a running major upgrade asks for (``controllers.upgrades``)."""
+    instances a running major upgrade asks for (``controllers.postgres.upgrades``)."""
     update: dict[str, Any] = {}
     if scope.children_version is not None:
         update["version"] = scope.children_version
