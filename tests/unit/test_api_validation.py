@@ -23,6 +23,7 @@ from stateward.api.validation import (
     validate_cron,
     validate_spec,
 )
+from stateward.specs import config as config_spec
 from stateward_local import provisioner as prov
 from tests.support import clusters
 
@@ -394,9 +395,8 @@ def test_managed_parameters_are_refused_in_any_case(key: str) -> None:
 def test_every_parameter_the_instance_overrides_is_refused_at_admission() -> None:
     """A parameter the instance configuration would silently override must be refused when
     the user sets it, not admitted and then ignored (these sets are the one definition)."""
-    from stateward.instance import patroni
 
-    overridden = set(patroni.OPERATOR_PARAMETERS) | set(patroni.PATRONI_OWNED_PARAMETERS)
+    overridden = set(config_spec.OPERATOR_PARAMETERS) | set(config_spec.PATRONI_OWNED_PARAMETERS)
     assert overridden <= set(MANAGED_PARAMETERS)
     for name in sorted(overridden):
         errors = validate_spec(spec(postgresql={"parameters": {name: "1"}}))

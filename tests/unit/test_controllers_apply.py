@@ -9,6 +9,7 @@ import pytest
 from stateward.controllers.postgres import reconcile as postgrescluster
 from stateward.controllers.store import ObjectStore
 from stateward.instance import patroni
+from stateward.specs import config as config_spec
 from tests.support.clusters import make_cluster
 
 pytestmark = pytest.mark.unit
@@ -28,13 +29,13 @@ class FakeKube:
 
 async def test_apply_children_builds_patroni_yaml_once(monkeypatch: pytest.MonkeyPatch) -> None:
     built: list[str] = []
-    configuration = patroni.configuration
+    configuration = config_spec.configuration
 
     def counting(cluster: Any, **kwargs: Any) -> dict[str, Any]:
         built.append(cluster.name)
         return configuration(cluster, **kwargs)
 
-    monkeypatch.setattr(patroni, "configuration", counting)
+    monkeypatch.setattr(config_spec, "configuration", counting)
     cluster = make_cluster()
     kube = FakeKube()
     scope = postgrescluster.Scope(

@@ -11,7 +11,7 @@ from stateward.api import v1alpha1
 from stateward.controllers.postgres import members as m
 from stateward.controllers.postgres.dataplane import configuration_patch
 from stateward.controllers.postgres.members import progress_only
-from stateward.instance import patroni
+from stateward.specs import config as config_spec
 
 pytestmark = pytest.mark.unit
 
@@ -169,12 +169,12 @@ def cluster(**spec: Any) -> v1alpha1.PostgresCluster:
 
 
 def test_synchronous_replication_is_on_by_default_with_one_standby() -> None:
-    assert patroni.synchronous_settings(cluster()) == {
+    assert config_spec.synchronous_settings(cluster()) == {
         "synchronous_mode": True,
         "synchronous_mode_strict": False,
         "synchronous_node_count": 1,
     }
-    assert patroni.dynamic_configuration(cluster())["synchronous_mode"] is True
+    assert config_spec.dynamic_configuration(cluster())["synchronous_mode"] is True
 
 
 @pytest.mark.parametrize(
@@ -182,7 +182,7 @@ def test_synchronous_replication_is_on_by_default_with_one_standby() -> None:
     [("Preferred", False, True), ("Required", True, True), ("Off", False, False)],
 )
 def test_synchronous_modes(mode: str, strict: bool, enabled: bool) -> None:
-    settings = patroni.synchronous_settings(cluster(synchronous={"mode": mode, "number": 2}))
+    settings = config_spec.synchronous_settings(cluster(synchronous={"mode": mode, "number": 2}))
     assert settings["synchronous_mode"] is enabled
     assert settings["synchronous_mode_strict"] is strict
     assert settings["synchronous_node_count"] == 2
@@ -193,7 +193,7 @@ def test_synchronous_modes(mode: str, strict: bool, enabled: bool) -> None:
     [("Preferred", False, "quorum"), ("Required", True, "quorum"), ("Off", False, False)],
 )
 def test_quorum_commit_is_patronis_quorum_mode(mode: str, strict: bool, enabled: object) -> None:
-    settings = patroni.synchronous_settings(
+    settings = config_spec.synchronous_settings(
         cluster(synchronous={"mode": mode, "number": 1, "method": "Quorum"})
     )
     assert settings == {
@@ -206,13 +206,13 @@ def test_quorum_commit_is_patronis_quorum_mode(mode: str, strict: bool, enabled:
 def test_priority_is_the_default_method() -> None:
     assert cluster().spec.synchronous.method == v1alpha1.SynchronousMethod.PRIORITY
     explicit = cluster(synchronous={"method": "Priority"})
-    assert patroni.synchronous_settings(explicit) == patroni.synchronous_settings(cluster())
+    assert config_spec.synchronous_settings(explicit) == config_spec.synchronous_settings(cluster())
 
 
 def applied(pgc: v1alpha1.PostgresCluster) -> dict[str, Any]:
     return {
-        **patroni.ha_settings(pgc),
-        "postgresql": {"parameters": patroni.parameters(pgc)},
+        **config_spec.ha_settings(pgc),
+        "postgresql": {"parameters": config_spec.parameters(pgc)},
     }
 
 
@@ -241,14 +241,14 @@ def test_only_what_changed_is_patched_and_removed_parameters_are_nulled() -> Non
 
 def test_a_configuration_without_synchronous_keys_has_patronis_defaults() -> None:
     pgc = cluster(synchronous={"mode": "Off"})
-    dcs = {"postgresql": {"parameters": patroni.parameters(pgc)}, "failsafe_mode": True}
+    dcs = {"postgresql": {"parameters": config_spec.parameters(pgc)}, "failsafe_mode": True}
     assert configuration_patch(pgc, dcs) == {}
     assert configuration_patch(cluster(), dcs) == {"synchronous_mode": True}
 
 
 def test_failsafe_mode_is_on_and_a_cluster_made_without_it_gets_it() -> None:
     pgc = cluster()
-    assert patroni.dynamic_configuration(pgc)["failsafe_mode"] is True
+    assert config_spec.dynamic_configuration(pgc)["failsafe_mode"] is True
     before = {k: v for k, v in applied(pgc).items() if k != "failsafe_mode"}
     assert configuration_patch(pgc, before) == {"failsafe_mode": True}
 

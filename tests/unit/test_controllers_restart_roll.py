@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from stateward.controllers.kube import PatroniError
-from stateward.instance import patroni
+from stateward.specs import config as config_spec
 from stateward.specs import meta
 from tests.support.clusters import make_cluster
 from tests.support.fake_patroni import FakePatroni, Member, Operator
@@ -224,8 +224,8 @@ async def test_a_parameter_change_is_applied_through_patroni_and_then_rolled() -
     operator = Operator(fake)
     before = make_cluster(replicas=3)  # what Patroni runs: the spec without it
     fake.dcs = {
-        **patroni.ha_settings(before),
-        "postgresql": {"parameters": patroni.parameters(before)},
+        **config_spec.ha_settings(before),
+        "postgresql": {"parameters": config_spec.parameters(before)},
     }
     await operator.reconcile()
     assert [c for c in fake.calls if c.method != "GET"] == []  # nothing to change yet
@@ -287,8 +287,8 @@ async def test_a_synchronous_replication_change_is_applied_without_a_restart() -
     operator = Operator(fake)
     before = make_cluster(replicas=3)
     fake.dcs = {
-        **patroni.ha_settings(before),
-        "postgresql": {"parameters": patroni.parameters(before)},
+        **config_spec.ha_settings(before),
+        "postgresql": {"parameters": config_spec.parameters(before)},
     }
     await operator.reconcile()
     fake.forget_calls()

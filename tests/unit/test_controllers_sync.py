@@ -9,7 +9,7 @@ import pytest
 
 from stateward.controllers.postgres import dataplane
 from stateward.controllers.postgres.dataplane import DataPlane
-from stateward.instance import patroni
+from stateward.specs import config as config_spec
 from stateward.specs import meta
 from tests.support.clusters import make_cluster
 from tests.support.fake_patroni import NAME, FakePatroni, Member, Operator
@@ -154,8 +154,8 @@ async def test_quorum_commit_names_every_voter_soon_after_the_switch() -> None:
     fake = three()
     running = make_cluster(replicas=3)  # what Patroni runs: the spec before the switch
     fake.dcs = {
-        **patroni.ha_settings(running),
-        "postgresql": {"parameters": patroni.parameters(running)},
+        **config_spec.ha_settings(running),
+        "postgresql": {"parameters": config_spec.parameters(running)},
     }
     operator, clock = await settled(fake)
     assert sync_reads(fake) == 2

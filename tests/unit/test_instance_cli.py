@@ -15,6 +15,7 @@ import yaml
 
 from stateward.api import v1alpha1
 from stateward.instance import cli, patroni, supervisor
+from stateward.specs import config as config_spec
 from stateward.specs import statefulset
 
 pytestmark = pytest.mark.unit
@@ -74,7 +75,7 @@ def pod(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Exec:
     for name in ("tls.crt", "tls.key", "ca.crt"):
         (tls / name).write_text("PEM\n")
     document = (
-        patroni.render(cluster(), labels={"app": "x"})
+        config_spec.render(cluster(), labels={"app": "x"})
         .replace(patroni.bin_dir(15), str(bin_dir))
         .replace(patroni.TLS_DIR, str(tls))
     )
@@ -411,7 +412,7 @@ def test_post_bootstrap_names_the_missing_environment_and_password_file(tmp_path
 
 
 def test_patroni_runs_the_hook_after_initdb() -> None:
-    document = patroni.configuration(cluster(), labels={})
+    document = config_spec.configuration(cluster(), labels={})
     assert document["bootstrap"]["post_bootstrap"] == "stateward-instance post-bootstrap"
     assert cli._parser().parse_args(["post-bootstrap", "postgres://x"]).connection == "postgres://x"
 

@@ -19,7 +19,7 @@ LABELS = {"app.kubernetes.io/name": "postgresql", "stateward.io/cluster": "demo"
 
 
 def rendered(cluster: PostgresCluster) -> dict[str, Any]:
-    document = yaml.safe_load(patroni.render(cluster, labels=LABELS))
+    document = yaml.safe_load(config.render(cluster, labels=LABELS))
     assert isinstance(document, dict)
     return document
 
@@ -260,15 +260,15 @@ def test_user_parameters_are_merged_and_managed_ones_win() -> None:
     parameters = rendered(cluster)["bootstrap"]["dcs"]["postgresql"]["parameters"]
     assert parameters["max_connections"] == "200"
     assert parameters["work_mem"] == "16MB"
-    for name, value in patroni.OPERATOR_PARAMETERS.items():
+    for name, value in config.OPERATOR_PARAMETERS.items():
         assert parameters[name] == value
     assert list(parameters) == sorted(parameters)
 
 
-@pytest.mark.parametrize("name", sorted(patroni.PATRONI_OWNED_PARAMETERS))
+@pytest.mark.parametrize("name", sorted(config.PATRONI_OWNED_PARAMETERS))
 def test_parameters_patroni_owns_are_dropped(name: str) -> None:
     cluster = make_cluster(postgresql={"parameters": {name: "x", name.upper(): "y"}})
-    merged = patroni.parameters(cluster)
+    merged = config.parameters(cluster)
     assert name not in merged
     assert name.upper() not in merged
 
@@ -277,26 +277,26 @@ def test_managed_parameters_win_whatever_the_case() -> None:
     cluster = make_cluster(
         postgresql={"parameters": {"WAL_LEVEL": "minimal", "Hot_Standby": "off"}}
     )
-    merged = patroni.parameters(cluster)
+    merged = config.parameters(cluster)
     assert merged["wal_level"] == "replica"
     assert merged["hot_standby"] == "on"
     assert {name.lower() for name in merged} == set(merged)
 
 
 def test_max_wal_senders_covers_every_possible_replica() -> None:
-    assert int(patroni.OPERATOR_PARAMETERS["max_wal_senders"]) > 16
+    assert int(config.OPERATOR_PARAMETERS["max_wal_senders"]) > 16
     assert (
-        patroni.OPERATOR_PARAMETERS["max_wal_senders"]
-        == (patroni.OPERATOR_PARAMETERS["max_replication_slots"])
+        config.OPERATOR_PARAMETERS["max_wal_senders"]
+        == (config.OPERATOR_PARAMETERS["max_replication_slots"])
     )
-    one = patroni.parameters(make_cluster(replicas=1))
-    many = patroni.parameters(make_cluster(replicas=16))
+    one = config.parameters(make_cluster(replicas=1))
+    many = config.parameters(make_cluster(replicas=16))
     assert one == many
 
 
 def test_dynamic_configuration_is_the_bootstrap_dcs() -> None:
     cluster = make_cluster(postgresql={"parameters": {"work_mem": "8MB"}})
-    assert rendered(cluster)["bootstrap"]["dcs"] == patroni.dynamic_configuration(cluster)
+    assert rendered(cluster)["bootstrap"]["dcs"] == config.dynamic_configuration(cluster)
 
 
 def test_initdb_enables_checksums() -> None:
@@ -312,15 +312,15 @@ def test_watchdog_is_off_as_a_string() -> None:
 
 
 def test_render_is_deterministic() -> None:
-    first = patroni.render(make_cluster(), labels=LABELS)
-    second = patroni.render(make_cluster(), labels=dict(LABELS))
+    first = config.render(make_cluster(), labels=LABELS)
+    second = config.render(make_cluster(), labels=dict(LABELS))
     assert first == second
 
 
 def test_parameter_order_does_not_change_the_rendering() -> None:
     one = make_cluster(postgresql={"parameters": {"a_param": "1", "b_param": "2"}})
     other = make_cluster(postgresql={"parameters": {"b_param": "2", "a_param": "1"}})
-    assert patroni.render(one, labels=LABELS) == patroni.render(other, labels=LABELS)
+    assert config.render(one, labels=LABELS) == config.render(other, labels=LABELS)
 
 
 def test_rendering_is_the_same_with_or_without_libyaml() -> None:
@@ -328,9 +328,11 @@ def test_rendering_is_the_same_with_or_without_libyaml() -> None:
     # machine's PyYAML has the C emitter.
     cluster = make_cluster()
     labels = {"stateward.io/cluster": cluster.name}
-    fast = patroni.render(cluster, labels=labels)
+    fast = config.render(cluster, labels=labels)
     plain = yaml.safe_dump(
-        patroni.configuration(cluster, labels=labels), sort_keys=False, default_flow_style=False
+        config.configuration(cluster, labels=labels),
+        sort_keys=False,
+        default_flow_style=False,
     )
     assert fast == plain
 
@@ -347,7 +349,7 @@ def test_state_config_maps_are_the_ones_patroni_creates_in_config_map_mode() -> 
 def test_new_replicas_copy_the_primary_with_a_fast_checkpoint() -> None:
     # pg_basebackup's default spread checkpoint held a new replica back 95 s on an empty
     # database.
-    document = patroni.configuration(make_cluster(), labels={})
+    document = config.configuration(make_cluster(), labels={})
     assert document["postgresql"]["basebackup"] == [{"checkpoint": "fast"}]
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from stateward.instance import pgbackrest
+from stateward.specs import backup
 from tests.support import clusters
 
 pytestmark = pytest.mark.unit
@@ -101,26 +102,29 @@ def test_a_backup_without_timestamps_is_ignored() -> None:
 
 
 def test_archive_command_without_and_with_a_repository() -> None:
-    assert pgbackrest.archive_command(clusters.make_cluster()) == "/bin/true"
+    assert backup.archive_command(clusters.make_cluster()) == "/bin/true"
     cluster = clusters.make_cluster(backup=clusters.BACKUP)
-    assert pgbackrest.archive_command(cluster) == "pgbackrest --stanza=demo archive-push %p"
+    assert backup.archive_command(cluster) == "pgbackrest --stanza=demo archive-push %p"
 
 
 def test_options_never_hold_the_keys() -> None:
     cluster = clusters.make_cluster(backup=clusters.BACKUP)
-    options = pgbackrest.options(cluster, data_dir="/d", socket_dir="/s", port=5432)
+    options = backup.pgbackrest_options(cluster, data_dir="/d", socket_dir="/s", port=5432)
     assert not [name for name in options if "KEY" in name and "CA" not in name]
     assert list(options) == sorted(options)
     assert options["PGBACKREST_LOG_LEVEL_FILE"] == "off"
     # No y/n values: PyYAML leaves them unquoted and YAML 1.1 readers (kubectl) then take
     # them for booleans; "off" is quoted by every dumper that knows YAML 1.1.
     assert not {v for v in options.values() if v.lower() in ("y", "n")}
-    assert pgbackrest.options(clusters.make_cluster(), data_dir="/d", socket_dir="/s", port=1) == {}
+    assert (
+        backup.pgbackrest_options(clusters.make_cluster(), data_dir="/d", socket_dir="/s", port=1)
+        == {}
+    )
 
 
 def test_an_unreachable_store_is_reported_within_minutes() -> None:
     cluster = clusters.make_cluster(backup=clusters.BACKUP)
-    options = pgbackrest.options(cluster, data_dir="/d", socket_dir="/s", port=5432)
+    options = backup.pgbackrest_options(cluster, data_dir="/d", socket_dir="/s", port=5432)
     # pgBackRest retries an I/O 8 times: 8 x 20 s, not 8 x its default 60 s.
     assert int(options["PGBACKREST_IO_TIMEOUT"]) <= 20
 
@@ -169,12 +173,12 @@ def test_restore_to_a_time_or_a_restore_point_promotes_there() -> None:
 
 
 def test_restore_command_for_patroni() -> None:
-    assert pgbackrest.restore_command(clusters.make_cluster(backup=clusters.BACKUP)) is None
+    assert backup.restore_command(clusters.make_cluster(backup=clusters.BACKUP)) is None
     cluster = clusters.make_cluster(
         backup=clusters.BACKUP,
         bootstrap={"restore": {"cluster": "orders", "targetTime": "2026-12-02T10:15:00Z"}},
     )
-    assert pgbackrest.restore_command(cluster) == (
+    assert backup.restore_command(cluster) == (
         "stateward-instance restore --stanza orders --path /db/orders"
         " --target-time 2026-12-02T10:15:00Z"
     )
@@ -182,7 +186,7 @@ def test_restore_command_for_patroni() -> None:
         backup=clusters.BACKUP,
         bootstrap={"restore": {"cluster": "orders", "path": "/prod/o", "restorePoint": "rp1"}},
     )
-    assert pgbackrest.restore_command(elsewhere) == (
+    assert backup.restore_command(elsewhere) == (
         "stateward-instance restore --stanza orders --path /prod/o --restore-point rp1"
     )
 

@@ -17,6 +17,8 @@ import pydantic
 from pydantic import ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from stateward.instance import localsql
+
 GROUP = "stateward.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -138,7 +140,7 @@ class Synchronous(_Model):
     quorum commit). Status names the replicas ``quorum_standby``."""
 
 
-IDENTIFIER_PATTERN = "^[a-z_][a-z0-9_]*$"
+IDENTIFIER_PATTERN = localsql.IDENTIFIER_PATTERN
 """A PostgreSQL identifier that needs no quoting: lower case letters, digits, underscores."""
 RESERVED_ROLES = ("postgres", "replicator")
 RESERVED_DATABASES = ("postgres", "template0", "template1")

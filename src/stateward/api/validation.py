@@ -41,6 +41,7 @@ from stateward.api.v1alpha1 import (
     VERSION_PATTERN,
     PostgresClusterSpec,
 )
+from stateward.instance import patroni
 
 __all__ = [
     "CRON_EXAMPLE",
@@ -65,10 +66,11 @@ __all__ = [
 
 # --- postgresql.conf parameters ----------------------------------------------------------
 
-SOCKET_DIR = "/var/run/postgresql"
-"""Where PostgreSQL puts its Unix socket inside the instance container."""
-TLS_DIR = "/etc/stateward/tls"
-"""Where the instance container mounts the cluster's serving certificate (``NAME-tls``)."""
+# Where the instance container has PostgreSQL's socket and the cluster's serving certificate
+# (``NAME-tls``): facts of the pod (``instance``, a leaf below every layer), which the fixed
+# parameters below must name.
+SOCKET_DIR = patroni.SOCKET_DIR
+TLS_DIR = patroni.TLS_DIR
 
 OPERATOR_PARAMETERS: Mapping[str, str] = {
     "wal_level": "replica",

@@ -32,8 +32,15 @@ from typing import Any, Final
 
 import yaml
 
-from stateward.api import v1alpha1
-from stateward.instance import backup, patroni, pgbackrest, pooler, supervisor, upgrade
+from stateward.instance import (
+    backup,
+    localsql,
+    patroni,
+    pgbackrest,
+    pooler,
+    supervisor,
+    upgrade,
+)
 
 PROGRAM: Final = "stateward-instance"
 
@@ -312,7 +319,7 @@ def bootstrap_sql(database: str, owner: str, password: str) -> str:
     verifier, never the password itself, and the session logs no statement text: not by
     ``log_statement``, not as a slow statement, not beside an error."""
     for what, value in (("database", database), ("owner", owner)):
-        if not re.fullmatch(v1alpha1.IDENTIFIER_PATTERN, value):
+        if not re.fullmatch(localsql.IDENTIFIER_PATTERN, value):
             raise InstanceError(f"the application {what} {value!r} is not a plain identifier")
     if not re.fullmatch(r"[A-Za-z0-9_-]+", password):
         raise InstanceError("the application password holds characters the operator never makes")

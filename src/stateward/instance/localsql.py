@@ -10,6 +10,10 @@ from collections.abc import Callable
 from typing import Any, Final
 
 SOCKET_DIR: Final = "/var/run/postgresql"
+IDENTIFIER_PATTERN: Final = "^[a-z_][a-z0-9_]*$"
+"""A name SQL takes unquoted and PostgreSQL keeps as written: what the application's database
+and owner must be (the API accepts nothing else), so the statements that make them need no
+quoting."""
 APPLICATION_NAME: Final = "stateward-metrics"
 
 

@@ -1,5 +1,6 @@
-"""pgBackRest in the instance pods: its options, the archive command, and what its
-``info`` says.
+"""pgBackRest in the instance pods: where its files are, its keys file, the commands the pod
+runs (restore, stanza), and what its ``info`` says. Its options for a given cluster are the
+operator's (``specs.backup``).
 
 pgBackRest reads every option from ``PGBACKREST_*`` environment variables as well as from
 its configuration files; the instance pods set the options as variables and the S3 keys as a
@@ -18,7 +19,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from stateward import rfc3339
-from stateward.api import v1alpha1
 
 CA_DIR: Final = "/etc/stateward/backup"
 CA_FILE_NAME: Final = "ca.crt"
@@ -46,52 +46,6 @@ def keys_conf(key: str, secret: str) -> str:
         if not value or any(c in value for c in "\r\n"):
             raise ValueError("an S3 key is empty or spans lines")
     return f"[global]\nrepo1-s3-key={key}\nrepo1-s3-key-secret={secret}\n"
-
-
-def archive_command(cluster: v1alpha1.PostgresCluster) -> str:
-    if cluster.spec.backup is None:
-        return ARCHIVE_DISABLED
-    return f"pgbackrest --stanza={cluster.backup_stanza} archive-push %p"
-
-
-def options(
-    cluster: v1alpha1.PostgresCluster, *, data_dir: str, socket_dir: str, port: int
-) -> dict[str, str]:
-    """Every pgBackRest option but the keys, as environment variables (sorted)."""
-    backup = cluster.spec.backup
-    if backup is None:
-        return {}
-    s3 = backup.repository.s3
-    path = cluster.backup_repository_path
-    assert path is not None
-    values = {
-        "PGBACKREST_STANZA": cluster.backup_stanza,
-        "PGBACKREST_PG1_PATH": data_dir,
-        "PGBACKREST_PG1_PORT": str(port),
-        "PGBACKREST_PG1_SOCKET_PATH": socket_dir,
-        "PGBACKREST_PG1_USER": "postgres",
-        "PGBACKREST_REPO1_TYPE": "s3",
-        "PGBACKREST_REPO1_PATH": path,
-        "PGBACKREST_REPO1_S3_ENDPOINT": s3.host,
-        "PGBACKREST_REPO1_S3_BUCKET": s3.bucket,
-        "PGBACKREST_REPO1_S3_REGION": s3.region,
-        "PGBACKREST_REPO1_S3_URI_STYLE": s3.uri_style.value.lower(),
-        "PGBACKREST_REPO1_RETENTION_FULL": str(backup.retention.full),
-        "PGBACKREST_COMPRESS_TYPE": COMPRESS_TYPE,
-        # The console (the pod's log, the Job's log) is enough; the root filesystem is
-        # read-only and /var/log/pgbackrest does not exist.
-        "PGBACKREST_LOG_LEVEL_FILE": "off",
-        "PGBACKREST_LOCK_PATH": LOCK_PATH,
-        # Per I/O, not per transfer: a slow upload still progresses within it. pgBackRest
-        # retries an I/O up to 8 times, so the default (60 s) took 8 minutes to report an
-        # unreachable store, holding the archive lock meanwhile.
-        "PGBACKREST_IO_TIMEOUT": str(IO_TIMEOUT_SECONDS),
-    }
-    if s3.port is not None:
-        values["PGBACKREST_REPO1_STORAGE_PORT"] = str(s3.port)
-    if s3.ca_key is not None:
-        values["PGBACKREST_REPO1_STORAGE_CA_FILE"] = CA_FILE
-    return dict(sorted(values.items()))
 
 
 # --- what `pgbackrest info --output=json` says --------------------------------------------
@@ -193,21 +147,6 @@ def restore_argv(
     elif restore_point is not None:
         argv += ["--type=name", f"--target={restore_point}", "--target-action=promote"]
     return argv
-
-
-def restore_command(cluster: v1alpha1.PostgresCluster) -> str | None:
-    """Patroni's custom bootstrap command for ``spec.bootstrap.restore`` (None without)."""
-    restore = cluster.spec.bootstrap.restore
-    path = cluster.restore_source_path
-    if restore is None or path is None:
-        return None
-    # Every value is validated against a pattern without spaces or quotes (the API).
-    words = ["stateward-instance", "restore", "--stanza", restore.cluster, "--path", path]
-    if restore.target_time is not None:
-        words += ["--target-time", restore.target_time]
-    elif restore.restore_point is not None:
-        words += ["--restore-point", restore.restore_point]
-    return " ".join(words)
 
 
 def stanza_command(

@@ -4,7 +4,8 @@ in the instance pods.
 Both Jobs run the same pod: the instance image's ``stateward-instance backup``, which runs
 pgBackRest in the primary's container through the API server (``instance.backup``). The
 repository is ``spec.backup.repository``; pgBackRest's options reach the instance pods as
-environment variables (``instance.pgbackrest``).
+environment variables (:func:`pgbackrest_options`; the pod's side of pgBackRest is
+``instance.pgbackrest``).
 """
 
 from __future__ import annotations
@@ -175,7 +176,7 @@ def instance_env(cluster: v1alpha1.PostgresCluster) -> list[meta.Object]:
     keys are files (:func:`instance_volumes`), never variables."""
     if cluster.spec.backup is None:
         return []
-    options = pgbackrest.options(
+    options = pgbackrest_options(
         cluster,
         data_dir=patroni.DATA_DIR,
         socket_dir=patroni.SOCKET_DIR,
@@ -220,3 +221,67 @@ def instance_mounts(cluster: v1alpha1.PostgresCluster) -> list[meta.Object]:
     if not instance_volumes(cluster):
         return []
     return [{"name": CA_VOLUME, "mountPath": pgbackrest.CA_DIR, "readOnly": True}]
+
+
+# --- pgBackRest for this cluster ----------------------------------------------------------
+
+
+def archive_command(cluster: v1alpha1.PostgresCluster) -> str:
+    if cluster.spec.backup is None:
+        return pgbackrest.ARCHIVE_DISABLED
+    return f"pgbackrest --stanza={cluster.backup_stanza} archive-push %p"
+
+
+def pgbackrest_options(
+    cluster: v1alpha1.PostgresCluster, *, data_dir: str, socket_dir: str, port: int
+) -> dict[str, str]:
+    """Every pgBackRest option but the keys, as environment variables (sorted)."""
+    backup = cluster.spec.backup
+    if backup is None:
+        return {}
+    s3 = backup.repository.s3
+    path = cluster.backup_repository_path
+    assert path is not None
+    values = {
+        "PGBACKREST_STANZA": cluster.backup_stanza,
+        "PGBACKREST_PG1_PATH": data_dir,
+        "PGBACKREST_PG1_PORT": str(port),
+        "PGBACKREST_PG1_SOCKET_PATH": socket_dir,
+        "PGBACKREST_PG1_USER": "postgres",
+        "PGBACKREST_REPO1_TYPE": "s3",
+        "PGBACKREST_REPO1_PATH": path,
+        "PGBACKREST_REPO1_S3_ENDPOINT": s3.host,
+        "PGBACKREST_REPO1_S3_BUCKET": s3.bucket,
+        "PGBACKREST_REPO1_S3_REGION": s3.region,
+        "PGBACKREST_REPO1_S3_URI_STYLE": s3.uri_style.value.lower(),
+        "PGBACKREST_REPO1_RETENTION_FULL": str(backup.retention.full),
+        "PGBACKREST_COMPRESS_TYPE": pgbackrest.COMPRESS_TYPE,
+        # The console (the pod's log, the Job's log) is enough; the root filesystem is
+        # read-only and /var/log/pgbackrest does not exist.
+        "PGBACKREST_LOG_LEVEL_FILE": "off",
+        "PGBACKREST_LOCK_PATH": pgbackrest.LOCK_PATH,
+        # Per I/O, not per transfer: a slow upload still progresses within it. pgBackRest
+        # retries an I/O up to 8 times, so the default (60 s) took 8 minutes to report an
+        # unreachable store, holding the archive lock meanwhile.
+        "PGBACKREST_IO_TIMEOUT": str(pgbackrest.IO_TIMEOUT_SECONDS),
+    }
+    if s3.port is not None:
+        values["PGBACKREST_REPO1_STORAGE_PORT"] = str(s3.port)
+    if s3.ca_key is not None:
+        values["PGBACKREST_REPO1_STORAGE_CA_FILE"] = pgbackrest.CA_FILE
+    return dict(sorted(values.items()))
+
+
+def restore_command(cluster: v1alpha1.PostgresCluster) -> str | None:
+    """Patroni's custom bootstrap command for ``spec.bootstrap.restore`` (None without)."""
+    restore = cluster.spec.bootstrap.restore
+    path = cluster.restore_source_path
+    if restore is None or path is None:
+        return None
+    # Every value is validated against a pattern without spaces or quotes (the API).
+    words = ["stateward-instance", "restore", "--stanza", restore.cluster, "--path", path]
+    if restore.target_time is not None:
+        words += ["--target-time", restore.target_time]
+    elif restore.restore_point is not None:
+        words += ["--restore-point", restore.restore_point]
+    return " ".join(words)

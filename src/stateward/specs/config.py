@@ -1,4 +1,15 @@
-"""The ConfigMap holding ``patroni.yaml``, and the hash that rolls the pods when it changes."""
+"""Patroni's configuration for a PostgresCluster, and the ConfigMap that carries it.
+
+* ``patroni.yaml`` (:func:`configuration`, :func:`render`): how each instance runs Patroni
+  and PostgreSQL, ``pg_hba`` and the parameters included; the text goes into the
+  ``NAME-patroni`` ConfigMap and its hash into the pod template, so a change rolls the pods.
+* The cluster-wide settings the operator keeps in Patroni's DCS (:func:`dynamic_configuration`,
+  :func:`ha_settings`, :func:`synchronous_settings`): ``controllers.postgres.dataplane``
+  sends them to Patroni's REST API, since Patroni reads ``bootstrap.dcs`` only once.
+
+Pure: a cluster in, a document out. The names, ports and paths it writes are the pod's
+(``instance.patroni``), so the pods need no API type to run on it.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +17,276 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
-from stateward.api import v1alpha1
-from stateward.instance import patroni
-from stateward.specs import meta
+from stateward.api import v1alpha1, validation
+from stateward.instance import patroni, pooler
+from stateward.instance.patroni import (
+    DATA_DIR,
+    LOOP_WAIT,
+    PEER_SSLMODE,
+    PGPASS_FILE,
+    POST_BOOTSTRAP,
+    POSTGRES_PORT,
+    PRIMARY_ROLE,
+    PRIMARY_START_TIMEOUT,
+    REPLICA_ROLE,
+    REPLICATION_USERNAME,
+    RESTAPI_PORT,
+    RETRY_TIMEOUT,
+    ROLE_LABEL,
+    SCOPE_LABEL,
+    SUPERUSER_USERNAME,
+    TLS_CA,
+    TLS_CERT,
+    TLS_KEY,
+    TTL,
+    bin_dir,
+    client_certificate,
+    dump,
+)
+from stateward.specs import backup, meta
+
+MAX_WAL_SENDERS: Final = int(validation.OPERATOR_PARAMETERS["max_wal_senders"])
+
+
+OPERATOR_PARAMETERS: Final = validation.OPERATOR_PARAMETERS
+"""Parameters the operator sets; applied after the user's, so they always win. Defined in the
+API layer, where admission refuses them, so the two can never disagree."""
+
+
+PATRONI_OWNED_PARAMETERS: Final = validation.PATRONI_OWNED_PARAMETERS
+"""Parameters Patroni sets from its own configuration; a user value is dropped."""
+
+
+PG_HBA: Final = (
+    # The socket lives in a pod-private emptyDir: only processes of the instance container,
+    # which already hold the superuser password, can reach it.
+    "local all all trust",
+    # Over the network only TLS: a connection without it is refused before authentication.
+    "hostnossl all all all reject",
+    # The superuser (pg_rewind, Patroni's checks of the leader) and the replication role
+    # (streaming, base backups) log in over the network only with the client certificate
+    # the cluster's CA issued for them (CN = the role), which only the instances hold: their
+    # passwords alone open nothing from another pod.
+    f"hostssl all {SUPERUSER_USERNAME} all cert",
+    f"hostssl replication {REPLICATION_USERNAME} all cert",
+    f"hostssl all {REPLICATION_USERNAME} all cert",
+    # PgBouncer's own role (its auth_query), likewise: only the pooler pods hold its
+    # certificate, and the role has no password.
+    f"hostssl all {pooler.ROLE} all cert",
+    # Nobody else streams WAL or takes base backups over the network.
+    "hostssl replication all all reject",
+    "hostssl all all all scram-sha-256",
+)
+
+
+PLAINTEXT_CLIENTS_HBA: Final = (
+    # spec.tls.allowPlaintextClients: the application's logins by password without TLS too;
+    # never the roles that log in by certificate, never replication.
+    f"hostnossl all {SUPERUSER_USERNAME} all reject",
+    f"hostnossl all {REPLICATION_USERNAME} all reject",
+    f"hostnossl all {pooler.ROLE} all reject",
+    "hostnossl replication all all reject",
+    "hostnossl all all all scram-sha-256",
+)
+
+
+def pg_hba(cluster: v1alpha1.PostgresCluster) -> list[str]:
+    """``PG_HBA``; with ``spec.tls.allowPlaintextClients`` its refusal of every connection
+    without TLS becomes ``PLAINTEXT_CLIENTS_HBA``."""
+    if not cluster.spec.tls.allow_plaintext_clients:
+        return list(PG_HBA)
+    refusal = PG_HBA.index("hostnossl all all all reject")
+    return [*PG_HBA[:refusal], *PLAINTEXT_CLIENTS_HBA, *PG_HBA[refusal + 1 :]]
+
+
+def parameters(cluster: v1alpha1.PostgresCluster) -> dict[str, str]:
+    """The operator's defaults, overridden by the user's parameters, overridden by the
+    operator's fixed ones; sorted by name.
+
+    Names compare case-insensitively, as PostgreSQL's do: ``WAL_LEVEL`` cannot slip past.
+    """
+    user = {name.lower() for name in cluster.spec.postgresql.parameters}
+    merged = {k: v for k, v in validation.DEFAULT_PARAMETERS.items() if k not in user}
+    merged |= {
+        name: value
+        for name, value in cluster.spec.postgresql.parameters.items()
+        if name.lower() not in PATRONI_OWNED_PARAMETERS | OPERATOR_PARAMETERS.keys()
+    }
+    merged.update(OPERATOR_PARAMETERS)
+    merged["archive_command"] = backup.archive_command(cluster)
+    return dict(sorted(merged.items()))
+
+
+QUORUM_MODE: Final = "quorum"
+"""Patroni's ``synchronous_mode`` for quorum commit (``ANY n (...)``, Patroni 4.0 and later)."""
+
+
+SYNCHRONOUS_DEFAULTS: Final = {
+    "synchronous_mode": False,
+    "synchronous_mode_strict": False,
+    "synchronous_node_count": 1,
+}
+"""Patroni's own defaults for the synchronous settings, for a configuration that omits them."""
+
+
+FAILSAFE_MODE: Final = True
+"""Patroni's failsafe mode: while the API server (its DCS) is unreachable, the primary keeps
+running as long as every member answers its REST API, instead of demoting itself after
+``retry_timeout``. A Kubernetes control-plane outage then costs no writes; a primary cut
+off from its members still demotes (it cannot reach them either)."""
+
+
+HA_DEFAULTS: Final = {**SYNCHRONOUS_DEFAULTS, "failsafe_mode": False}
+"""Patroni's defaults for every setting :func:`ha_settings` manages."""
+
+
+def synchronous_settings(cluster: v1alpha1.PostgresCluster) -> dict[str, Any]:
+    """Patroni's synchronous replication settings for ``spec.synchronous``.
+
+    Patroni, not the operator, picks the standbys and writes ``synchronous_standby_names``;
+    it only promotes a standby that was synchronous (with ``quorum``: that enough of the
+    others confirm is the most advanced), so an acknowledged commit survives.
+    """
+    sync = cluster.spec.synchronous
+    enabled: bool | str = sync.mode != v1alpha1.SynchronousMode.OFF
+    if enabled and sync.method == v1alpha1.SynchronousMethod.QUORUM:
+        enabled = QUORUM_MODE
+    return {
+        "synchronous_mode": enabled,
+        "synchronous_mode_strict": sync.mode == v1alpha1.SynchronousMode.REQUIRED,
+        "synchronous_node_count": sync.number,
+    }
+
+
+def ha_settings(cluster: v1alpha1.PostgresCluster) -> dict[str, Any]:
+    """The cluster-wide Patroni settings the operator keeps: synchronous replication and
+    failsafe mode (parameters aside)."""
+    return {**synchronous_settings(cluster), "failsafe_mode": FAILSAFE_MODE}
+
+
+def dynamic_configuration(cluster: v1alpha1.PostgresCluster) -> dict[str, Any]:
+    """Patroni's cluster-wide (DCS) configuration.
+
+    Rendered into ``bootstrap.dcs``, which Patroni reads only when it initializes the
+    cluster. Later changes (parameters such as max_connections must be equal on every member
+    and are ignored in the local file) take effect when this document is sent to Patroni's
+    ``PATCH /config``.
+    """
+    return {
+        "ttl": TTL,
+        "loop_wait": LOOP_WAIT,
+        "retry_timeout": RETRY_TIMEOUT,
+        "primary_start_timeout": PRIMARY_START_TIMEOUT,
+        **ha_settings(cluster),
+        "postgresql": {
+            "use_pg_rewind": True,
+            "use_slots": True,
+            "parameters": parameters(cluster),
+        },
+    }
+
+
+def configuration(
+    cluster: v1alpha1.PostgresCluster,
+    *,
+    labels: Mapping[str, str],
+) -> dict[str, Any]:
+    """The whole Patroni configuration as a document.
+
+    ``labels`` are the instance pods' selector labels: Patroni lists its members with them
+    and puts them on the ConfigMaps it creates.
+    """
+    return {
+        "scope": cluster.name,
+        "kubernetes": {
+            # ConfigMaps mode: Endpoints are deprecated upstream.
+            "use_endpoints": False,
+            "scope_label": SCOPE_LABEL,
+            "labels": dict(labels),
+            "role_label": ROLE_LABEL,
+            "leader_label_value": PRIMARY_ROLE,
+            "follower_label_value": REPLICA_ROLE,
+            # A standby cluster's leader serves the primary Service (read-only).
+            "standby_leader_label_value": PRIMARY_ROLE,
+        },
+        "restapi": {
+            # connect_address comes from PATRONI_RESTAPI_CONNECT_ADDRESS (the pod IP);
+            # authentication from the mounted NAME-patroni-api Secret (``with_credentials``).
+            "listen": f"0.0.0.0:{RESTAPI_PORT}",
+            # HTTPS with the cluster's certificate; SIGHUP reloads a renewed one.
+            "certfile": TLS_CERT,
+            "keyfile": TLS_KEY,
+        },
+        # How members call each other's REST API (failsafe, the leader race, switchover
+        # checks): by pod IP, so the chain is verified against the cluster's CA and the name
+        # is not (Patroni: a client certificate plus ``insecure`` keeps verification on and
+        # turns only the hostname check off).
+        "ctl": {
+            "insecure": True,
+            "certfile": TLS_CERT,
+            "keyfile": TLS_KEY,
+            "cacert": TLS_CA,
+        },
+        "bootstrap": bootstrap_configuration(cluster),
+        "postgresql": {
+            # connect_address from PATRONI_POSTGRESQL_CONNECT_ADDRESS; credentials from the
+            # mounted Secrets at start (``with_credentials``), never this ConfigMap.
+            "listen": f"0.0.0.0:{POSTGRES_PORT}",
+            "data_dir": DATA_DIR,
+            "bin_dir": bin_dir(cluster.spec.major_version),
+            "pgpass": PGPASS_FILE,
+            "use_unix_socket": True,
+            "pg_hba": pg_hba(cluster),
+            # Merged with each user's name and password at start (``with_credentials``): every
+            # connection a member makes to another is TLS, the server checked against the CA.
+            "authentication": {
+                user: {
+                    "sslmode": PEER_SSLMODE,
+                    "sslrootcert": TLS_CA,
+                    "sslcert": client_certificate(user)[0],
+                    "sslkey": client_certificate(user)[1],
+                }
+                for user in ("superuser", "replication")
+            },
+            # A new replica copies the primary with pg_basebackup, which by default waits
+            # for a *spread* checkpoint: 95 s measured for an empty database. Fast makes it
+            # seconds; the checkpoint's I/O burst is small next to the copy itself.
+            "basebackup": [{"checkpoint": "fast"}],
+        },
+        # Pods have no /dev/watchdog; "automatic" would only log that on every start.
+        "watchdog": {"mode": "off"},
+    }
+
+
+RESTORE_METHOD: Final = "pgbackrest"
+
+
+def bootstrap_configuration(cluster: v1alpha1.PostgresCluster) -> dict[str, Any]:
+    """How the first instance initializes the cluster: initdb, or with
+    ``spec.bootstrap.restore`` a pgBackRest restore (Patroni's custom bootstrap: it runs the
+    command, starts PostgreSQL on what pgBackRest wrote, recovery settings included, and
+    waits for the promotion at the end of recovery). Either way the post-bootstrap hook then
+    makes the application role and database, or gives the restored ones this cluster's
+    password."""
+    document: dict[str, Any] = {
+        "dcs": dynamic_configuration(cluster),
+        "initdb": [{"encoding": "UTF8"}, "data-checksums"],
+        "post_bootstrap": POST_BOOTSTRAP,
+    }
+    command = backup.restore_command(cluster)
+    if command is not None:
+        document["method"] = RESTORE_METHOD
+        document[RESTORE_METHOD] = {
+            "command": command,
+            "no_params": True,
+            "keep_existing_recovery_conf": True,
+        }
+    return document
+
+
+# --- the ConfigMap ------------------------------------------------------------------------
 
 HASH_LENGTH = 16
 
@@ -26,14 +302,17 @@ class PatroniConfig:
 
 def patroni_config(cluster: v1alpha1.PostgresCluster) -> PatroniConfig:
     """The instances' Patroni configuration (members listed by the instance selector labels),
-    from one :func:`patroni.configuration` document."""
-    document = patroni.configuration(cluster, labels=meta.selector_labels(cluster))
+    from one :func:`configuration` document."""
+    document = configuration(cluster, labels=meta.selector_labels(cluster))
     return PatroniConfig(text=patroni.dump(document), hash=_hash(document))
 
 
-def render(cluster: v1alpha1.PostgresCluster) -> str:
-    """``patroni.yaml``, with Patroni listing its members by the instance selector labels."""
-    return patroni_config(cluster).text
+def render(cluster: v1alpha1.PostgresCluster, *, labels: Mapping[str, str] | None = None) -> str:
+    """``patroni.yaml``, with Patroni listing its members by ``labels`` (the instance selector
+    labels unless given); deterministic for one input."""
+    if labels is None:
+        return patroni_config(cluster).text
+    return dump(configuration(cluster, labels=labels))
 
 
 def config_map(cluster: v1alpha1.PostgresCluster, *, patroni_yaml: str) -> meta.Object:

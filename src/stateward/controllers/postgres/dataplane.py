@@ -27,6 +27,7 @@ from stateward.controllers.postgres import members as m
 from stateward.controllers.postgres import poolers, takeover
 from stateward.controllers.postgres.scope import Scope, instance_pods, pod_role
 from stateward.instance import patroni
+from stateward.specs import config as config_spec
 from stateward.specs import meta
 from stateward.specs.statefulset import CONTAINER_NAME
 
@@ -59,10 +60,10 @@ def configuration_patch(cluster: v1alpha1.PostgresCluster, dcs: dict[str, Any]) 
     the spec's: changed PostgreSQL parameters (None removes one) and synchronous settings.
     Empty when nothing differs."""
     patch: dict[str, Any] = {}
-    for key, want in patroni.ha_settings(cluster).items():
-        if dcs.get(key, patroni.HA_DEFAULTS[key]) != want:
+    for key, want in config_spec.ha_settings(cluster).items():
+        if dcs.get(key, config_spec.HA_DEFAULTS[key]) != want:
             patch[key] = want
-    desired = patroni.parameters(cluster)
+    desired = config_spec.parameters(cluster)
     current = {
         k: _text(v) for k, v in ((dcs.get("postgresql") or {}).get("parameters") or {}).items()
     }
@@ -138,8 +139,8 @@ class DataPlane:
         if leader is None:
             return None  # nothing runs yet, or a failover is under way
         desired = {
-            "parameters": patroni.parameters(cluster),
-            **patroni.ha_settings(cluster),
+            "parameters": config_spec.parameters(cluster),
+            **config_spec.ha_settings(cluster),
         }
         memo = (json.dumps(desired, sort_keys=True), leader.uid)
         key = (cluster.namespace, cluster.name)
@@ -170,7 +171,7 @@ class DataPlane:
             leader.address, patroni.RESTAPI_PORT, patch, auth=auth
         )
         await scope.event("ConfigurationApplied", f"Applied through Patroni: {_describe(patch)}")
-        if patch.keys() & patroni.SYNCHRONOUS_DEFAULTS.keys():
+        if patch.keys() & config_spec.SYNCHRONOUS_DEFAULTS.keys():
             # Patroni chooses its standbys anew (quorum commit names every replica): the
             # record last read is out of date.
             self._sync_seen.pop(key, None)
@@ -192,7 +193,7 @@ class DataPlane:
         key = (cluster.namespace, cluster.name)
         streaming = sorted(x.name for x in scope.members if x.streaming)
         leader = m.primary(scope.members)
-        if not patroni.synchronous_settings(cluster)["synchronous_mode"] or leader is None:
+        if not config_spec.synchronous_settings(cluster)["synchronous_mode"] or leader is None:
             self._sync_seen.pop(key, None)
             return None
         members = json.dumps([leader.uid, streaming])
@@ -533,7 +534,7 @@ class DataPlane:
 
 def _configuration_key(cluster: v1alpha1.PostgresCluster) -> str:
     """Which parameter set a rolling restart is for (short, stable across processes)."""
-    text = json.dumps(patroni.parameters(cluster), sort_keys=True)
+    text = json.dumps(config_spec.parameters(cluster), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -597,7 +598,7 @@ async def start_switchover(
     ):
         scope.requeue(RETRY_AFTER)
         return f"switchover for {reason} failed recently; retrying shortly"
-    synchronous = bool(patroni.synchronous_settings(scope.cluster)["synchronous_mode"])
+    synchronous = bool(config_spec.synchronous_settings(scope.cluster)["synchronous_mode"])
     if synchronous:
         # Patroni promotes only the standby its record names, which may have changed since
         # it was last read (a member restarting within one reconcile): ask it as it is now.
