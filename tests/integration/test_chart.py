@@ -24,7 +24,7 @@ from lightkube.resources.rbac_authorization_v1 import ClusterRole
 from stateward import specs
 from stateward.api import v1alpha1
 from stateward.runtime import metrics, rbac
-from stateward.specs import mysql as mysql_spec
+from stateward.specs.mariadb import servers as mysql_spec
 from stateward_local import binaries, images
 from stateward_local.cluster import LocalCluster
 from stateward_local.run import PostgresClusterResource

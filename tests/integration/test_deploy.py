@@ -23,11 +23,11 @@ from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Namespace
 from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
 
-from stateward import specs
 from stateward.api import v1alpha1
 from stateward.api.v1alpha1 import PostgresCluster
 from stateward.runtime import rbac
-from stateward.specs import backup, config, secrets
+from stateward.specs import postgres as postgres_specs
+from stateward.specs.postgres import backup, config, secrets
 from stateward_local import binaries
 from stateward_local.cluster import LocalCluster
 from stateward_local.run import OPERATOR_NAMESPACE, ensure_namespace
@@ -160,7 +160,7 @@ def test_make_deploy_gives_the_operator_every_right_it_uses(apiserver: LocalClus
         }
     )
     children = [
-        *specs.children(cluster, patroni_config=config.patroni_config(cluster)),
+        *postgres_specs.children(cluster, patroni_config=config.patroni_config(cluster)),
         secrets.superuser_secret(cluster, password="not-a-secret-1"),
         secrets.replication_secret(cluster, password="not-a-secret-2"),
         backup.final_backup_job(cluster),

@@ -30,7 +30,8 @@ from stateward.controllers.postgres import reconcile as postgrescluster
 from stateward.controllers.postgres.dataplane import DataPlane
 from stateward.controllers.store import ObjectStore
 from stateward.instance import patroni
-from stateward.specs import meta, secrets, tls
+from stateward.specs import meta, tls
+from stateward.specs.postgres import secrets
 from tests.support.clusters import make_cluster
 
 NAMESPACE = "db"

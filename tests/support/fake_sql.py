@@ -27,7 +27,7 @@ from stateward.controllers.mariadb import failover, sql
 from stateward.controllers.mariadb import reconcile as mariadb
 from stateward.controllers.store import ObjectStore
 from stateward.specs import meta, tls
-from stateward.specs import mysql as mysql_spec
+from stateward.specs.mariadb import servers as mysql_spec
 from tests.unit.test_specs_database import make_database
 
 NAMESPACE = "apps"

@@ -23,7 +23,7 @@ from stateward.api.validation import (
     validate_cron,
     validate_spec,
 )
-from stateward.specs import config as config_spec
+from stateward.specs.postgres import config as config_spec
 from stateward_local import provisioner as prov
 from tests.support import clusters
 

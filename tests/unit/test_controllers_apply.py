@@ -9,7 +9,7 @@ import pytest
 from stateward.controllers.postgres import reconcile as postgrescluster
 from stateward.controllers.store import ObjectStore
 from stateward.instance import patroni
-from stateward.specs import config as config_spec
+from stateward.specs.postgres import config as config_spec
 from tests.support.clusters import make_cluster
 
 pytestmark = pytest.mark.unit

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from stateward import specs
 from stateward.api.v1alpha1 import PostgresCluster
 from stateward.controllers.core import IMMUTABLE_STATEFULSET_FIELDS
 from stateward.controllers.diff import (
@@ -25,7 +24,9 @@ from stateward.controllers.diff import (
     drift,
     stamped,
 )
-from stateward.specs import config, meta
+from stateward.specs import meta
+from stateward.specs import postgres as postgres_specs
+from stateward.specs.postgres import config
 from tests.support import clusters
 
 pytestmark = pytest.mark.unit
@@ -115,7 +116,7 @@ def stored(applied: dict[str, Any]) -> dict[str, Any]:
 def stamp_all(cluster: PostgresCluster) -> dict[str, dict[str, Any]]:
     """Every child as the reconciler applies it, by kind and name."""
     result = {}
-    for child in specs.children(cluster, patroni_config=config.patroni_config(cluster)):
+    for child in postgres_specs.children(cluster, patroni_config=config.patroni_config(cluster)):
         exclude = IMMUTABLE_STATEFULSET_FIELDS if child["kind"] == "StatefulSet" else ()
         result[f"{child['kind']} {child['metadata']['name']}"] = stamped(child, exclude=exclude)
     return result
@@ -310,14 +311,14 @@ def test_the_hash_is_the_same_in_every_process() -> None:
     # A restarted operator (another str hash seed) must find its children converged.
     script = (
         "from stateward.controllers.diff import stamped;"
-        "from stateward import specs;"
-        "from stateward.specs import config;"
+        "from stateward.specs import postgres as postgres_specs;"
+        "from stateward.specs.postgres import config;"
         "from tests.support import clusters;"
         "c = clusters.make_cluster(backupSchedule='0 3 * * *', resources={'limits': {'cpu': '1'}},"
         " postgresql={'parameters': {'a': '1', 'b': '2', 'c': '3'}});"
         "p = config.patroni_config(c);"
         "print([stamped(x)['metadata']['annotations']"
-        " for x in specs.children(c, patroni_config=p)])"
+        " for x in postgres_specs.children(c, patroni_config=p)])"
     )
     outputs = {
         subprocess.run(

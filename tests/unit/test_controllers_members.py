@@ -11,7 +11,7 @@ from stateward.api import v1alpha1
 from stateward.controllers.postgres import members as m
 from stateward.controllers.postgres.dataplane import configuration_patch
 from stateward.controllers.postgres.members import progress_only
-from stateward.specs import config as config_spec
+from stateward.specs.postgres import config as config_spec
 
 pytestmark = pytest.mark.unit
 

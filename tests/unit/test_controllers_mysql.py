@@ -7,7 +7,7 @@ import pytest
 
 from stateward.controllers.mariadb import failover, sql
 from stateward.controllers.mariadb.failover import Server
-from stateward.specs import mysql as mysql_spec
+from stateward.specs.mariadb import servers as mysql_spec
 from tests.unit.test_specs_database import make_database
 
 pytestmark = pytest.mark.unit

@@ -35,7 +35,7 @@ def test_an_error_says_its_message_field() -> None:
 
 
 def test_the_console_user_is_the_one_pgbouncer_lets_in() -> None:
-    from stateward.specs import pooler
+    from stateward.specs.postgres import pooler
 
     assert pooler.HBA[0].split()[2] == pgbouncer.ADMIN
     assert f'"{pgbouncer.ADMIN}" ""' in pooler.USERS

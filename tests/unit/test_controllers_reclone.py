@@ -11,7 +11,7 @@ from stateward.controllers import database
 from stateward.controllers.kube import Ref
 from stateward.controllers.mariadb import reconcile as mariadb
 from stateward.controllers.store import ObjectStore
-from stateward.specs import mysql as mysql_spec
+from stateward.specs.mariadb import servers as mysql_spec
 from tests.unit.test_specs_database import make_database
 
 pytestmark = pytest.mark.unit

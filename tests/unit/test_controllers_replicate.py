@@ -11,7 +11,7 @@ from stateward.controllers import core, database
 from stateward.controllers.mariadb import reconcile as mariadb
 from stateward.controllers.store import ObjectStore
 from stateward.specs import meta
-from stateward.specs import mysql as mysql_spec
+from stateward.specs.mariadb import servers as mysql_spec
 from tests.support.fake_sql import (
     NAME,
     NAMESPACE,

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from stateward.controllers.kube import PatroniError
-from stateward.specs import config as config_spec
 from stateward.specs import meta
+from stateward.specs.postgres import config as config_spec
 from tests.support.clusters import make_cluster
 from tests.support.fake_patroni import FakePatroni, Member, Operator
 

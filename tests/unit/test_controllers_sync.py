@@ -9,8 +9,8 @@ import pytest
 
 from stateward.controllers.postgres import dataplane
 from stateward.controllers.postgres.dataplane import DataPlane
-from stateward.specs import config as config_spec
 from stateward.specs import meta
+from stateward.specs.postgres import config as config_spec
 from tests.support.clusters import make_cluster
 from tests.support.fake_patroni import NAME, FakePatroni, Member, Operator
 

@@ -15,8 +15,8 @@ import yaml
 
 from stateward.api import v1alpha1
 from stateward.instance import cli, patroni, supervisor
-from stateward.specs import config as config_spec
-from stateward.specs import statefulset
+from stateward.specs.postgres import config as config_spec
+from stateward.specs.postgres import statefulset
 
 pytestmark = pytest.mark.unit
 

@@ -9,7 +9,7 @@ import yaml
 
 from stateward.api.v1alpha1 import PostgresCluster
 from stateward.instance import patroni
-from stateward.specs import config
+from stateward.specs.postgres import config
 from tests.support import clusters
 from tests.support.clusters import make_cluster
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from stateward.instance import pgbackrest
-from stateward.specs import backup
+from stateward.specs.postgres import backup
 from tests.support import clusters
 
 pytestmark = pytest.mark.unit

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.core import Metric
 
 from stateward.instance import metrics, queries
-from stateward.specs import statefulset
+from stateward.specs.postgres import statefulset
 from tests.support.clusters import make_cluster
 from tests.unit.test_instance_metrics import PRIMARY
 

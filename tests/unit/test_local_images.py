@@ -28,7 +28,8 @@ from packaging.requirements import Requirement
 import stateward
 from stateward.api import v1alpha1
 from stateward.instance import patroni
-from stateward.specs import pods, statefulset
+from stateward.specs import pods
+from stateward.specs.postgres import statefulset
 from stateward_local import images, piplock
 from stateward_local.errors import LocalClusterError
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from stateward import specs
-from stateward.specs import config
+from stateward.specs import postgres as postgres_specs
+from stateward.specs.postgres import config
 from stateward_local import netpol, nodes
 from tests.support import clusters
 
@@ -34,7 +34,7 @@ NAMESPACES = [namespace("shop"), namespace("other", team="web"), namespace("stat
 def shipped(**spec: Any) -> dict[str, Any]:
     """The policy the operator ships for a PostgresCluster ``demo`` in ``shop``."""
     cluster = clusters.make_cluster(**spec)
-    children = specs.children(cluster, patroni_config=config.patroni_config(cluster))
+    children = postgres_specs.children(cluster, patroni_config=config.patroni_config(cluster))
     (policy,) = [o for o in children if o["kind"] == "NetworkPolicy"]
     return {**policy, "metadata": {**policy["metadata"], "namespace": "shop"}}
 

@@ -8,14 +8,14 @@ from typing import Any
 import pytest
 import yaml
 
-from stateward import specs
 from stateward.api import manifests
 from stateward.api.v1alpha1 import PostgresCluster
 from stateward.cli.main import build_parser
 from stateward.cli.main import main as cli
 from stateward.runtime import operator, rbac, webhook
-from stateward.specs import backup, config, secrets
-from stateward.specs import rbac as instance_rbac
+from stateward.specs import postgres as postgres_specs
+from stateward.specs.postgres import backup, config, secrets
+from stateward.specs.postgres import rbac as instance_rbac
 
 pytestmark = pytest.mark.unit
 
@@ -56,7 +56,7 @@ def reconciler_writes() -> dict[str, set[str]]:
     """Kind -> the write verbs the reconciler sends for it (controllers/postgres/reconcile.py)."""
     writes: dict[str, set[str]] = {}
     # apply_children: server-side apply, which is a patch that creates when absent.
-    for child in specs.children(CLUSTER, patroni_config=config.patroni_config(CLUSTER)):
+    for child in postgres_specs.children(CLUSTER, patroni_config=config.patroni_config(CLUSTER)):
         writes.setdefault(child["kind"], set()).update({"create", "patch"})
     # Created once: the Secrets, the final backup Job.
     for made in (

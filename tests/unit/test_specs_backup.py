@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from stateward.api.v1alpha1 import PostgresCluster
-from stateward.specs import backup, meta
+from stateward.specs import meta
+from stateward.specs.postgres import backup
 from tests.support import clusters
 
 pytestmark = pytest.mark.unit

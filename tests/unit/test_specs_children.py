@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 
-from stateward import pki, specs
+from stateward import pki
 from stateward.api.v1alpha1 import PostgresCluster
-from stateward.specs import backup, config, meta, secrets, tls
+from stateward.specs import meta, tls
+from stateward.specs import postgres as postgres_specs
+from stateward.specs.postgres import backup, config, secrets
 from tests.support import clusters
 
 pytestmark = pytest.mark.unit
@@ -41,7 +43,7 @@ CLUSTERS = {"minimal": make_cluster(), "full": make_cluster(**FULL_SPEC)}
 
 def built(cluster: PostgresCluster) -> list[dict[str, Any]]:
     return [
-        *specs.children(cluster, patroni_config=config.patroni_config(cluster)),
+        *postgres_specs.children(cluster, patroni_config=config.patroni_config(cluster)),
         secrets.superuser_secret(cluster, password=SUPERUSER_PASSWORD),
         secrets.replication_secret(cluster, password=REPLICATION_PASSWORD),
         backup.final_backup_job(cluster),
@@ -64,7 +66,7 @@ def kinds_and_names(objects: list[dict[str, Any]]) -> list[tuple[str, str]]:
 
 def test_children_in_apply_order_with_backup_schedule() -> None:
     cluster = make_cluster(backupSchedule="0 3 * * *", backup=clusters.BACKUP)
-    assert kinds_and_names(specs.children(cluster, patroni_config=HASHED)) == [
+    assert kinds_and_names(postgres_specs.children(cluster, patroni_config=HASHED)) == [
         ("ServiceAccount", "demo-instance"),
         ("Role", "demo-instance"),
         ("RoleBinding", "demo-instance"),
@@ -85,21 +87,22 @@ def test_children_in_apply_order_with_backup_schedule() -> None:
 
 
 def test_no_cronjob_without_backup_schedule() -> None:
-    kinds = [obj["kind"] for obj in specs.children(make_cluster(), patroni_config=HASHED)]
+    kinds = [obj["kind"] for obj in postgres_specs.children(make_cluster(), patroni_config=HASHED)]
     assert "CronJob" not in kinds
     assert len(kinds) == 11
 
 
 def test_children_exclude_secrets_jobs_and_volumes() -> None:
     kinds = {
-        obj["kind"] for obj in specs.children(make_cluster(**FULL_SPEC), patroni_config=HASHED)
+        obj["kind"]
+        for obj in postgres_specs.children(make_cluster(**FULL_SPEC), patroni_config=HASHED)
     }
     assert not kinds & {"Secret", "Job", "PersistentVolumeClaim"}
 
 
 def test_children_pass_the_config_text_and_hash_along() -> None:
     rendered = config.PatroniConfig(text="scope: x\n", hash="feedbeef")
-    objects = specs.children(make_cluster(), patroni_config=rendered)
+    objects = postgres_specs.children(make_cluster(), patroni_config=rendered)
     (sts,) = [obj for obj in objects if obj["kind"] == "StatefulSet"]
     annotations = sts["spec"]["template"]["metadata"]["annotations"]
     assert annotations == {"stateward.io/config-hash": "feedbeef"}
@@ -257,7 +260,7 @@ def test_the_fencing_configmap_lists_what_the_annotation_fences() -> None:
     cluster.metadata["annotations"] = {"stateward.io/fenced-instances": '["demo-1", "demo-0"]'}
     (fencing,) = [
         obj
-        for obj in specs.children(cluster, patroni_config=HASHED)
+        for obj in postgres_specs.children(cluster, patroni_config=HASHED)
         if obj["metadata"]["name"] == "demo-fencing"
     ]
     assert fencing["data"] == {"instances": '["demo-0", "demo-1"]'}
@@ -268,5 +271,5 @@ def test_the_fencing_configmap_lists_what_the_annotation_fences() -> None:
 def test_an_unreadable_fencing_annotation_leaves_the_applied_configmap_alone() -> None:
     cluster = make_cluster()
     cluster.metadata["annotations"] = {"stateward.io/fenced-instances": "demo-1"}
-    names = [o["metadata"]["name"] for o in specs.children(cluster, patroni_config=HASHED)]
+    names = [o["metadata"]["name"] for o in postgres_specs.children(cluster, patroni_config=HASHED)]
     assert "demo-fencing" not in names

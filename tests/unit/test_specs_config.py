@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from stateward.specs import config, meta
+from stateward.specs import meta
+from stateward.specs.postgres import config
 from tests.support.clusters import make_cluster
 
 pytestmark = pytest.mark.unit

@@ -13,7 +13,7 @@ import pytest
 from stateward.api.v1alpha1 import Database, DatabasePhase, Engine
 from stateward.specs import database as database_spec
 from stateward.specs import meta
-from stateward.specs import mysql as mysql_spec
+from stateward.specs.mariadb import servers as mysql_spec
 
 pytestmark = pytest.mark.unit
 

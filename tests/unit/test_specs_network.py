@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from stateward import specs
 from stateward.api import v1alpha1
-from stateward.specs import config
-from stateward.specs import mysql as mysql_spec
+from stateward.specs import postgres as postgres_specs
+from stateward.specs.mariadb import servers as mysql_spec
+from stateward.specs.postgres import config
 from tests.support import clusters
 from tests.unit.test_specs_database import make_database
 
@@ -26,7 +26,7 @@ def policy_of(objects: list[dict[str, Any]]) -> dict[str, Any]:
 def postgres(**spec: Any) -> dict[str, Any]:
     cluster = clusters.make_cluster(**spec)
     return policy_of(
-        specs.children(
+        postgres_specs.children(
             cluster, patroni_config=config.patroni_config(cluster), operator_namespace="ops"
         )
     )
@@ -78,7 +78,8 @@ def test_metrics_scrapers_can_be_narrowed_and_an_empty_list_closes_the_port() ->
 def test_the_policy_can_be_turned_off_for_clusters_governed_by_another() -> None:
     cluster = clusters.make_cluster(networkPolicy={"enabled": False})
     kinds = [
-        o["kind"] for o in specs.children(cluster, patroni_config=config.patroni_config(cluster))
+        o["kind"]
+        for o in postgres_specs.children(cluster, patroni_config=config.patroni_config(cluster))
     ]
     assert "NetworkPolicy" not in kinds
 

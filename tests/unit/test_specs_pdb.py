@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from stateward.api.v1alpha1 import PostgresCluster
-from stateward.specs import meta, pdb
+from stateward.specs import meta
+from stateward.specs.postgres import pdb
 from tests.support import clusters
 
 pytestmark = pytest.mark.unit

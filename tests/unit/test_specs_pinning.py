@@ -7,14 +7,15 @@ from typing import Any
 
 import pytest
 
-from stateward import specs
 from stateward.api import v1alpha1
 from stateward.cli.main import build_parser
 from stateward.controllers import core
 from stateward.controllers.postgres import reconcile as postgrescluster
 from stateward.controllers.store import ObjectStore
 from stateward.runtime import operator
-from stateward.specs import backup, config, pinning
+from stateward.specs import pinning
+from stateward.specs import postgres as postgres_specs
+from stateward.specs.postgres import backup, config
 from tests.support.clusters import REPOSITORY, make_cluster
 
 pytestmark = pytest.mark.unit
@@ -60,7 +61,7 @@ def test_one_tag_pinned_twice_must_agree() -> None:
 
 def test_every_container_of_the_instances_runs_by_digest_and_the_tag_stays_readable() -> None:
     cluster = make_cluster(version="15")
-    children = specs.children(cluster, patroni_config=config.patroni_config(cluster))
+    children = postgres_specs.children(cluster, patroni_config=config.patroni_config(cluster))
     (statefulset,) = [c for c in children if c["kind"] == "StatefulSet"]
     pinned = pinning.pin_images(statefulset, PINS)
     pod = pinned["spec"]["template"]["spec"]
@@ -91,7 +92,7 @@ def test_jobs_and_cronjobs_are_pinned_and_what_no_pin_names_is_left_as_it_is() -
     assert [c["image"] for c in containers] == [f"{INSTANCE_15}@{DIGEST}", "busybox:1.37"]
     # Nothing to pin: the very same object, no copy.
     own = make_cluster(version="15", image="registry.example/pg:15")
-    children = specs.children(own, patroni_config=config.patroni_config(own))
+    children = postgres_specs.children(own, patroni_config=config.patroni_config(own))
     for child in children:
         assert pinning.pin_images(child, PINS) is child
     assert pinning.pin_images(job, {}) is job
@@ -113,7 +114,7 @@ class Applies:
 
 async def test_converge_pins_before_it_compares_so_a_second_pass_writes_nothing() -> None:
     cluster = make_cluster(version="15")
-    children = specs.children(cluster, patroni_config=config.patroni_config(cluster))
+    children = postgres_specs.children(cluster, patroni_config=config.patroni_config(cluster))
     kube, store = Applies(), ObjectStore()
 
     def scope() -> postgrescluster.Scope:

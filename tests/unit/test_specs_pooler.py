@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from stateward import specs
 from stateward.api import v1alpha1
 from stateward.instance import pooler as pooler_instance
-from stateward.specs import config, pooler, tls
+from stateward.specs import postgres as postgres_specs
+from stateward.specs import tls
+from stateward.specs.postgres import config, pooler
 from tests.support import clusters
 
 pytestmark = pytest.mark.unit
@@ -24,7 +25,7 @@ def ini(cluster: v1alpha1.PostgresCluster) -> configparser.ConfigParser:
 
 
 def children(cluster: v1alpha1.PostgresCluster) -> list[dict[str, Any]]:
-    return specs.children(
+    return postgres_specs.children(
         cluster, patroni_config=config.patroni_config(cluster), operator_namespace="ops"
     )
 

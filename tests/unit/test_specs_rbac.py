@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from stateward.api.v1alpha1 import PostgresCluster
-from stateward.specs import meta, rbac
+from stateward.specs import meta
+from stateward.specs.postgres import rbac
 from tests.support.clusters import make_cluster
 
 pytestmark = pytest.mark.unit

@@ -6,7 +6,8 @@ import base64
 
 import pytest
 
-from stateward.specs import meta, secrets
+from stateward.specs import meta, passwords
+from stateward.specs.postgres import secrets
 from tests.support.clusters import make_cluster
 
 pytestmark = pytest.mark.unit
@@ -60,7 +61,7 @@ def test_secrets_are_deterministic_for_one_password() -> None:
 
 
 def test_generate_password() -> None:
-    first, second = secrets.generate_password(), secrets.generate_password()
+    first, second = passwords.generate_password(), passwords.generate_password()
     assert first != second
     assert len(first) >= 43
     assert all(char.isalnum() or char in "-_" for char in first)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from stateward.specs import meta, services
+from stateward.specs import meta
+from stateward.specs.postgres import services
 from tests.support.clusters import make_cluster
 
 pytestmark = pytest.mark.unit

@@ -8,7 +8,8 @@ import pytest
 
 from stateward.api.v1alpha1 import PostgresCluster
 from stateward.instance import patroni
-from stateward.specs import meta, statefulset
+from stateward.specs import meta
+from stateward.specs.postgres import statefulset
 from tests.support import clusters
 
 pytestmark = pytest.mark.unit

@@ -677,7 +677,7 @@ def _prepare_mariadb(build: Build) -> None:
 
 
 MARIADB_UID = 999
-"""The pods' runAsUser for MySQL and MariaDB (``specs.mysql.UID``, the official MySQL
+"""The pods' runAsUser for MySQL and MariaDB (``specs.mariadb.servers.UID``, the official MySQL
 image's mysql user)."""
 
 

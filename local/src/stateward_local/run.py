@@ -28,7 +28,7 @@ from lightkube.resources.core_v1 import Namespace
 from stateward.api import manifests, v1alpha1
 from stateward.controllers.kube import DatabaseResource, PostgresClusterResource
 from stateward.runtime import rbac
-from stateward.specs import statefulset
+from stateward.specs.postgres import statefulset
 from stateward_local import binaries, images
 from stateward_local.cluster import OPERATOR_USER, Config, LocalCluster, free_port_base
 

@@ -37,7 +37,8 @@ from stateward import rfc3339
 from stateward.api import v1alpha1, validation
 from stateward.controllers.kube import PostgresClusterResource
 from stateward.instance import metrics
-from stateward.specs import meta, statefulset
+from stateward.specs import meta
+from stateward.specs.postgres import statefulset
 
 PROGRAM = "kubectl stateward"
 

@@ -4,7 +4,7 @@ phases per engine.
 * ``postgres``: the Database owns a PostgresCluster of its name (``specs.database``) and
   reports that cluster's state as its own; the PostgresCluster reconciler runs the data plane.
 * ``mysql`` and ``mariadb``: the Database owns the servers' StatefulSet, Services,
-  configuration and credentials (``specs.mysql``), and drives replication over SQL
+  configuration and credentials (``specs.mariadb.servers``), and drives replication over SQL
   (``controllers.mariadb``: its phases, its failover decision and its SQL client).
 """
 

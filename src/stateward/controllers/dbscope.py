@@ -10,7 +10,7 @@ from typing import Any
 from stateward.api.v1alpha1 import Database, Engine
 from stateward.controllers import core
 from stateward.controllers.kube import Body
-from stateward.specs import mysql as mysql_spec
+from stateward.specs.mariadb import servers as mysql_spec
 
 RECHECK = 5.0
 """Seconds between looks at servers that are not settled yet (SQL state has no watch)."""

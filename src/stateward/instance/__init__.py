@@ -4,5 +4,5 @@ operator — labels, usernames, ports, paths, credential files (``instance.patro
 
 A leaf below every layer, the API included: the pods run on what their ConfigMap and
 Secrets say, never on the PostgresCluster model. What the configuration says for a cluster
-is the operator's to build (``specs.config``, ``specs.backup``), from these names.
+is the operator's to build (``specs.postgres.config``, ``specs.postgres.backup``), from these names.
 """

@@ -5,7 +5,7 @@ DCS (ConfigMaps mode: ``NAME-leader``, ``NAME-config``, ``NAME-sync``, ``NAME-fa
 This module holds what both sides must agree on — labels, usernames, ports, paths, the
 credential files, the failover timing — and the few helpers the pod uses to run Patroni
 (``dump``, ``with_credentials``). What the configuration says for a given PostgresCluster is
-built by the operator (``specs.config``), rendered into a ConfigMap whose hash rolls the
+built by the operator (``specs.postgres.config``), rendered into a ConfigMap whose hash rolls the
 pods; per-pod values (name, namespace, IP) and credentials come from the environment and
 the mounted Secrets, so no secret is ever rendered into the file. It imports no API type:
 the pods run on what the ConfigMap says, not on the PostgresCluster model.
@@ -124,7 +124,8 @@ def bin_dir(major_version: int) -> str:
 
 
 def dump(document: Mapping[str, Any]) -> str:
-    """A configuration document (``specs.config.configuration``) as ``patroni.yaml`` text."""
+    """A configuration document (``specs.postgres.config.configuration``) as ``patroni.yaml``
+    text."""
     # libyaml's emitter: rendering runs in every reconcile, and the pure-Python one was 90% of
     # a reconcile's CPU. Both emit the same text for this plain data.
     return yaml.dump(dict(document), Dumper=_DUMPER, sort_keys=False, default_flow_style=False)

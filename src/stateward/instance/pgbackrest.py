@@ -1,6 +1,6 @@
 """pgBackRest in the instance pods: where its files are, its keys file, the commands the pod
 runs (restore, stanza), and what its ``info`` says. Its options for a given cluster are the
-operator's (``specs.backup``).
+operator's (``specs.postgres.backup``).
 
 pgBackRest reads every option from ``PGBACKREST_*`` environment variables as well as from
 its configuration files; the instance pods set the options as variables and the S3 keys as a

@@ -5,9 +5,10 @@ YAML committed under ``config/rbac/``. The rules come from three sources in the 
 
 * :data:`stateward.runtime.operator.CHILD_RESOURCES`, the kinds the operator watches and
   writes;
-* :data:`stateward.specs.rbac.INSTANCE_RULES` and ``BACKUP_RULES``: Kubernetes refuses to let
-  anyone create a Role granting more than they hold themselves (no ``escalate``), so every
-  right the operator gives the instance pods and the backup Jobs is a right it needs;
+* :data:`stateward.specs.postgres.rbac.INSTANCE_RULES` and ``BACKUP_RULES``: Kubernetes
+  refuses to let anyone create a Role granting more than they hold themselves (no
+  ``escalate``), so every right the operator gives the instance pods and the backup Jobs is a
+  right it needs;
 * the few other calls of the runtime and the controllers (status, finalizers, Events,
   StorageClass lookups, the leader Lease, the webhook configuration).
 
@@ -24,7 +25,7 @@ from typing import Any, Final
 from stateward.api import manifests, v1alpha1
 from stateward.runtime import webhook
 from stateward.runtime.operator import CHILD_RESOURCES
-from stateward.specs import rbac as instance_rbac
+from stateward.specs.postgres import rbac as instance_rbac
 
 __all__ = [
     "CHART_ROLES_PATH",

@@ -1,6 +1,6 @@
 """Who is the primary of a MySQL or MariaDB Database: the operator's failover decision.
 
-Servers start read-only (``specs.mysql``); each reconcile reads every server's state
+Servers start read-only (``specs.mariadb.servers``); each reconcile reads every server's state
 (read-only or writable, whom it replicates from, its GTID position) and :func:`plan` decides,
 as a pure function of that snapshot, what to change: which server is the primary (the one
 labelled so and still reachable; the first ready server when the Database never had one),

@@ -20,8 +20,8 @@ from stateward.controllers import conditions as cond
 from stateward.controllers.dbscope import RECHECK, Scope, Stop, data_volumes
 from stateward.controllers.kube import Body, Ref
 from stateward.controllers.mariadb import failover, sql
-from stateward.specs import meta, secrets, tls
-from stateward.specs import mysql as mysql_spec
+from stateward.specs import meta, passwords, tls
+from stateward.specs.mariadb import servers as mysql_spec
 
 STUCK_AFTER = 60.0
 """Seconds a pending server pod may wait for a claim that does not exist."""
@@ -552,13 +552,13 @@ async def ensure_secrets(scope: Scope) -> str | None:
                 database.credentials_secret_name,
                 lambda: mysql_spec.credentials_secret(
                     database,
-                    root_password=secrets.generate_password(),
-                    replication_password=secrets.generate_password(),
+                    root_password=passwords.generate_password(),
+                    replication_password=passwords.generate_password(),
                 ),
             ),
             core.Credential(
                 database.app_secret_name,
-                lambda: mysql_spec.app_secret(database, password=secrets.generate_password()),
+                lambda: mysql_spec.app_secret(database, password=passwords.generate_password()),
             ),
         ),
         data_volumes(scope),
@@ -684,7 +684,8 @@ def _server_pods(scope: Scope) -> list[Body]:
 
 def _unschedulable(pods: list[Body]) -> str | None:
     """Why servers wait for a node, as the scheduler says: each needs one of its own
-    (``specs.mysql``: required anti-affinity), so a node lost to a fault takes one server."""
+    (``specs.mariadb.servers``: required anti-affinity), so a node lost to a fault takes one
+    server."""
     waiting = []
     for pod in pods:
         for condition in (pod.get("status") or {}).get("conditions") or []:

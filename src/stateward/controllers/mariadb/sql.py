@@ -19,8 +19,8 @@ import pymysql
 
 from stateward.api import v1alpha1
 from stateward.controllers.mariadb.failover import caught_up
-from stateward.specs import mysql as spec
 from stateward.specs import tls
+from stateward.specs.mariadb import servers as spec
 
 CONNECT_TIMEOUT = 3.0
 """Seconds to open a session: TCP, TLS and authentication."""

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from stateward.controllers.kube import Body
-from stateward.specs import backup as backup_spec
 from stateward.specs import meta
+from stateward.specs.postgres import backup as backup_spec
 
 
 def backup_result(pod: Body) -> dict[str, Any]:

@@ -27,9 +27,9 @@ from stateward.controllers.postgres import members as m
 from stateward.controllers.postgres import poolers, takeover
 from stateward.controllers.postgres.scope import Scope, instance_pods, pod_role
 from stateward.instance import patroni
-from stateward.specs import config as config_spec
 from stateward.specs import meta
-from stateward.specs.statefulset import CONTAINER_NAME
+from stateward.specs.postgres import config as config_spec
+from stateward.specs.postgres.statefulset import CONTAINER_NAME
 
 RECHECK = 2.0
 SWITCHOVER_TIMEOUT = 120.0

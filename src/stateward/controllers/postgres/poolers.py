@@ -26,7 +26,7 @@ from stateward.controllers.postgres import pgbouncer
 from stateward.controllers.postgres.scope import Scope
 from stateward.instance import pooler
 from stateward.specs import meta
-from stateward.specs import pooler as pooler_spec
+from stateward.specs.postgres import pooler as pooler_spec
 
 PAUSE_SECONDS: Final = 10.0
 """PAUSE waits for the transactions running through PgBouncer; one longer than this is not

@@ -19,7 +19,7 @@ from typing import Any, Final
 import pydantic
 from lightkube import ApiError
 
-from stateward import rfc3339, specs
+from stateward import rfc3339
 from stateward.api import v1alpha1, validation
 from stateward.api.v1alpha1 import PostgresCluster
 from stateward.controllers import certificates, core
@@ -39,9 +39,11 @@ from stateward.controllers.postgres.scope import (
 from stateward.controllers.queue import Outcome
 from stateward.controllers.store import ObjectStore
 from stateward.instance import pgbackrest
-from stateward.specs import backup, meta, pinning, secrets
-from stateward.specs import config as config_spec
-from stateward.specs import pooler as pooler_spec
+from stateward.specs import meta, passwords, pinning
+from stateward.specs import postgres as postgres_specs
+from stateward.specs.postgres import backup, secrets
+from stateward.specs.postgres import config as config_spec
+from stateward.specs.postgres import pooler as pooler_spec
 
 logger = logging.getLogger(__name__)
 
@@ -239,7 +241,7 @@ async def ensure_secrets(scope: Scope) -> str | None:
         return secrets.app_secret(cluster, password=password, ca_cert=ca_cert.encode())
 
     def fresh(build: Callable[..., Body]) -> Callable[[], Body]:
-        return lambda: build(cluster, password=secrets.generate_password())
+        return lambda: build(cluster, password=passwords.generate_password())
 
     outcome = await core.ensure_credentials(
         scope,
@@ -323,7 +325,7 @@ async def apply_children(scope: Scope) -> str | None:
     if any(reason == "StorageClassNotFound" for reason, _ in scope.degraded):
         return None
     cluster = _children_cluster(scope)
-    desired = specs.children(
+    desired = postgres_specs.children(
         cluster,
         patroni_config=config_spec.patroni_config(cluster),
         operator_namespace=scope.operator_namespace,

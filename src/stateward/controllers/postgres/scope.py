@@ -12,7 +12,8 @@ from stateward.controllers import core
 from stateward.controllers.kube import Body, PatroniAccess, Ref
 from stateward.controllers.postgres.members import Member, member
 from stateward.instance import patroni
-from stateward.specs import meta, secrets, tls
+from stateward.specs import meta, tls
+from stateward.specs.postgres import secrets
 
 JOB_NAME_LABEL: Final = "batch.kubernetes.io/job-name"
 

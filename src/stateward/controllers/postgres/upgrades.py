@@ -40,7 +40,7 @@ from stateward.controllers.postgres.scope import (
     job_state,
 )
 from stateward.specs import meta, pinning
-from stateward.specs import upgrade as upgrade_spec
+from stateward.specs.postgres import upgrade as upgrade_spec
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,8 @@ from typing import Final
 
 from stateward.api import v1alpha1
 from stateward.instance import patroni, upgrade
-from stateward.specs import meta, pods, statefulset
+from stateward.specs import meta, pods
+from stateward.specs.postgres import statefulset
 
 COMPONENT: Final = "upgrade"
 CONTAINER_NAME: Final = "upgrade"

@@ -45,7 +45,8 @@ from stateward.instance.patroni import (
     client_certificate,
     dump,
 )
-from stateward.specs import backup, meta
+from stateward.specs import meta
+from stateward.specs.postgres import backup
 
 MAX_WAL_SENDERS: Final = int(validation.OPERATOR_PARAMETERS["max_wal_senders"])
 

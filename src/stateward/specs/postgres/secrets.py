@@ -1,14 +1,13 @@
-"""The credential Secrets of a cluster, created once by the controller.
+"""The credential Secrets of a PostgresCluster, created once by the controller.
 
-Builders take the password as an argument; ``generate_password`` is the only
-non-deterministic function of ``stateward.specs``. Values go to ``data`` (base64) rather
-than ``stringData``, which the API server folds into ``data``, so an apply compares cleanly.
+Builders take the password as an argument (``specs.passwords`` makes them). Values go to
+``data`` (base64) rather than ``stringData``, which the API server folds into ``data``, so an
+apply compares cleanly.
 """
 
 from __future__ import annotations
 
 import base64
-import secrets
 
 from stateward import pki
 from stateward.api import v1alpha1
@@ -21,11 +20,6 @@ BASIC_AUTH_TYPE = "kubernetes.io/basic-auth"
 SSLMODE = "verify-full"
 """What the app Secret's URLs ask of the client: TLS, and the server's name checked against
 its certificate (the primary Service's name is in it, ``specs.tls.server_names``)."""
-
-
-def generate_password() -> str:
-    """A fresh random password: 32 random bytes, URL-safe (43 characters)."""
-    return secrets.token_urlsafe(32)
 
 
 def superuser_secret(cluster: v1alpha1.PostgresCluster, *, password: str) -> meta.Object:

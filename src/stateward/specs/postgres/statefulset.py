@@ -6,7 +6,8 @@ from typing import Final
 
 from stateward.api import v1alpha1
 from stateward.instance import metrics, patroni, queries
-from stateward.specs import backup, meta, pods, secrets, services
+from stateward.specs import meta, pods
+from stateward.specs.postgres import backup, secrets, services
 
 CONTAINER_NAME = pods.INSTANCE_CONTAINER
 DATA_VOLUME = "pgdata"

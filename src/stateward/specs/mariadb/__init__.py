@@ -1,0 +1,2 @@
+"""The MariaDB and MySQL engine's builders: ``servers``, a Database's StatefulSet of servers,
+its Services, configuration, scripts and credentials."""
