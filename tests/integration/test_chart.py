@@ -21,10 +21,10 @@ from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Pod
 from lightkube.resources.rbac_authorization_v1 import ClusterRole
 
-from stateward import specs
 from stateward.api import v1alpha1
 from stateward.runtime import metrics, rbac
 from stateward.specs.mariadb import servers as mysql_spec
+from stateward.specs.postgres import statefulset
 from stateward_local import binaries, images
 from stateward_local.cluster import LocalCluster
 from stateward_local.run import PostgresClusterResource
@@ -228,14 +228,14 @@ def test_the_database_metrics_get_a_pod_monitor_and_alerts_when_asked(
     monitor = monitors["stateward-postgres"]
     # Every instance pod, in every namespace, selected as the operator labels them.
     cluster = clusters.make_cluster()
-    pod_labels = specs.statefulset.statefulset(cluster, config_hash="x")["spec"]["template"][
-        "metadata"
-    ]["labels"]
+    pod_labels = statefulset.statefulset(cluster, config_hash="x")["spec"]["template"]["metadata"][
+        "labels"
+    ]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     assert monitor["spec"]["namespaceSelector"] == {"any": True}
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
     assert (endpoint["port"], endpoint["path"]) == ("metrics", "/metrics")
-    ports = specs.statefulset.statefulset(cluster, config_hash="x")["spec"]["template"]["spec"][
+    ports = statefulset.statefulset(cluster, config_hash="x")["spec"]["template"]["spec"][
         "containers"
     ][0]["ports"]
     assert {"name": "metrics", "containerPort": 9187} in ports

@@ -270,7 +270,8 @@ def test_patroni_missing_from_path_exits_127(
 
 
 def test_the_checked_variables_are_what_the_statefulset_sets() -> None:
-    """The contract with specs.statefulset: every PATRONI_* it sets is checked, and no more."""
+    """The contract with specs.postgres.statefulset: every PATRONI_* it sets is checked, and no
+    more."""
     sts = statefulset.statefulset(cluster(), config_hash="x")
     [container] = sts["spec"]["template"]["spec"]["containers"]
     names = [entry["name"] for entry in container["env"]]
