@@ -53,7 +53,6 @@ __all__ = [
     "MANAGED_PARAMETERS",
     "OPERATOR_PARAMETERS",
     "PATRONI_OWNED_PARAMETERS",
-    "SOCKET_DIR",
     "VERSION_REGEX",
     "CronField",
     "fenced_instances",
@@ -66,11 +65,8 @@ __all__ = [
 
 # --- postgresql.conf parameters ----------------------------------------------------------
 
-# Where the instance container has PostgreSQL's socket and the cluster's serving certificate
-# (``NAME-tls``): facts of the pod (``instance``, a leaf below every layer), which the fixed
-# parameters below must name.
-SOCKET_DIR = patroni.SOCKET_DIR
-TLS_DIR = patroni.TLS_DIR
+# The socket and certificate (``NAME-tls``) paths are facts of the pod (``instance.patroni``,
+# a leaf below every layer), which the fixed parameters below must name.
 
 OPERATOR_PARAMETERS: Mapping[str, str] = {
     "wal_level": "replica",
@@ -82,7 +78,7 @@ OPERATOR_PARAMETERS: Mapping[str, str] = {
     "wal_keep_size": "128MB",
     "wal_log_hints": "on",
     "password_encryption": "scram-sha-256",
-    "unix_socket_directories": SOCKET_DIR,
+    "unix_socket_directories": patroni.SOCKET_DIR,
     # On in every cluster, so that configuring backups later needs no restart; the
     # archive_command (instance.pgbackrest) archives to the repository, or discards WAL as
     # a cluster without archiving would.
@@ -90,11 +86,11 @@ OPERATOR_PARAMETERS: Mapping[str, str] = {
     # TLS by default: the cluster's certificate, TLS 1.3 only (every client libpq of
     # PostgreSQL 12 or later speaks it). PostgreSQL re-reads the files on a reload.
     "ssl": "on",
-    "ssl_cert_file": f"{TLS_DIR}/tls.crt",
-    "ssl_key_file": f"{TLS_DIR}/tls.key",
+    "ssl_cert_file": f"{patroni.TLS_DIR}/tls.crt",
+    "ssl_key_file": f"{patroni.TLS_DIR}/tls.key",
     # Client certificates (the certificate-only roles) are accepted from the cluster's CA
     # alone, not from the root of a serving certificate the user brings (``ca.crt``).
-    "ssl_ca_file": f"{TLS_DIR}/client-ca.crt",
+    "ssl_ca_file": f"{patroni.TLS_DIR}/client-ca.crt",
     "ssl_min_protocol_version": "TLSv1.3",
 }
 """Parameters the operator sets to fixed values in every instance's configuration."""

@@ -26,7 +26,8 @@ class Scope(core.Scope):
     switch_below: int | None = None
     """Set when a scale-down waits for the primary to move below this ordinal."""
     diverged: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    """``status.divergedVolumes``: read at the start, added to by :func:`_reclone`."""
+    """``status.divergedVolumes``: read at the start, added to when a server is recloned
+    (``controllers.mariadb.reconcile``)."""
 
 
 class Stop(Exception):

@@ -21,30 +21,6 @@ from typing import Any, Final
 
 from stateward.api import v1alpha1, validation
 from stateward.instance import patroni, pooler
-from stateward.instance.patroni import (
-    DATA_DIR,
-    LOOP_WAIT,
-    PEER_SSLMODE,
-    PGPASS_FILE,
-    POST_BOOTSTRAP,
-    POSTGRES_PORT,
-    PRIMARY_ROLE,
-    PRIMARY_START_TIMEOUT,
-    REPLICA_ROLE,
-    REPLICATION_USERNAME,
-    RESTAPI_PORT,
-    RETRY_TIMEOUT,
-    ROLE_LABEL,
-    SCOPE_LABEL,
-    SUPERUSER_USERNAME,
-    TLS_CA,
-    TLS_CERT,
-    TLS_KEY,
-    TTL,
-    bin_dir,
-    client_certificate,
-    dump,
-)
 from stateward.specs import meta
 from stateward.specs.postgres import backup
 
@@ -70,9 +46,9 @@ PG_HBA: Final = (
     # (streaming, base backups) log in over the network only with the client certificate
     # the cluster's CA issued for them (CN = the role), which only the instances hold: their
     # passwords alone open nothing from another pod.
-    f"hostssl all {SUPERUSER_USERNAME} all cert",
-    f"hostssl replication {REPLICATION_USERNAME} all cert",
-    f"hostssl all {REPLICATION_USERNAME} all cert",
+    f"hostssl all {patroni.SUPERUSER_USERNAME} all cert",
+    f"hostssl replication {patroni.REPLICATION_USERNAME} all cert",
+    f"hostssl all {patroni.REPLICATION_USERNAME} all cert",
     # PgBouncer's own role (its auth_query), likewise: only the pooler pods hold its
     # certificate, and the role has no password.
     f"hostssl all {pooler.ROLE} all cert",
@@ -85,8 +61,8 @@ PG_HBA: Final = (
 PLAINTEXT_CLIENTS_HBA: Final = (
     # spec.tls.allowPlaintextClients: the application's logins by password without TLS too;
     # never the roles that log in by certificate, never replication.
-    f"hostnossl all {SUPERUSER_USERNAME} all reject",
-    f"hostnossl all {REPLICATION_USERNAME} all reject",
+    f"hostnossl all {patroni.SUPERUSER_USERNAME} all reject",
+    f"hostnossl all {patroni.REPLICATION_USERNAME} all reject",
     f"hostnossl all {pooler.ROLE} all reject",
     "hostnossl replication all all reject",
     "hostnossl all all all scram-sha-256",
@@ -176,10 +152,10 @@ def dynamic_configuration(cluster: v1alpha1.PostgresCluster) -> dict[str, Any]:
     ``PATCH /config``.
     """
     return {
-        "ttl": TTL,
-        "loop_wait": LOOP_WAIT,
-        "retry_timeout": RETRY_TIMEOUT,
-        "primary_start_timeout": PRIMARY_START_TIMEOUT,
+        "ttl": patroni.TTL,
+        "loop_wait": patroni.LOOP_WAIT,
+        "retry_timeout": patroni.RETRY_TIMEOUT,
+        "primary_start_timeout": patroni.PRIMARY_START_TIMEOUT,
         **ha_settings(cluster),
         "postgresql": {
             "use_pg_rewind": True,
@@ -204,21 +180,21 @@ def configuration(
         "kubernetes": {
             # ConfigMaps mode: Endpoints are deprecated upstream.
             "use_endpoints": False,
-            "scope_label": SCOPE_LABEL,
+            "scope_label": patroni.SCOPE_LABEL,
             "labels": dict(labels),
-            "role_label": ROLE_LABEL,
-            "leader_label_value": PRIMARY_ROLE,
-            "follower_label_value": REPLICA_ROLE,
+            "role_label": patroni.ROLE_LABEL,
+            "leader_label_value": patroni.PRIMARY_ROLE,
+            "follower_label_value": patroni.REPLICA_ROLE,
             # A standby cluster's leader serves the primary Service (read-only).
-            "standby_leader_label_value": PRIMARY_ROLE,
+            "standby_leader_label_value": patroni.PRIMARY_ROLE,
         },
         "restapi": {
             # connect_address comes from PATRONI_RESTAPI_CONNECT_ADDRESS (the pod IP);
             # authentication from the mounted NAME-patroni-api Secret (``with_credentials``).
-            "listen": f"0.0.0.0:{RESTAPI_PORT}",
+            "listen": f"0.0.0.0:{patroni.RESTAPI_PORT}",
             # HTTPS with the cluster's certificate; SIGHUP reloads a renewed one.
-            "certfile": TLS_CERT,
-            "keyfile": TLS_KEY,
+            "certfile": patroni.TLS_CERT,
+            "keyfile": patroni.TLS_KEY,
         },
         # How members call each other's REST API (failsafe, the leader race, switchover
         # checks): by pod IP, so the chain is verified against the cluster's CA and the name
@@ -226,28 +202,28 @@ def configuration(
         # turns only the hostname check off).
         "ctl": {
             "insecure": True,
-            "certfile": TLS_CERT,
-            "keyfile": TLS_KEY,
-            "cacert": TLS_CA,
+            "certfile": patroni.TLS_CERT,
+            "keyfile": patroni.TLS_KEY,
+            "cacert": patroni.TLS_CA,
         },
         "bootstrap": bootstrap_configuration(cluster),
         "postgresql": {
             # connect_address from PATRONI_POSTGRESQL_CONNECT_ADDRESS; credentials from the
             # mounted Secrets at start (``with_credentials``), never this ConfigMap.
-            "listen": f"0.0.0.0:{POSTGRES_PORT}",
-            "data_dir": DATA_DIR,
-            "bin_dir": bin_dir(cluster.spec.major_version),
-            "pgpass": PGPASS_FILE,
+            "listen": f"0.0.0.0:{patroni.POSTGRES_PORT}",
+            "data_dir": patroni.DATA_DIR,
+            "bin_dir": patroni.bin_dir(cluster.spec.major_version),
+            "pgpass": patroni.PGPASS_FILE,
             "use_unix_socket": True,
             "pg_hba": pg_hba(cluster),
             # Merged with each user's name and password at start (``with_credentials``): every
             # connection a member makes to another is TLS, the server checked against the CA.
             "authentication": {
                 user: {
-                    "sslmode": PEER_SSLMODE,
-                    "sslrootcert": TLS_CA,
-                    "sslcert": client_certificate(user)[0],
-                    "sslkey": client_certificate(user)[1],
+                    "sslmode": patroni.PEER_SSLMODE,
+                    "sslrootcert": patroni.TLS_CA,
+                    "sslcert": patroni.client_certificate(user)[0],
+                    "sslkey": patroni.client_certificate(user)[1],
                 }
                 for user in ("superuser", "replication")
             },
@@ -274,7 +250,7 @@ def bootstrap_configuration(cluster: v1alpha1.PostgresCluster) -> dict[str, Any]
     document: dict[str, Any] = {
         "dcs": dynamic_configuration(cluster),
         "initdb": [{"encoding": "UTF8"}, "data-checksums"],
-        "post_bootstrap": POST_BOOTSTRAP,
+        "post_bootstrap": patroni.POST_BOOTSTRAP,
     }
     command = backup.restore_command(cluster)
     if command is not None:
@@ -311,9 +287,8 @@ def patroni_config(cluster: v1alpha1.PostgresCluster) -> PatroniConfig:
 def render(cluster: v1alpha1.PostgresCluster, *, labels: Mapping[str, str] | None = None) -> str:
     """``patroni.yaml``, with Patroni listing its members by ``labels`` (the instance selector
     labels unless given); deterministic for one input."""
-    if labels is None:
-        return patroni_config(cluster).text
-    return dump(configuration(cluster, labels=labels))
+    selector = meta.selector_labels(cluster) if labels is None else labels
+    return patroni.dump(configuration(cluster, labels=selector))
 
 
 def config_map(cluster: v1alpha1.PostgresCluster, *, patroni_yaml: str) -> meta.Object:
