@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from stateward_local import binaries, host, images
+from stateward_local import binaries, host, images, nodestore
 from stateward_local.cluster import Config, LocalCluster
 from stateward_local.errors import LocalClusterError
 
@@ -98,10 +99,20 @@ NODE_ACTIONS = {
 
 
 def _local_images(args: argparse.Namespace) -> int:
-    for archive in images.ensure(getattr(args, "names", None) or None):
+    _build_images(getattr(args, "names", None) or None)
+    return 0
+
+
+def _build_images(names: Sequence[str] | None) -> list[images.Archive]:
+    archives = images.ensure(names)
+    for archive in archives:
         size = archive.path.stat().st_size / 2**20
         print(f"{archive.ref:<48} {size:8.1f} MiB  {archive.path}")
-    return 0
+    return archives
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 def _local_lock(args: argparse.Namespace) -> int:
@@ -121,15 +132,36 @@ def _local_lock(args: argparse.Namespace) -> int:
 
 def _local_build(args: argparse.Namespace) -> int:
     """Everything the local cluster needs before it starts: host packages (real nodes),
-    the binaries, the images. Each step is cached; a warm run costs about a second."""
-    if not args.binaries_only:
-        host.ensure_packages()
-    for component in binaries.missing():
-        binaries.build(component)
-    paths = binaries.locate()
+    the binaries and the images (built side by side: the Go builds keep both cores busy, the
+    image builds mostly wait on Debian's archive and PyPI), and as root the containerd root
+    every real node starts from. Each step is cached; a warm run costs about a second."""
+    if args.binaries_only:
+        paths = binaries.ensure()
+        print(f"binaries ready in {paths.kube_apiserver.parent.parent}")
+        return 0
+    host.ensure_packages()
+    built: list[binaries.Binaries] = []
+    failed: list[BaseException] = []
+
+    def build_binaries() -> None:
+        try:
+            built.append(binaries.ensure())
+        except BaseException as error:  # re-raised below, in the main thread
+            failed.append(error)
+
+    # The Go builds run in a thread: Ctrl-C reaches `go build` through the terminal, and a
+    # killed build leaves only a `.partial` directory. The images stay in the main thread,
+    # whose cleanup (chroot mounts) must run on any interruption.
+    builder = threading.Thread(target=build_binaries, name="binaries", daemon=True)
+    builder.start()
+    archives = _build_images(None)
+    builder.join()
+    if failed:
+        raise failed[0]
+    paths = built[0]
     print(f"binaries ready in {paths.kube_apiserver.parent.parent}")
-    if not args.binaries_only:
-        _local_images(args)
+    if os.geteuid() == 0:
+        nodestore.ensure([a for a in archives if a.spec.on_nodes], paths, progress=_progress)
     return 0
 
 

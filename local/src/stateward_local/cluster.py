@@ -20,7 +20,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,7 +28,16 @@ from typing import Any
 import httpx
 import yaml
 
-from stateward_local import binaries, host, images, nodes, objectstore, pki, provisioner
+from stateward_local import (
+    binaries,
+    host,
+    images,
+    nodes,
+    nodestore,
+    objectstore,
+    pki,
+    provisioner,
+)
 from stateward_local.errors import LocalClusterError
 
 DEFAULT_PORT_BASE = 16443
@@ -197,17 +205,19 @@ class LocalCluster:
             nodes.refuse_if_taken()
         paths = binaries.ensure(progress=progress)
         archives = [a for a in images.ensure(progress=progress) if a.spec.on_nodes] if real else []
+        store = nodestore.ensure(archives, paths, progress=progress) if real else None
         started = time.monotonic()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         starting = self._hold_starting_lock()
         records: list[ProcessRecord] = []
-        imports: list[threading.Thread] = []
-        import_errors: list[BaseException] = []
         try:
             self._write_pki()
             self._write_image_pins(archives)
             if real:
                 self._save(records)
+                for node in real:  # before prepare_host: links cannot cross its mount
+                    assert store is not None
+                    nodestore.seed(store, node.path("containerd"))
                 nodes.prepare_host(self.journal, self.state_dir)
                 for node in real:
                     nodes.create_node(self.journal, node)
@@ -221,15 +231,6 @@ class LocalCluster:
                         )
                     )
                     self._save(records)
-                # Images go into every node's containerd while the control plane starts.
-                for node in real:
-                    thread = threading.Thread(
-                        target=self._import_images,
-                        args=(node, paths, archives, import_errors),
-                        daemon=True,
-                    )
-                    thread.start()
-                    imports.append(thread)
             records.append(self._start("etcd", self._etcd_argv(paths)))
             self._save(records)
             self._wait("etcd healthy", self._etcd_healthy, records)
@@ -272,12 +273,6 @@ class LocalCluster:
                 if real:
                     self._wait("object store serving", self._objectstore_ready, records)
                     self._publish_objectstore()
-            for thread in imports:
-                thread.join(timeout=max(1.0, 300 - (time.monotonic() - started)))
-            if import_errors:
-                raise import_errors[0]
-            if any(thread.is_alive() for thread in imports):
-                raise LocalClusterError("importing the images into the nodes took over 300 s")
         except BaseException:
             self._stop(records)
             self._undo_host()
@@ -497,20 +492,6 @@ class LocalCluster:
                 )
             time.sleep(0.1)
         return socket_path
-
-    def _import_images(
-        self,
-        node: nodes.Node,
-        paths: binaries.Binaries,
-        archives: list[images.Archive],
-        errors: list[BaseException],
-    ) -> None:
-        try:
-            socket_path = self._wait_containerd(node)
-            for archive in archives:
-                images.import_into(archive, ctr=paths.ctr, address=str(socket_path))
-        except BaseException as error:
-            errors.append(error)
 
     def _network_nodes(self) -> bool:
         """Once a real node has its pod CIDR, give it a CNI config and the host a route."""
