@@ -36,11 +36,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from lightkube import Client
-from lightkube.config.kubeconfig import KubeConfig
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Namespace
-from lab.operator import wait_leading
 from lab.dataplane import (
     annotate,
     create_cluster,
@@ -49,12 +44,20 @@ from lab.dataplane import (
     sql,
     status_of,
 )
+from lab.operator import wait_leading
 from lab.waiting import wait_for
+from lightkube import Client
+from lightkube.config.kubeconfig import KubeConfig
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Namespace
 
 from bench.dataplane import local_cluster
 from bench.nodes import say
 from bench.patroni_lab import replace_block
 from stateward.api import v1alpha1
+from stateward.controllers import core
+from stateward_local import binaries
+from stateward_local.cluster import LocalCluster
 from stateward_local.run import (
     OPERATOR_NAMESPACE,
     PostgresClusterResource,
@@ -62,9 +65,6 @@ from stateward_local.run import (
     install_crds,
     start_operator,
 )
-from stateward.controllers import core
-from stateward_local import binaries
-from stateward_local.cluster import LocalCluster
 
 RESULTS = Path("bench/results/backups.json")
 DOC = Path("docs/benchmarks.md")

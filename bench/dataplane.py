@@ -69,6 +69,10 @@ from bench.nodes import (
     status_kib,
 )
 from stateward.api import v1alpha1
+from stateward_local import binaries, nodes
+from stateward_local.cluster import Config, LocalCluster, Ports, free_port_base
+from stateward_local.errors import LocalClusterError
+from stateward_local.images import cache
 from stateward_local.run import (
     OPERATOR_NAMESPACE,
     OperatorProcess,
@@ -76,9 +80,6 @@ from stateward_local.run import (
     install_crds,
     start_operator,
 )
-from stateward_local import binaries, images, nodes
-from stateward_local.cluster import Config, LocalCluster, Ports, free_port_base
-from stateward_local.errors import LocalClusterError
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -639,7 +640,7 @@ def wait_operator(handle: OperatorProcess, timeout: float = 90) -> None:
 def warm_caches() -> dict[str, Any]:
     """Build whatever is missing now, outside every clock; the versions in use."""
     paths = binaries.ensure(progress=lambda m: say(f"    {m}"))
-    images.ensure(progress=lambda m: say(f"    {m}"))
+    cache.ensure(progress=lambda m: say(f"    {m}"))
     if nodes.link_exists(nodes.BRIDGE):
         raise RuntimeError(
             f"the bridge {nodes.BRIDGE} exists: another cluster with real nodes is up on this"

@@ -64,8 +64,9 @@ from bench.dataplane import longest_gap, lost_rows, median_max, parse_rows, wait
 from bench.nodes import Interrupted, children, environment, say
 from bench.run import machine_busy_seconds
 from stateward.api.validation import OPERATOR_PARAMETERS
-from stateward_local import binaries, images
+from stateward_local import binaries
 from stateward_local.cluster import free_port_base
+from stateward_local.images import catalog
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -116,7 +117,7 @@ def lab_requirements(image_requirements: Sequence[str]) -> list[str]:
     return [r.replace("[kubernetes,", "[etcd3,") for r in image_requirements]
 
 
-REQUIREMENTS = lab_requirements(images.PATRONI_REQUIREMENTS)
+REQUIREMENTS = lab_requirements(catalog.PATRONI_REQUIREMENTS)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -49,13 +49,17 @@ from typing import Any
 
 import httpx
 import yaml
+from lab.kwok import simulate
 from lightkube import Client
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.resources.core_v1 import Secret
-from lab.kwok import simulate
 
 from bench import bare
 from stateward.api import v1alpha1
+from stateward.runtime import webhook
+from stateward.runtime.operator import Options as RuntimeOptions
+from stateward_local import binaries
+from stateward_local.cluster import OPERATOR_USER, Config, LocalCluster, Ports, free_port_base
 from stateward_local.run import (
     OPERATOR_NAMESPACE,
     OperatorProcess,
@@ -63,10 +67,6 @@ from stateward_local.run import (
     install_crds,
     start_operator,
 )
-from stateward_local import binaries
-from stateward_local.cluster import OPERATOR_USER, Config, LocalCluster, Ports, free_port_base
-from stateward.runtime import webhook
-from stateward.runtime.operator import Options as RuntimeOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "benchmarks.md"

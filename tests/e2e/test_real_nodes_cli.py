@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 from lab.waiting import wait_for
 
-from stateward_local import binaries, images, nodes
+from stateward_local import binaries, nodes
 from stateward_local.cluster import free_port_base
+from stateward_local.images import catalog
 
 pytestmark = pytest.mark.e2e
 
@@ -107,7 +108,7 @@ def test_kubectl_run_on_a_real_node_then_down_restores_the_host(tmp_path: Path) 
         nodes_out = cli.kubectl("get", "nodes", "-o", "wide")
         assert "node-1" in nodes_out.stdout and " Ready " in nodes_out.stdout
         run = cli.kubectl(
-            "run", "hello", f"--image={images.BASE_REF}", "--image-pull-policy=Never",
+            "run", "hello", f"--image={catalog.BASE_REF}", "--image-pull-policy=Never",
             "--restart=Never", "--", "bash", "-c", "echo hello from $(hostname)",
         )  # fmt: skip
         assert run.returncode == 0, run.stderr

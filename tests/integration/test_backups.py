@@ -31,8 +31,9 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
 from stateward.cli import plugin
-from stateward_local import images, objectstore
+from stateward_local import objectstore
 from stateward_local.cluster import LocalCluster
+from stateward_local.images import catalog
 from stateward_local.run import (
     OperatorProcess,
     PostgresClusterResource,
@@ -119,7 +120,7 @@ def test_scheduled_and_final_backups_are_real_pgbackrest_backups(
     assert backups["recoverableFrom"] <= backups["latest"]["finishedAt"]
     assert backups["job"].startswith("orders-backup-")
     # The Job that may exec into the instances ran the operator's own image, by digest.
-    operator_image = images.OPERATOR_REF
+    operator_image = catalog.OPERATOR_REF
     job_pods = client.list(Pod, namespace=ns, labels={"job-name": backups["job"]})
     ran = {c.image for p in job_pods for c in p.spec.containers}  # type: ignore[union-attr]
     assert ran == {f"{operator_image}@{real_cluster.image_pins()[operator_image]}"}, ran

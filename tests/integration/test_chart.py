@@ -25,8 +25,9 @@ from stateward.api import v1alpha1
 from stateward.runtime import metrics, rbac
 from stateward.specs.mariadb import servers as mysql_spec
 from stateward.specs.postgres import statefulset
-from stateward_local import binaries, images
+from stateward_local import binaries
 from stateward_local.cluster import LocalCluster
+from stateward_local.images import catalog
 from stateward_local.run import PostgresClusterResource
 from tests.conftest import client_for
 from tests.integration.test_deploy import CRD_NAME, absent
@@ -120,10 +121,10 @@ def test_the_chart_lints_and_follows_the_package_version(helm_env: dict[str, str
     result = helm(helm_env, "lint", "--strict", str(CHART))
     assert "0 chart(s) failed" in result.stdout, result.stdout
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    assert chart["version"] == chart["appVersion"] == images.stateward_version()
+    assert chart["version"] == chart["appVersion"] == catalog.stateward_version()
     deployment = one(render(helm_env), "Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    assert container["image"] == images.OPERATOR_REF
+    assert container["image"] == catalog.OPERATOR_REF
 
 
 def test_the_default_rendering_is_what_make_deploy_applies(helm_env: dict[str, str]) -> None:
@@ -323,7 +324,7 @@ def test_helm_installs_upgrades_and_uninstalls_the_operator_on_the_real_nodes(
     # Installed as a release should be: the operator and the instances it starts by digest
     # (the local cluster names its images by digest, as a registry pull would).
     pins = real_cluster.image_pins()
-    operator_image = f"{images.OPERATOR_REPOSITORY}/stateward:{images.stateward_version()}"
+    operator_image = f"{catalog.OPERATOR_REPOSITORY}/stateward:{catalog.stateward_version()}"
     instance_image = f"{v1alpha1.DEFAULT_IMAGE_REPOSITORY}:15"
     install = (
         "upgrade", "--install", RELEASE, str(CHART), "--namespace", rbac.NAMESPACE,

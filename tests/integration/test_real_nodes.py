@@ -27,8 +27,9 @@ from lightkube.resources.core_v1 import (
     Service,
 )
 
-from stateward_local import binaries, images, nodes
+from stateward_local import binaries, nodes
 from stateward_local.cluster import LocalCluster
+from stateward_local.images import catalog
 
 pytestmark = pytest.mark.integration
 
@@ -91,7 +92,7 @@ def pod(
             "containers": [
                 {
                     "name": "main",
-                    "image": images.BASE_REF,
+                    "image": catalog.BASE_REF,
                     "imagePullPolicy": "Never",
                     "command": ["bash", "-c", command],
                     "volumeMounts": mounts,

@@ -147,8 +147,8 @@ def test_what_needs_a_checkout_works_or_says_so_in_one_line(
         elsewhere,
         "python",
         "-c",
-        "from stateward_local import images\n"
-        "try:\n    images.images_dir()\nexcept Exception as e:\n    print(e)",
+        "from stateward_local.images import rootfs\n"
+        "try:\n    rootfs.images_dir()\nexcept Exception as e:\n    print(e)",
     )
     (line,) = images.stdout.splitlines()
     assert "source checkout" in line

@@ -68,13 +68,13 @@ def test_it_imports_and_parses_its_flags() -> None:
 def test_it_installs_the_patroni_of_the_instance_image_with_the_etcd3_dcs() -> None:
     from bench.patroni_lab import REQUIREMENTS, lab_requirements
 
-    from stateward_local import images
+    from stateward_local.images import catalog
 
     assert lab_requirements(["patroni[kubernetes,psycopg3]==4.1.5", "psycopg[binary]==3.3.9"]) == [
         "patroni[etcd3,psycopg3]==4.1.5",
         "psycopg[binary]==3.3.9",
     ]
-    image_pin = next(r for r in images.PATRONI_REQUIREMENTS if r.startswith("patroni["))
+    image_pin = next(r for r in catalog.PATRONI_REQUIREMENTS if r.startswith("patroni["))
     assert REQUIREMENTS[0].split("==") == ["patroni[etcd3,psycopg3]", image_pin.split("==")[1]]
 
 

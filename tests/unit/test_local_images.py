@@ -30,8 +30,8 @@ from stateward.api import v1alpha1
 from stateward.instance import patroni
 from stateward.specs import pods
 from stateward.specs.postgres import statefulset
-from stateward_local import images, piplock
 from stateward_local.errors import LocalClusterError
+from stateward_local.images import cache, catalog, locks, oci, piplock, rootfs
 
 pytestmark = pytest.mark.unit
 
@@ -89,15 +89,15 @@ def layer_members(path: Path) -> list[tarfile.TarInfo]:
 def test_same_tree_gives_byte_identical_archives(tmp_path: Path) -> None:
     one = build_tree(tmp_path / "one")
     two = build_tree(tmp_path / "two", reverse=True)
-    first = images.pack(one, tmp_path / "1.tar", ref=REF, config=CONFIG)
-    again = images.pack(one, tmp_path / "1b.tar", ref=REF, config=CONFIG)
-    other = images.pack(two, tmp_path / "2.tar", ref=REF, config=CONFIG)
+    first = oci.pack(one, tmp_path / "1.tar", ref=REF, config=CONFIG)
+    again = oci.pack(one, tmp_path / "1b.tar", ref=REF, config=CONFIG)
+    other = oci.pack(two, tmp_path / "2.tar", ref=REF, config=CONFIG)
     blob = (tmp_path / "1.tar").read_bytes()
     assert blob == (tmp_path / "1b.tar").read_bytes() == (tmp_path / "2.tar").read_bytes()
     assert first == again == other
     assert not list(tmp_path.glob("*.layer")), "the temporary layer file is removed"
     (one / "etc" / "os-release").write_text("NAME=changed\n")
-    changed = images.pack(one, tmp_path / "3.tar", ref=REF, config=CONFIG)
+    changed = oci.pack(one, tmp_path / "3.tar", ref=REF, config=CONFIG)
     assert changed.diff_id != first.diff_id
 
 
@@ -113,7 +113,7 @@ def test_layer_is_sorted_with_mtime_zero_and_numeric_owners(tmp_path: Path) -> N
         listener.bind("sock")  # relative: tmp paths can exceed the 108-byte socket limit
     finally:
         os.chdir(cwd)
-    images.pack(root, tmp_path / "out.tar", ref=REF, config=CONFIG)
+    oci.pack(root, tmp_path / "out.tar", ref=REF, config=CONFIG)
     listener.close()
     members = layer_members(tmp_path / "out.tar")
     names = [m.name for m in members]
@@ -136,11 +136,9 @@ def test_layer_is_sorted_with_mtime_zero_and_numeric_owners(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("compression", ["gzip", "none"])
-def test_layout_structure_and_digests_verify(
-    tmp_path: Path, compression: images.Compression
-) -> None:
+def test_layout_structure_and_digests_verify(tmp_path: Path, compression: oci.Compression) -> None:
     root = build_tree(tmp_path / "root")
-    packed = images.pack(
+    packed = oci.pack(
         root,
         tmp_path / "out.tar",
         ref=REF,
@@ -165,22 +163,22 @@ def test_layout_structure_and_digests_verify(
     for digest, data in blobs.items():
         assert digest == "sha256:" + hashlib.sha256(data).hexdigest()
     index = json.loads(files["index.json"])
-    assert index["schemaVersion"] == 2 and index["mediaType"] == images.MEDIA_INDEX
+    assert index["schemaVersion"] == 2 and index["mediaType"] == oci.MEDIA_INDEX
     [entry] = index["manifests"]
     assert entry["annotations"] == {
         "io.containerd.image.name": REF,
         "org.opencontainers.image.ref.name": REF,
     }
-    assert entry["mediaType"] == images.MEDIA_MANIFEST
+    assert entry["mediaType"] == oci.MEDIA_MANIFEST
     assert entry["platform"] == {"architecture": "amd64", "os": "linux"}
     assert entry["digest"] == packed.manifest_digest and entry["size"] == len(
         blobs[entry["digest"]]
     )
     manifest = json.loads(blobs[entry["digest"]])
-    assert manifest["schemaVersion"] == 2 and manifest["mediaType"] == images.MEDIA_MANIFEST
-    assert manifest["config"]["mediaType"] == images.MEDIA_CONFIG
+    assert manifest["schemaVersion"] == 2 and manifest["mediaType"] == oci.MEDIA_MANIFEST
+    assert manifest["config"]["mediaType"] == oci.MEDIA_CONFIG
     [layer] = manifest["layers"]
-    assert layer["mediaType"] == images.MEDIA_LAYER[compression]
+    assert layer["mediaType"] == oci.MEDIA_LAYER[compression]
     for descriptor in (manifest["config"], layer):
         assert descriptor["size"] == len(blobs[descriptor["digest"]])
     assert set(blobs) == {entry["digest"], manifest["config"]["digest"], layer["digest"]}
@@ -199,11 +197,11 @@ def test_layout_structure_and_digests_verify(
 
 
 def test_specs_refs_and_oci_config() -> None:
-    assert images.PAUSE_REF == "localhost/stateward/pause:3.10-stateward1"
-    assert images.BASE.ref == "localhost/stateward/base:bookworm-1"
-    assert images.PAUSE.oci_config() == {"Entrypoint": ["/pause"], "User": "65535:65535"}
-    assert images.BASE.oci_config()["Cmd"] == ["/bin/bash"]
-    assert [spec.name for spec in images.IMAGES] == [
+    assert catalog.PAUSE_REF == "localhost/stateward/pause:3.10-stateward1"
+    assert catalog.BASE.ref == "localhost/stateward/base:bookworm-1"
+    assert catalog.PAUSE.oci_config() == {"Entrypoint": ["/pause"], "User": "65535:65535"}
+    assert catalog.BASE.oci_config()["Cmd"] == ["/bin/bash"]
+    assert [spec.name for spec in catalog.IMAGES] == [
         "pause",
         "base",
         "postgres-instance",
@@ -212,12 +210,12 @@ def test_specs_refs_and_oci_config() -> None:
         "mariadb-instance",
         "stateward",
     ]
-    assert images.MARIADB_1011.ref == "ghcr.io/stateward/mariadb-instance:10.11"
-    assert images.MARIADB_1011.oci_config()["User"] == "999:999"
+    assert catalog.MARIADB_1011.ref == "ghcr.io/stateward/mariadb-instance:10.11"
+    assert catalog.MARIADB_1011.oci_config()["User"] == "999:999"
     with pytest.raises(ValueError, match="fixed tag"):
-        images.ImageSpec(name="x", tag="latest")
+        catalog.ImageSpec(name="x", tag="latest")
     with pytest.raises(ValueError, match="not both"):
-        images.ImageSpec(name="x", tag="1", debootstrap="bookworm", from_image="base")
+        catalog.ImageSpec(name="x", tag="1", debootstrap="bookworm", from_image="base")
 
 
 def test_input_hash_follows_spec_and_sources_only(
@@ -226,13 +224,13 @@ def test_input_hash_follows_spec_and_sources_only(
     source_dir = tmp_path / "images"
     shutil.copytree(REPO_IMAGES / "pause", source_dir / "pause")
     monkeypatch.setenv("STATEWARD_IMAGES_DIR", str(source_dir))
-    pause = images.PAUSE
-    original = images.input_hash(pause)
-    assert len(original) == 16 and images.input_hash(pause) == original
+    pause = catalog.PAUSE
+    original = cache.input_hash(pause)
+    assert len(original) == 16 and cache.input_hash(pause) == original
     monkeypatch.setenv("STATEWARD_CACHE_DIR", str(tmp_path / "elsewhere"))
     monkeypatch.setenv("STATEWARD_DEBIAN_MIRROR", "http://mirror.invalid/debian")
     os.utime(source_dir / "pause" / "pause.c", (1, 1))
-    assert images.input_hash(pause) == original, "location, mirror and mtimes are not inputs"
+    assert cache.input_hash(pause) == original, "location, mirror and mtimes are not inputs"
     for changed in (
         dataclasses.replace(pause, tag="3.10-stateward2"),
         dataclasses.replace(pause, packages=("curl",)),
@@ -240,23 +238,23 @@ def test_input_hash_follows_spec_and_sources_only(
         dataclasses.replace(pause, user="0"),
         dataclasses.replace(pause, hook=None),
     ):
-        assert images.input_hash(changed) != original, changed
+        assert cache.input_hash(changed) != original, changed
     with (source_dir / "pause" / "pause.c").open("a") as source:
         source.write("/* changed */\n")
-    assert images.input_hash(pause) != original
-    assert images.archive_path(pause).name == f"pause-{images.input_hash(pause)}.tar"
+    assert cache.input_hash(pause) != original
+    assert cache.archive_path(pause).name == f"pause-{cache.input_hash(pause)}.tar"
 
 
 @pytest.mark.parametrize(
     ("major", "spec", "base"),
-    [(15, images.POSTGRES_15, images.BASE), (17, images.POSTGRES_17, images.BASE_TRIXIE)],
+    [(15, catalog.POSTGRES_15, catalog.BASE), (17, catalog.POSTGRES_17, catalog.BASE_TRIXIE)],
     ids=["15-bookworm", "17-trixie"],
 )
 def test_the_instance_image_is_the_operators_default_image(
-    major: int, spec: images.ImageSpec, base: images.ImageSpec
+    major: int, spec: catalog.ImageSpec, base: catalog.ImageSpec
 ) -> None:
     assert spec.ref == f"ghcr.io/stateward/postgres-instance:{major}"
-    assert {15: images.POSTGRES_15.ref, 17: images.POSTGRES_17.ref} == images.INSTANCE_REFS
+    assert {15: catalog.POSTGRES_15.ref, 17: catalog.POSTGRES_17.ref} == catalog.INSTANCE_REFS
     document = {
         "apiVersion": v1alpha1.API_VERSION,
         "kind": v1alpha1.KIND,
@@ -275,7 +273,7 @@ def test_the_instance_image_is_the_operators_default_image(
     assert path.startswith(f"PATH=/opt/stateward/bin:/usr/lib/postgresql/{major}/bin:")
     assert f"/usr/lib/postgresql/{major}/bin" == patroni.bin_dir(major)
     assert spec.from_image == f"base:{base.tag}" and spec.prepare is not None
-    assert images._lookup(spec.from_image, images.IMAGES) is base
+    assert cache._lookup(spec.from_image, catalog.IMAGES) is base
     assert set(spec.packages) == {
         f"postgresql-{major}",
         "pgbackrest",
@@ -285,12 +283,12 @@ def test_the_instance_image_is_the_operators_default_image(
         "libnss-wrapper",
         "pgbouncer",
     }
-    assert spec in images.IMAGES and base in images.IMAGES
-    assert images.IMAGES.index(base) < images.IMAGES.index(spec)
+    assert spec in catalog.IMAGES and base in catalog.IMAGES
+    assert catalog.IMAGES.index(base) < catalog.IMAGES.index(spec)
 
 
 def test_postgres_17_comes_from_a_trixie_base_like_bookworms() -> None:
-    bookworm, trixie = images.BASE, images.BASE_TRIXIE
+    bookworm, trixie = catalog.BASE, catalog.BASE_TRIXIE
     assert trixie.ref == "localhost/stateward/base:trixie-1" and trixie.debootstrap == "trixie"
     assert bookworm.identity() == {
         "name": "base",
@@ -300,7 +298,7 @@ def test_postgres_17_comes_from_a_trixie_base_like_bookworms() -> None:
         "packages": [],
         "sources": [],
         "hook": "stateward_local.images._configure_debian",
-        "config": {"Cmd": ["/bin/bash"], "Env": [images.DEFAULT_PATH, "LANG=C.UTF-8"]},
+        "config": {"Cmd": ["/bin/bash"], "Env": [rootfs.DEFAULT_PATH, "LANG=C.UTF-8"]},
     }, "unchanged: the cached bookworm base archive stays valid"
     same = dataclasses.replace(trixie, tag=bookworm.tag, debootstrap="bookworm", on_nodes=True)
     assert same == bookworm
@@ -308,39 +306,39 @@ def test_postgres_17_comes_from_a_trixie_base_like_bookworms() -> None:
         "a build stage only: never imported into nodes"
     )
     hashes = {
-        images.input_hash(spec)
-        for spec in (bookworm, trixie, images.POSTGRES_15, images.POSTGRES_17)
+        cache.input_hash(spec)
+        for spec in (bookworm, trixie, catalog.POSTGRES_15, catalog.POSTGRES_17)
     }
     assert len(hashes) == 4
-    assert images.POSTGRES_17.oci_config()["User"] == images.POSTGRES_15.oci_config()["User"]
-    assert images.POSTGRES_17.hook is images.POSTGRES_15.hook
+    assert catalog.POSTGRES_17.oci_config()["User"] == catalog.POSTGRES_15.oci_config()["User"]
+    assert catalog.POSTGRES_17.hook is catalog.POSTGRES_15.hook
 
 
 @pytest.mark.parametrize(
     ("spec", "keyring"),
     [
-        (images.BASE, "debian-archive-keyring.gpg"),
-        (images.BASE_TRIXIE, "debian-archive-keyring.pgp"),
+        (catalog.BASE, "debian-archive-keyring.gpg"),
+        (catalog.BASE_TRIXIE, "debian-archive-keyring.pgp"),
     ],
     ids=["bookworm", "trixie"],
 )
 def test_debian_apt_sources_name_the_suite(
-    tmp_path: Path, spec: images.ImageSpec, keyring: str
+    tmp_path: Path, spec: catalog.ImageSpec, keyring: str
 ) -> None:
-    rootfs = tmp_path / "rootfs"
-    (rootfs / "etc" / "apt").mkdir(parents=True)
-    (rootfs / "etc" / "apt" / "sources.list").write_text("deb http://x/ trixie main\n")
-    (rootfs / "usr" / "share" / "keyrings").mkdir(parents=True)
-    (rootfs / "usr" / "share" / "keyrings" / keyring).write_bytes(b"keys")  # as the suite has
-    build = images.Build(
-        spec=spec, rootfs=rootfs, sources=tmp_path, log=tmp_path / "log", progress=lambda _: None
+    tree = tmp_path / "rootfs"
+    (tree / "etc" / "apt").mkdir(parents=True)
+    (tree / "etc" / "apt" / "sources.list").write_text("deb http://x/ trixie main\n")
+    (tree / "usr" / "share" / "keyrings").mkdir(parents=True)
+    (tree / "usr" / "share" / "keyrings" / keyring).write_bytes(b"keys")  # as the suite has
+    build = rootfs.Build(
+        spec=spec, rootfs=tree, sources=tmp_path, log=tmp_path / "log", progress=lambda _: None
     )
     assert spec.hook is not None
     spec.hook(build)
-    assert not (rootfs / "etc" / "apt" / "sources.list").exists()
+    assert not (tree / "etc" / "apt" / "sources.list").exists()
     suite = spec.debootstrap
     signed = f"Signed-By: /usr/share/keyrings/{keyring}"
-    assert (rootfs / "etc" / "apt" / "sources.list.d" / "debian.sources").read_text() == (
+    assert (tree / "etc" / "apt" / "sources.list.d" / "debian.sources").read_text() == (
         f"Types: deb\nURIs: http://deb.debian.org/debian\nSuites: {suite} {suite}-updates\n"
         f"Components: main\n{signed}\n\n"
         f"Types: deb\nURIs: http://deb.debian.org/debian-security\nSuites: {suite}-security\n"
@@ -351,7 +349,7 @@ def test_debian_apt_sources_name_the_suite(
 def test_existing_images_keep_their_hashes_and_the_instance_follows_stateward_sources(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    assert "repository" not in images.BASE.identity() and "prepare" not in images.BASE.identity()
+    assert "repository" not in catalog.BASE.identity() and "prepare" not in catalog.BASE.identity()
     source = tmp_path / "checkout"
     (source / "src" / "stateward" / "instance").mkdir(parents=True)
     (source / "pyproject.toml").write_text("[project]\n")
@@ -360,18 +358,18 @@ def test_existing_images_keep_their_hashes_and_the_instance_follows_stateward_so
     (source / "src" / "stateward" / "instance" / "__pycache__").mkdir()
     monkeypatch.setenv("STATEWARD_SOURCE_DIR", str(source))
     monkeypatch.setenv("STATEWARD_IMAGES_DIR", str(REPO_IMAGES))  # the locks
-    assert images._package_files(source) == ["pyproject.toml", "src/stateward/instance/cli.py"]
-    before = images.input_hash(images.POSTGRES_15)
-    base_before = images.input_hash(images.BASE)
+    assert catalog._package_files(source) == ["pyproject.toml", "src/stateward/instance/cli.py"]
+    before = cache.input_hash(catalog.POSTGRES_15)
+    base_before = cache.input_hash(catalog.BASE)
     (source / "src" / "stateward" / "instance" / "__pycache__" / "cli.pyc").write_bytes(b"x")
     (source / "src" / "stateward" / "notes.txt").write_text("not packaged")
-    assert images.input_hash(images.POSTGRES_15) == before, "only what the wheel holds counts"
+    assert cache.input_hash(catalog.POSTGRES_15) == before, "only what the wheel holds counts"
     module.write_text("print(2)\n")
-    assert images.input_hash(images.POSTGRES_15) != before
-    assert images.input_hash(images.BASE) == base_before
+    assert cache.input_hash(catalog.POSTGRES_15) != before
+    assert cache.input_hash(catalog.BASE) == base_before
     monkeypatch.setenv("STATEWARD_SOURCE_DIR", str(tmp_path / "nowhere"))
     with pytest.raises(LocalClusterError, match="source checkout"):
-        images.input_hash(images.POSTGRES_15)
+        cache.input_hash(catalog.POSTGRES_15)
 
 
 def operator_pod() -> dict[str, Any]:
@@ -383,11 +381,11 @@ def operator_pod() -> dict[str, Any]:
 
 
 def test_the_operator_image_is_what_config_manager_deploys() -> None:
-    spec = images.OPERATOR
+    spec = catalog.OPERATOR
     with (REPO / "pyproject.toml").open("rb") as pyproject:
         version = tomllib.load(pyproject)["project"]["version"]
-    assert images.stateward_version() == version == stateward.__version__
-    assert spec.ref == images.OPERATOR_REF == f"ghcr.io/stateward/stateward:{version}"
+    assert catalog.stateward_version() == version == stateward.__version__
+    assert spec.ref == catalog.OPERATOR_REF == f"ghcr.io/stateward/stateward:{version}"
     pod = operator_pod()
     [container] = pod["containers"]
     assert container["image"] == spec.ref
@@ -395,12 +393,12 @@ def test_the_operator_image_is_what_config_manager_deploys() -> None:
     security = pod["securityContext"]
     assert security["runAsNonRoot"] is True
     assert spec.user == f"{security['runAsUser']}:{security['runAsGroup']}" == "65532:65532"
-    assert images.OPERATOR_UID == 65532
+    assert catalog.OPERATOR_UID == 65532
     # The Deployment replaces the entrypoint with `stateward`, found through the image's PATH,
     # and the cmd with its args (`operator ...`).
     [path] = [entry for entry in spec.env if entry.startswith("PATH=")]
     assert path.split("=", 1)[1].split(":")[0] == "/opt/stateward/bin"
-    assert path.endswith(images.DEFAULT_PATH.removeprefix("PATH="))
+    assert path.endswith(rootfs.DEFAULT_PATH.removeprefix("PATH="))
     assert container["command"] == ["stateward"]
     assert spec.entrypoint == ("/opt/stateward/bin/stateward",)
     assert spec.cmd == ("operator",) and container["args"][0] == "operator"
@@ -415,9 +413,9 @@ def test_the_operator_image_is_what_config_manager_deploys() -> None:
     }
     assert spec.from_image == "base" and spec.prepare is not None and spec.hook is not None
     assert set(spec.packages) == {"python3", "python3-venv", "ca-certificates"}
-    assert spec in images.IMAGES
-    assert images.IMAGES.index(spec) > images.IMAGES.index(images.POSTGRES_15)
-    assert "ExposedPorts" not in images.POSTGRES_15.oci_config()
+    assert spec in catalog.IMAGES
+    assert catalog.IMAGES.index(spec) > catalog.IMAGES.index(catalog.POSTGRES_15)
+    assert "ExposedPorts" not in catalog.POSTGRES_15.oci_config()
 
 
 def test_the_operator_image_follows_stateward_sources(
@@ -430,21 +428,21 @@ def test_the_operator_image_follows_stateward_sources(
     module.write_text("print(1)\n")
     monkeypatch.setenv("STATEWARD_SOURCE_DIR", str(source))
     monkeypatch.setenv("STATEWARD_IMAGES_DIR", str(REPO_IMAGES))
-    assert images.stateward_version() == "9.8.7", "the version of the checkout being packed"
-    before = images.input_hash(images.OPERATOR)
-    base_before = images.input_hash(images.BASE)
-    assert images.input_hash(images.OPERATOR) == before
+    assert catalog.stateward_version() == "9.8.7", "the version of the checkout being packed"
+    before = cache.input_hash(catalog.OPERATOR)
+    base_before = cache.input_hash(catalog.BASE)
+    assert cache.input_hash(catalog.OPERATOR) == before
     module.write_text("print(2)\n")
-    assert images.input_hash(images.OPERATOR) != before
-    assert images.input_hash(images.BASE) == base_before
+    assert cache.input_hash(catalog.OPERATOR) != before
+    assert cache.input_hash(catalog.BASE) == base_before
     (source / "pyproject.toml").unlink()
-    assert images.stateward_version() == stateward.__version__, "no checkout: the installed one"
+    assert catalog.stateward_version() == stateward.__version__, "no checkout: the installed one"
 
 
 def test_the_images_carry_the_operator_and_not_the_local_cluster() -> None:
     """The operator's image is built from ``src/stateward`` alone: the local cluster is the
     stateward-local distribution (``local/``), which no image carries."""
-    files = images._package_files(images.source_dir())
+    files = catalog._package_files(rootfs.source_dir())
     assert "src/stateward/runtime/operator.py" in files
     assert not [name for name in files if "local" in name.split("/") or "stateward_local" in name]
 
@@ -452,40 +450,40 @@ def test_the_images_carry_the_operator_and_not_the_local_cluster() -> None:
 def chroot_calls(
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
-    spec: images.ImageSpec,
+    spec: catalog.ImageSpec,
     *,
     sources: Path | None = None,
 ) -> tuple[list[list[str]], list[list[str]]]:
     """What ``spec``'s prepare step and hook run in the chroot (network faked), with its
     committed lock files (or those in ``sources``); each pip install finds the locks and
     the stateward tree where its argv says."""
-    rootfs = tmp_path / "rootfs"
-    (rootfs / "tmp").mkdir(parents=True)
-    (rootfs / "usr" / "bin").mkdir(parents=True)
+    tree = tmp_path / "rootfs"
+    (tree / "tmp").mkdir(parents=True)
+    (tree / "usr" / "bin").mkdir(parents=True)
     for python in ("python3.11", "python3.13"):
-        (rootfs / "usr" / "bin" / python).write_text("")
+        (tree / "usr" / "bin" / python).write_text("")
     seen: list[list[str]] = []
 
     def chroot(
-        self: images.Build, argv: list[str], *, what: str, env: dict[str, str] | None = None
+        self: rootfs.Build, argv: list[str], *, what: str, env: dict[str, str] | None = None
     ) -> None:
         seen.append(list(argv))
         for arg in argv:
-            if arg.startswith(images.BUILD_DIR):
-                assert (rootfs / arg.lstrip("/")).exists(), arg
+            if arg.startswith(catalog.BUILD_DIR):
+                assert (tree / arg.lstrip("/")).exists(), arg
         if "--no-index" in argv:  # the project itself, from its tree
-            project = rootfs / argv[-1].lstrip("/")
+            project = tree / argv[-1].lstrip("/")
             assert (project / "pyproject.toml").is_file()
             assert (project / "src" / "stateward" / "runtime" / "operator.py").is_file()
             assert not (project / "src" / "stateward" / "local").exists()
             assert (project / "README.md").read_text().startswith("# Stateward\n")
 
-    monkeypatch.setattr(images, "_pip_network", lambda _root: (["--cert", "/ca"], {}))
-    monkeypatch.setattr(images, "chroot_session", lambda _build: contextlib.nullcontext())
-    monkeypatch.setattr(images.Build, "chroot", chroot)
-    build = images.Build(
+    monkeypatch.setattr(catalog, "_pip_network", lambda _root: (["--cert", "/ca"], {}))
+    monkeypatch.setattr(catalog, "chroot_session", lambda _build: contextlib.nullcontext())
+    monkeypatch.setattr(rootfs.Build, "chroot", chroot)
+    build = rootfs.Build(
         spec=spec,
-        rootfs=rootfs,
+        rootfs=tree,
         sources=sources or REPO_IMAGES / spec.name,
         log=tmp_path / "log",
         progress=lambda _: None,
@@ -495,7 +493,7 @@ def chroot_calls(
     prepared = list(seen)
     seen.clear()
     spec.hook(build)
-    assert not (rootfs / "tmp" / "stateward-build").exists(), "sources and locks are removed"
+    assert not (tree / "tmp" / "stateward-build").exists(), "sources and locks are removed"
     return prepared, seen
 
 
@@ -530,7 +528,7 @@ def locked_install(suite: str, *, from_source: tuple[str, ...] = ()) -> list[lis
 def test_the_operator_image_has_its_user_and_a_smoke_tested_venv(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    prepared, installed = chroot_calls(monkeypatch, tmp_path, images.OPERATOR)
+    prepared, installed = chroot_calls(monkeypatch, tmp_path, catalog.OPERATOR)
     assert prepared == [
         ["groupadd", "--system", "--gid", "65532", "nonroot"],
         [
@@ -549,11 +547,11 @@ def test_the_operator_image_has_its_user_and_a_smoke_tested_venv(
 
 @pytest.mark.parametrize(
     ("spec", "suite"),
-    [(images.POSTGRES_15, "bookworm"), (images.POSTGRES_17, "trixie")],
+    [(catalog.POSTGRES_15, "bookworm"), (catalog.POSTGRES_17, "trixie")],
     ids=["15-bookworm", "17-trixie"],
 )
 def test_the_instance_image_installs_from_its_suites_locks(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, spec: images.ImageSpec, suite: str
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, spec: catalog.ImageSpec, suite: str
 ) -> None:
     prepared, installed = chroot_calls(monkeypatch, tmp_path, spec)
     assert prepared == [
@@ -564,7 +562,7 @@ def test_the_instance_image_installs_from_its_suites_locks(
             "--comment", "PostgreSQL administrator", "postgres",
         ],
     ]  # fmt: skip
-    upgrade_source = installed[:3] if spec is images.POSTGRES_17 else []  # 15's server
+    upgrade_source = installed[:3] if spec is catalog.POSTGRES_17 else []  # 15's server
     assert [argv[:2] for argv in upgrade_source] == (
         [["apt-get", "install"], ["sh", "-c"], ["sh", "-c"]] if upgrade_source else []
     )
@@ -577,33 +575,33 @@ def test_the_instance_image_installs_from_its_suites_locks(
 
 
 def test_the_images_with_stateward_lock_what_they_take_from_pypi() -> None:
-    locked = {spec.ref: spec.pip_lock for spec in images.IMAGES if spec.pip_lock is not None}
+    locked = {spec.ref: spec.pip_lock for spec in catalog.IMAGES if spec.pip_lock is not None}
     assert locked == {
-        images.POSTGRES_15.ref: piplock.Target(
+        catalog.POSTGRES_15.ref: piplock.Target(
             suite="bookworm",
-            requirements=images.PATRONI_REQUIREMENTS,
-            from_source=images.PATRONI_FROM_SOURCE,
+            requirements=catalog.PATRONI_REQUIREMENTS,
+            from_source=catalog.PATRONI_FROM_SOURCE,
         ),
-        images.POSTGRES_17.ref: piplock.Target(
+        catalog.POSTGRES_17.ref: piplock.Target(
             suite="trixie",
-            requirements=images.PATRONI_REQUIREMENTS,
-            from_source=images.PATRONI_FROM_SOURCE,
+            requirements=catalog.PATRONI_REQUIREMENTS,
+            from_source=catalog.PATRONI_FROM_SOURCE,
         ),
-        images.OPERATOR.ref: piplock.Target(suite="bookworm"),
+        catalog.OPERATOR.ref: piplock.Target(suite="bookworm"),
     }
-    for spec in (images.POSTGRES_15, images.POSTGRES_17, images.OPERATOR):
-        base = images._lookup(spec.from_image or "", images.IMAGES)
+    for spec in (catalog.POSTGRES_15, catalog.POSTGRES_17, catalog.OPERATOR):
+        base = cache._lookup(spec.from_image or "", catalog.IMAGES)
         assert spec.pip_lock is not None and spec.pip_lock.suite == base.debootstrap
         assert spec.source_files == spec.pip_lock.files
         assert spec.identity()["pip_lock"] == dataclasses.asdict(spec.pip_lock)
-    assert "pip_lock" not in images.MARIADB_1011.identity()
-    assert images.MARIADB_1011.source_files == () and images.PAUSE.source_files == ("pause.c",)
+    assert "pip_lock" not in catalog.MARIADB_1011.identity()
+    assert catalog.MARIADB_1011.source_files == () and catalog.PAUSE.source_files == ("pause.c",)
 
 
 def test_the_committed_locks_are_current_and_complete() -> None:
     """What the build checks before it runs pip, and `stateward local lock --check`."""
-    locks = images.lock_files()
-    assert [lock.shown for lock in locks] == [
+    found = locks.lock_files(catalog.IMAGES)
+    assert [lock.shown for lock in found] == [
         "images/postgres-instance/build-requirements-bookworm.txt",
         "images/postgres-instance/requirements-bookworm.txt",
         "images/postgres-instance/build-requirements-trixie.txt",
@@ -611,10 +609,10 @@ def test_the_committed_locks_are_current_and_complete() -> None:
         "images/stateward/build-requirements-bookworm.txt",
         "images/stateward/requirements-bookworm.txt",
     ]
-    assert [problem for lock in locks for problem in lock.problems()] == []
+    assert [problem for lock in found for problem in lock.problems()] == []
     with (REPO / "pyproject.toml").open("rb") as pyproject:
         project = tomllib.load(pyproject)
-    for lock in locks:
+    for lock in found:
         pins = piplock.parse(lock.path.read_text()).pins
         wanted = (
             project["build-system"]["requires"]
@@ -626,12 +624,12 @@ def test_the_committed_locks_are_current_and_complete() -> None:
             pin = pins[piplock.normalize(requirement.name)]
             assert requirement.specifier.contains(pin.version, prereleases=True), (lock, pin)
         assert all(pin.hashes for pin in pins.values())
-    [patroni_pin] = [r for r in images.PATRONI_REQUIREMENTS if r.startswith("patroni[")]
-    for lock in locks[1], locks[3]:
+    [patroni_pin] = [r for r in catalog.PATRONI_REQUIREMENTS if r.startswith("patroni[")]
+    for lock in found[1], found[3]:
         pins = piplock.parse(lock.path.read_text()).pins
         assert pins["patroni"].version == patroni_pin.split("==")[1]
         assert "ydiff" in pins and "psycopg-binary" in pins
-    operator = piplock.parse(locks[5].path.read_text()).pins
+    operator = piplock.parse(found[5].path.read_text()).pins
     assert "patroni" not in operator and "kopf" in operator
 
 
@@ -643,7 +641,7 @@ def test_a_lock_that_no_longer_fits_its_inputs_stops_the_build_before_pip(
     lock = sources / "requirements-bookworm.txt"
     lock.write_text(lock.read_text().replace("# input: kopf>=1.45,<1.46\n", ""))
     with pytest.raises(LocalClusterError) as raised:
-        chroot_calls(monkeypatch, tmp_path / "a", images.OPERATOR, sources=sources)
+        chroot_calls(monkeypatch, tmp_path / "a", catalog.OPERATOR, sources=sources)
     message = str(raised.value)
     assert message.startswith(
         "image stateward: images/stateward/requirements-bookworm.txt: made from other inputs"
@@ -654,32 +652,32 @@ def test_a_lock_that_no_longer_fits_its_inputs_stops_the_build_before_pip(
 
     lock.unlink()
     with pytest.raises(LocalClusterError, match=r"cannot read its pip lock .*run `make lock`"):
-        chroot_calls(monkeypatch, tmp_path / "b", images.OPERATOR, sources=sources)
+        chroot_calls(monkeypatch, tmp_path / "b", catalog.OPERATOR, sources=sources)
 
     shutil.copyfile(REPO_IMAGES / "stateward" / "requirements-bookworm.txt", lock)
     with (sources / "build-requirements-bookworm.txt").open("a") as build_lock:
         build_lock.write("six>=1\nseven\n")  # two problems: one named, the count of the rest
     with pytest.raises(LocalClusterError, match=r"is not a package pinned .* \(and 1 more\)"):
-        chroot_calls(monkeypatch, tmp_path / "c", images.OPERATOR, sources=sources)
+        chroot_calls(monkeypatch, tmp_path / "c", catalog.OPERATOR, sources=sources)
 
 
 def test_locks_for_a_python_the_image_lacks_stop_the_build(tmp_path: Path) -> None:
-    rootfs = tmp_path / "rootfs"
-    (rootfs / "usr" / "bin").mkdir(parents=True)
-    (rootfs / "usr" / "bin" / "python3.13").write_text("")
-    build = images.Build(
-        spec=images.OPERATOR,
-        rootfs=rootfs,
+    tree = tmp_path / "rootfs"
+    (tree / "usr" / "bin").mkdir(parents=True)
+    (tree / "usr" / "bin" / "python3.13").write_text("")
+    build = rootfs.Build(
+        spec=catalog.OPERATOR,
+        rootfs=tree,
         sources=REPO_IMAGES / "stateward",
         log=tmp_path / "log",
         progress=lambda _: None,
     )
     with pytest.raises(LocalClusterError, match=r"locks are for Python 3\.11 \(Debian bookworm\)"):
-        images._install_stateward(build, checks=[])
-    assert sorted(p.name for p in rootfs.rglob("*")) == ["bin", "python3.13", "usr"]
-    without = dataclasses.replace(images.OPERATOR, pip_lock=None)
+        catalog._install_stateward(build, checks=[])
+    assert sorted(p.name for p in tree.rglob("*")) == ["bin", "python3.13", "usr"]
+    without = dataclasses.replace(catalog.OPERATOR, pip_lock=None)
     with pytest.raises(LocalClusterError, match="image stateward: no pip_lock to install from"):
-        images._install_stateward(dataclasses.replace(build, spec=without), checks=[])
+        catalog._install_stateward(dataclasses.replace(build, spec=without), checks=[])
 
 
 def test_the_input_hash_follows_the_lock_files(
@@ -688,23 +686,23 @@ def test_the_input_hash_follows_the_lock_files(
     folder = tmp_path / "images"
     shutil.copytree(REPO_IMAGES, folder)
     monkeypatch.setenv("STATEWARD_IMAGES_DIR", str(folder))
-    specs = (images.POSTGRES_15, images.POSTGRES_17, images.OPERATOR, images.MARIADB_1011)
-    before = {spec.ref: images.input_hash(spec) for spec in specs}
+    specs = (catalog.POSTGRES_15, catalog.POSTGRES_17, catalog.OPERATOR, catalog.MARIADB_1011)
+    before = {spec.ref: cache.input_hash(spec) for spec in specs}
     for name, changed in (
-        ("postgres-instance/requirements-bookworm.txt", images.POSTGRES_15),
-        ("postgres-instance/build-requirements-trixie.txt", images.POSTGRES_17),
-        ("stateward/requirements-bookworm.txt", images.OPERATOR),
+        ("postgres-instance/requirements-bookworm.txt", catalog.POSTGRES_15),
+        ("postgres-instance/build-requirements-trixie.txt", catalog.POSTGRES_17),
+        ("stateward/requirements-bookworm.txt", catalog.OPERATOR),
     ):
         with (folder / name).open("a") as lock:
             lock.write("# relocked\n")
-        after = {spec.ref: images.input_hash(spec) for spec in specs}
+        after = {spec.ref: cache.input_hash(spec) for spec in specs}
         assert {ref for ref in after if after[ref] != before[ref]} == {changed.ref}, name
         before = after
     (folder / "stateward" / "build-requirements-bookworm.txt").unlink()
     with pytest.raises(
         LocalClusterError, match=r"image stateward: cannot read its source .*build-req"
     ):
-        images.input_hash(images.OPERATOR)
+        cache.input_hash(catalog.OPERATOR)
 
 
 def test_the_stateward_project_is_a_copy_of_the_hashed_files(
@@ -717,7 +715,7 @@ def test_the_stateward_project_is_a_copy_of_the_hashed_files(
     (source / "src" / "stateward" / "sub" / "m.py").write_text("x = 1\n")
     (source / "src" / "stateward" / "notes.txt").write_text("not packaged")
     monkeypatch.setenv("STATEWARD_SOURCE_DIR", str(source))
-    images._stateward_project(tmp_path / "copy")
+    catalog._stateward_project(tmp_path / "copy")
     copied = sorted(str(p.relative_to(tmp_path / "copy")) for p in (tmp_path / "copy").rglob("*"))
     assert copied == [
         "README.md", "pyproject.toml", "src", "src/stateward", "src/stateward/sub",
@@ -763,7 +761,7 @@ def lock_checkout(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return root
 
 
-LOCKED = images.ImageSpec(
+LOCKED = catalog.ImageSpec(
     name="db",
     tag="1",
     pip_lock=piplock.Target(
@@ -782,7 +780,7 @@ def test_write_locks_resolves_each_lock_with_uv_and_writes_it_with_its_header(
 ) -> None:
     uv = [sys.executable, str(tmp_path / "uv.py")]
     messages: list[str] = []
-    written = images.write_locks(catalog=[LOCKED, images.PAUSE], uv=uv, progress=messages.append)
+    written = locks.write_locks(catalog=[LOCKED, catalog.PAUSE], uv=uv, progress=messages.append)
     folder = lock_checkout / "images" / "db"
     assert written == [folder / "build-requirements-trixie.txt", folder / "requirements-trixie.txt"]
     [build_call, lock_call] = uv_calls(tmp_path)
@@ -804,7 +802,7 @@ def test_write_locks_resolves_each_lock_with_uv_and_writes_it_with_its_header(
     assert set(piplock.parse(lock).pins) == {"kopf", "pyyaml", "patroni", "ydiff"}
     build_lock = (folder / "build-requirements-trixie.txt").read_text()
     assert build_lock.startswith("# What builds stateward and ydiff in the db image")
-    assert [p for lock_file in images.lock_files([LOCKED]) for p in lock_file.problems()] == []
+    assert [p for lock_file in locks.lock_files([LOCKED]) for p in lock_file.problems()] == []
     assert messages[0].startswith(
         "Locking images/db/build-requirements-trixie.txt: uv pip compile --quiet"
     )
@@ -816,11 +814,11 @@ def test_write_locks_keeps_the_locked_versions_unless_upgrading(
     lock_checkout: Path, tmp_path: Path
 ) -> None:
     uv = [sys.executable, str(tmp_path / "uv.py")]
-    images.write_locks(catalog=[LOCKED], uv=uv, progress=lambda _: None)
+    locks.write_locks(catalog=[LOCKED], uv=uv, progress=lambda _: None)
     folder = lock_checkout / "images" / "db"
     first = {path.name: path.read_text() for path in folder.iterdir()}
     messages: list[str] = []
-    assert images.write_locks(catalog=[LOCKED], uv=uv, progress=messages.append) == []
+    assert locks.write_locks(catalog=[LOCKED], uv=uv, progress=messages.append) == []
     assert "  images/db/requirements-trixie.txt: unchanged, 4 packages" in messages
     calls = uv_calls(tmp_path)[2:]
     assert [call["before"] for call in calls] == [
@@ -828,18 +826,18 @@ def test_write_locks_keeps_the_locked_versions_unless_upgrading(
         first["requirements-trixie.txt"],
     ], "uv gets the locked versions as its preferences"
     assert all("--upgrade" not in call["args"] for call in calls)
-    images.write_locks(catalog=[LOCKED], uv=uv, upgrade=True, progress=lambda _: None)
+    locks.write_locks(catalog=[LOCKED], uv=uv, upgrade=True, progress=lambda _: None)
     assert all("--upgrade" in call["args"] for call in uv_calls(tmp_path)[4:])
 
     (lock_checkout / "pyproject.toml").write_text(
         '[build-system]\nrequires = ["setuptools>=69", "wheel"]\n'
         '[project]\nversion = "1"\ndependencies = ["kopf>=1.45,<1.46", "httpx"]\n'
     )
-    [problem, *_] = images.lock_files([LOCKED])[1].problems()
+    [problem, *_] = locks.lock_files([LOCKED])[1].problems()
     assert problem == (
         "images/db/requirements-trixie.txt: made from other inputs (+httpx, -PyYAML>=6)"
     )
-    written = images.write_locks(catalog=[LOCKED], uv=uv, progress=lambda _: None)
+    written = locks.write_locks(catalog=[LOCKED], uv=uv, progress=lambda _: None)
     assert written == [folder / "requirements-trixie.txt"]
     assert "httpx==1.0" in written[0].read_text()
 
@@ -863,30 +861,30 @@ def test_write_locks_replaces_no_lock_when_uv_fails(
     lock_checkout: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, message: str
 ) -> None:
     uv = [sys.executable, str(tmp_path / "uv.py")]
-    images.write_locks(catalog=[LOCKED], uv=uv, progress=lambda _: None)
+    locks.write_locks(catalog=[LOCKED], uv=uv, progress=lambda _: None)
     folder = lock_checkout / "images" / "db"
     before = {path.name: path.read_text() for path in folder.iterdir()}
     monkeypatch.setenv("FAKE_UV_MODE", mode)
     with pytest.raises(LocalClusterError, match=message):
-        images.write_locks(catalog=[LOCKED], uv=uv, upgrade=True, progress=lambda _: None)
+        locks.write_locks(catalog=[LOCKED], uv=uv, upgrade=True, progress=lambda _: None)
     assert {path.name: path.read_text() for path in folder.iterdir()} == before
 
 
 def test_uv_is_the_installed_module_or_else_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
     found: dict[str, object] = {"uv": object()}
-    monkeypatch.setattr(images.importlib.util, "find_spec", lambda name: found.get(name))
-    assert images._uv() == [sys.executable, "-m", "uv"]
+    monkeypatch.setattr(locks.importlib.util, "find_spec", lambda name: found.get(name))
+    assert locks._uv() == [sys.executable, "-m", "uv"]
     found.clear()
-    monkeypatch.setattr(images.shutil, "which", lambda name: f"/usr/local/bin/{name}")
-    assert images._uv() == ["/usr/local/bin/uv"]
-    monkeypatch.setattr(images.shutil, "which", lambda name: None)
+    monkeypatch.setattr(locks.shutil, "which", lambda name: f"/usr/local/bin/{name}")
+    assert locks._uv() == ["/usr/local/bin/uv"]
+    monkeypatch.setattr(locks.shutil, "which", lambda name: None)
     with pytest.raises(
         LocalClusterError, match=r"locking needs uv: .* pip install 'uv>=0\.13,<0\.14'"
     ):
-        images._uv()
+        locks._uv()
     with (REPO / "pyproject.toml").open("rb") as pyproject:
         assert (
-            images.UV_REQUIREMENT
+            locks.UV_REQUIREMENT
             in tomllib.load(pyproject)["project"]["optional-dependencies"]["dev"]
         )
 
@@ -897,9 +895,12 @@ def test_the_lock_verb_writes_or_checks(
     from stateward_local.cli import main
 
     calls: list[dict[str, Any]] = []
-    monkeypatch.setattr(images, "write_locks", lambda **kwargs: calls.append(kwargs) or [])
+    monkeypatch.setattr(locks, "write_locks", lambda **kwargs: calls.append(kwargs) or [])
     assert main(["lock"]) == 0 and main(["lock", "--upgrade"]) == 0
-    assert calls == [{"upgrade": False}, {"upgrade": True}]
+    assert calls == [
+        {"catalog": catalog.IMAGES, "upgrade": False},
+        {"catalog": catalog.IMAGES, "upgrade": True},
+    ]
     with pytest.raises(SystemExit):
         main(["lock", "--upgrade", "--check"])
 
@@ -921,7 +922,7 @@ def test_the_lock_verb_writes_or_checks(
     def failing(**kwargs: object) -> list[Path]:
         raise LocalClusterError("uv pip compile for x failed (exit 1): boom")
 
-    monkeypatch.setattr(images, "write_locks", failing)
+    monkeypatch.setattr(locks, "write_locks", failing)
     assert main(["lock"]) == 1
     assert capsys.readouterr().err == "stateward: uv pip compile for x failed (exit 1): boom\n"
 
@@ -930,7 +931,7 @@ def test_a_build_prunes_archives_of_the_same_image_unused_for_an_hour(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("STATEWARD_CACHE_DIR", str(tmp_path / "cache"))
-    spec = images.ImageSpec(name="fake", tag="1", hook=Recorder())
+    spec = catalog.ImageSpec(name="fake", tag="1", hook=Recorder())
     folder = tmp_path / "cache" / "images"
     folder.mkdir(parents=True)
     stale, recent = folder / "fake-0123456789abcdef.tar", folder / "fake-fedcba9876543210.tar"
@@ -939,36 +940,36 @@ def test_a_build_prunes_archives_of_the_same_image_unused_for_an_hour(
         path.write_text("")
         os.utime(path, (1, 1))
     os.utime(recent, (time.time() - 60, time.time() - 60))
-    [archive] = images.ensure(["fake"], progress=lambda _: None, catalog=[spec])
+    [archive] = cache.ensure(["fake"], progress=lambda _: None, catalog=[spec])
     assert not stale.exists() and not stale.with_suffix(".log").exists()
     assert recent.exists() and other_image.exists() and other_file.exists()
     assert archive.path.is_file()
     os.utime(archive.path, (1, 1))
-    images.ensure(["fake"], progress=lambda _: None, catalog=[spec])
+    cache.ensure(["fake"], progress=lambda _: None, catalog=[spec])
     assert archive.path.stat().st_mtime > time.time() - 60, "a cache hit marks the archive used"
 
 
 def test_no_main_cluster_rewrites_only_that_setting(tmp_path: Path) -> None:
     conf = tmp_path / "etc" / "postgresql-common" / "createcluster.conf"
-    images._no_main_cluster(conf)
+    catalog._no_main_cluster(conf)
     assert conf.read_text() == "create_main_cluster = false\n"
     conf.write_text("# comment\n#create_main_cluster = true\nssl = on\ncreate_main_cluster=true\n")
-    images._no_main_cluster(conf)
+    catalog._no_main_cluster(conf)
     assert conf.read_text() == "# comment\nssl = on\ncreate_main_cluster = false\n"
 
 
 def test_input_hash_covers_the_packer_version_and_the_base_image(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    base = images.ImageSpec(name="b", tag="1", debootstrap="bookworm")
-    child = images.ImageSpec(name="c", tag="1", from_image="b", packages=("postgresql-15",))
-    before = images.input_hash(child, [base, child])
+    base = catalog.ImageSpec(name="b", tag="1", debootstrap="bookworm")
+    child = catalog.ImageSpec(name="c", tag="1", from_image="b", packages=("postgresql-15",))
+    before = cache.input_hash(child, [base, child])
     base_changed = dataclasses.replace(base, packages=("curl",))
-    assert images.input_hash(child, [base_changed, child]) != before
-    monkeypatch.setattr(images, "PACKER_VERSION", "next")
-    assert images.input_hash(child, [base, child]) != before
+    assert cache.input_hash(child, [base_changed, child]) != before
+    monkeypatch.setattr(cache, "PACKER_VERSION", "next")
+    assert cache.input_hash(child, [base, child]) != before
     with pytest.raises(LocalClusterError, match="unknown image 'b'"):
-        images.input_hash(child, [child])
+        cache.input_hash(child, [child])
 
 
 class Recorder:
@@ -978,7 +979,7 @@ class Recorder:
         self.calls = 0
         self.content = content
 
-    def __call__(self, build: images.Build) -> None:
+    def __call__(self, build: rootfs.Build) -> None:
         self.calls += 1
         (build.rootfs / "hello").write_bytes(self.content)
         (build.rootfs / "var" / "log").mkdir(parents=True)
@@ -990,11 +991,11 @@ def test_ensure_builds_once_then_hits_the_cache(
 ) -> None:
     monkeypatch.setenv("STATEWARD_CACHE_DIR", str(tmp_path / "cache"))
     hook = Recorder()
-    spec = images.ImageSpec(name="fake", tag="1", hook=hook, cmd=("/hello",))
+    spec = catalog.ImageSpec(name="fake", tag="1", hook=hook, cmd=("/hello",))
     messages: list[str] = []
-    [archive] = images.ensure(["fake"], progress=messages.append, catalog=[spec])
+    [archive] = cache.ensure(["fake"], progress=messages.append, catalog=[spec])
     assert hook.calls == 1 and archive.ref == "localhost/stateward/fake:1"
-    assert archive.path == tmp_path / "cache" / "images" / f"fake-{images.input_hash(spec)}.tar"
+    assert archive.path == tmp_path / "cache" / "images" / f"fake-{cache.input_hash(spec)}.tar"
     assert any("Building image localhost/stateward/fake:1" in m for m in messages)
     assert any(m.startswith("Built localhost/stateward/fake:1 in ") for m in messages)
     leftovers = [p.name for p in archive.path.parent.iterdir()]
@@ -1004,7 +1005,7 @@ def test_ensure_builds_once_then_hits_the_cache(
 
     messages.clear()
     started = time.monotonic()
-    [again] = images.ensure(None, progress=messages.append, catalog=[spec])
+    [again] = cache.ensure(None, progress=messages.append, catalog=[spec])
     assert time.monotonic() - started < 0.5
     assert again == archive and hook.calls == 1 and messages == []
 
@@ -1012,13 +1013,13 @@ def test_ensure_builds_once_then_hits_the_cache(
 def test_a_failed_build_leaves_no_archive(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("STATEWARD_CACHE_DIR", str(tmp_path / "cache"))
 
-    def broken(build: images.Build) -> None:
+    def broken(build: rootfs.Build) -> None:
         (build.rootfs / "half").write_text("x")
         build.run(["sh", "-c", "echo first; echo the reason >&2; exit 3"], what="a step")
 
-    spec = images.ImageSpec(name="broken", tag="1", hook=broken)
+    spec = catalog.ImageSpec(name="broken", tag="1", hook=broken)
     with pytest.raises(LocalClusterError) as raised:
-        images.ensure(progress=lambda _: None, catalog=[spec])
+        cache.ensure(progress=lambda _: None, catalog=[spec])
     message = str(raised.value)
     assert "\n" not in message
     assert "broken: a step failed (exit 3): the reason (log: " in message
@@ -1030,54 +1031,54 @@ def test_a_failed_build_leaves_no_archive(monkeypatch: pytest.MonkeyPatch, tmp_p
 
 def test_an_image_can_start_from_another(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("STATEWARD_CACHE_DIR", str(tmp_path / "cache"))
-    parent = images.ImageSpec(name="parent", tag="1", hook=Recorder())
+    parent = catalog.ImageSpec(name="parent", tag="1", hook=Recorder())
 
-    def add(build: images.Build) -> None:
+    def add(build: rootfs.Build) -> None:
         assert (build.rootfs / "hello").read_bytes() == b"hello\n"
         (build.rootfs / "child").write_text("mine")
 
-    child = images.ImageSpec(name="child", tag="1", from_image="parent", hook=add)
-    [archive] = images.ensure(["child"], progress=lambda _: None, catalog=[parent, child])
+    child = catalog.ImageSpec(name="child", tag="1", from_image="parent", hook=add)
+    [archive] = cache.ensure(["child"], progress=lambda _: None, catalog=[parent, child])
     assert [m.name for m in layer_members(archive.path)] == ["child", "hello", "var", "var/log"]
-    assert images.archive_path(parent, [parent, child]).is_file(), "the parent was built first"
+    assert cache.archive_path(parent, [parent, child]).is_file(), "the parent was built first"
 
 
 def test_images_sharing_a_name_are_told_apart_by_tag_or_ref(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("STATEWARD_CACHE_DIR", str(tmp_path / "cache"))
-    old, new = (images.ImageSpec(name="os", tag=t, hook=Recorder(t.encode())) for t in "12")
+    old, new = (catalog.ImageSpec(name="os", tag=t, hook=Recorder(t.encode())) for t in "12")
 
-    def add(build: images.Build) -> None:
+    def add(build: rootfs.Build) -> None:
         (build.rootfs / "child").write_bytes((build.rootfs / "hello").read_bytes())
 
     on_old, on_new = (
-        images.ImageSpec(name="app", tag=f"a{t}", from_image=f"os:{t}", hook=add) for t in "12"
+        catalog.ImageSpec(name="app", tag=f"a{t}", from_image=f"os:{t}", hook=add) for t in "12"
     )
-    catalog = [old, on_old, new, on_new]
-    assert images._lookup("os", catalog) is old, "a bare name: the first of that name"
-    assert images._lookup("os:2", catalog) is new
-    assert images._lookup("localhost/stateward/os:2", catalog) is new
-    assert images._select("app", catalog) == [on_old, on_new]
+    known = [old, on_old, new, on_new]
+    assert cache._lookup("os", known) is old, "a bare name: the first of that name"
+    assert cache._lookup("os:2", known) is new
+    assert cache._lookup("localhost/stateward/os:2", known) is new
+    assert cache._select("app", known) == [on_old, on_new]
     with pytest.raises(LocalClusterError, match=r"unknown image 'os:3' \(known: os:1, app:a1"):
-        images._lookup("os:3", catalog)
-    assert images.input_hash(on_old, catalog) != images.input_hash(on_new, catalog)
+        cache._lookup("os:3", known)
+    assert cache.input_hash(on_old, known) != cache.input_hash(on_new, known)
 
-    built = images.ensure(
-        ["app:a2", "localhost/stateward/app:a2"], progress=lambda _: None, catalog=catalog
+    built = cache.ensure(
+        ["app:a2", "localhost/stateward/app:a2"], progress=lambda _: None, catalog=known
     )
     assert [archive.ref for archive in built] == ["localhost/stateward/app:a2"]
     assert [m.name for m in layer_members(built[0].path)] == ["child", "hello", "var", "var/log"]
     folder = tmp_path / "cache" / "images"
     assert sorted(p.name for p in folder.glob("*.tar")) == sorted(
-        [images.archive_path(new, catalog).name, built[0].path.name]
+        [cache.archive_path(new, known).name, built[0].path.name]
     ), "only os:2 was needed"
     refs = [
-        archive.ref for archive in images.ensure(["app"], progress=lambda _: None, catalog=catalog)
+        archive.ref for archive in cache.ensure(["app"], progress=lambda _: None, catalog=known)
     ]
     assert refs == ["localhost/stateward/app:a1", "localhost/stateward/app:a2"]
-    assert [a.ref for a in images.ensure(None, progress=lambda _: None, catalog=catalog)] == [
-        spec.ref for spec in catalog
+    assert [a.ref for a in cache.ensure(None, progress=lambda _: None, catalog=known)] == [
+        spec.ref for spec in known
     ]
 
 
@@ -1085,17 +1086,17 @@ def test_pruning_keeps_the_archives_of_other_tags_of_the_name(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("STATEWARD_CACHE_DIR", str(tmp_path / "cache"))
-    one, two = (images.ImageSpec(name="os", tag=t, hook=Recorder(t.encode())) for t in "12")
-    [first] = images.ensure(["os:1"], progress=lambda _: None, catalog=[one, two])
-    gone = images.ImageSpec(name="os", tag="0", hook=Recorder(b"0"))
-    [dropped] = images.ensure(["os"], progress=lambda _: None, catalog=[gone])
+    one, two = (catalog.ImageSpec(name="os", tag=t, hook=Recorder(t.encode())) for t in "12")
+    [first] = cache.ensure(["os:1"], progress=lambda _: None, catalog=[one, two])
+    gone = catalog.ImageSpec(name="os", tag="0", hook=Recorder(b"0"))
+    [dropped] = cache.ensure(["os"], progress=lambda _: None, catalog=[gone])
     superseded = first.path.with_name("os-0123456789abcdef.tar")
     shutil.copyfile(first.path, superseded)  # os:1 of other inputs
     for path in (first.path, dropped.path, superseded):
         os.utime(path, (1, 1))
-    assert images._archive_ref(first.path) == one.ref
-    assert images._archive_ref(tmp_path) is None
-    [second] = images.ensure(["os:2"], progress=lambda _: None, catalog=[one, two])
+    assert oci._archive_ref(first.path) == one.ref
+    assert oci._archive_ref(tmp_path) is None
+    [second] = cache.ensure(["os:2"], progress=lambda _: None, catalog=[one, two])
     assert second.path.is_file() and first.path.is_file(), "os:1 is another image"
     assert first.path.with_suffix(".log").is_file()
     assert not dropped.path.exists(), "os:0 is in the catalog no more"
@@ -1105,55 +1106,53 @@ def test_pruning_keeps_the_archives_of_other_tags_of_the_name(
 def test_package_step_writes_policy_rc_d_and_restores(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    rootfs = tmp_path / "rootfs"
-    (rootfs / "usr" / "sbin").mkdir(parents=True)
-    (rootfs / "etc").mkdir()
-    (rootfs / "etc" / "resolv.conf").write_text("")
+    tree = tmp_path / "rootfs"
+    (tree / "usr" / "sbin").mkdir(parents=True)
+    (tree / "etc").mkdir()
+    (tree / "etc" / "resolv.conf").write_text("")
     seen: list[tuple[list[str], bool]] = []
 
-    def chroot(self: images.Build, argv: list[str], *, what: str) -> None:
-        policy = rootfs / "usr" / "sbin" / "policy-rc.d"
+    def chroot(self: rootfs.Build, argv: list[str], *, what: str) -> None:
+        policy = tree / "usr" / "sbin" / "policy-rc.d"
         exits_101 = policy.read_text().strip().endswith("exit 101")
         seen.append((argv, exits_101 and os.access(policy, os.X_OK)))
-        assert (rootfs / "etc" / "resolv.conf").read_bytes() == Path(
-            "/etc/resolv.conf"
-        ).read_bytes()
+        assert (tree / "etc" / "resolv.conf").read_bytes() == Path("/etc/resolv.conf").read_bytes()
 
-    monkeypatch.setattr(images.Build, "chroot", chroot)
-    monkeypatch.setattr(images, "chroot_mounts", lambda _root: contextlib.nullcontext())
-    spec = images.ImageSpec(name="pg", tag="1", packages=("postgresql-15", "patroni"))
-    build = images.Build(
-        spec=spec, rootfs=rootfs, sources=tmp_path, log=tmp_path / "log", progress=lambda _: None
+    monkeypatch.setattr(rootfs.Build, "chroot", chroot)
+    monkeypatch.setattr(rootfs, "chroot_mounts", lambda _root: contextlib.nullcontext())
+    spec = catalog.ImageSpec(name="pg", tag="1", packages=("postgresql-15", "patroni"))
+    build = rootfs.Build(
+        spec=spec, rootfs=tree, sources=tmp_path, log=tmp_path / "log", progress=lambda _: None
     )
-    images._install_packages(build, spec.packages)
+    rootfs._install_packages(build, spec.packages)
     assert [argv for argv, _ in seen] == [
         ["apt-get", "update"],
         ["apt-get", "install", "--yes", "--no-install-recommends", "postgresql-15", "patroni"],
         ["apt-get", "clean"],
     ]
     assert all(ok for _, ok in seen)
-    assert not (rootfs / "usr" / "sbin" / "policy-rc.d").exists()
-    assert (rootfs / "etc" / "resolv.conf").read_text() == ""
+    assert not (tree / "usr" / "sbin" / "policy-rc.d").exists()
+    assert (tree / "etc" / "resolv.conf").read_text() == ""
 
 
 @pytest.mark.host
 @pytest.mark.skipif(not IS_ROOT, reason="mounting needs root")
 def test_chroot_mounts_are_always_unmounted(tmp_path: Path) -> None:
-    rootfs = tmp_path / "rootfs"
-    rootfs.mkdir()
+    tree = tmp_path / "rootfs"
+    tree.mkdir()
     seen: list[bool] = []
 
     def failing_step() -> None:
-        with images.chroot_mounts(rootfs):
-            seen.append((rootfs / "proc" / "self").exists() and (rootfs / "dev" / "null").exists())
-            seen.append(len(images._mounts_below(rootfs)) == 2)
+        with rootfs.chroot_mounts(tree):
+            seen.append((tree / "proc" / "self").exists() and (tree / "dev" / "null").exists())
+            seen.append(len(rootfs._mounts_below(tree)) == 2)
             raise RuntimeError("a failing step")
 
     with pytest.raises(RuntimeError):
         failing_step()
     assert seen == [True, True]
-    assert images._mounts_below(rootfs) == []
-    assert list((rootfs / "dev").iterdir()) == [] and list((rootfs / "proc").iterdir()) == []
+    assert rootfs._mounts_below(tree) == []
+    assert list((tree / "dev").iterdir()) == [] and list((tree / "proc").iterdir()) == []
 
 
 def test_tidy_keeps_directories_and_drops_caches(tmp_path: Path) -> None:
@@ -1179,7 +1178,7 @@ def test_tidy_keeps_directories_and_drops_caches(tmp_path: Path) -> None:
     (root / "dev" / "fd").symlink_to("/proc/self/fd")
     (root / "etc" / "resolv.conf").write_text("nameserver 10.0.0.1\n")
     (root / "etc" / "resolv.conf").chmod(0o755)  # as copied from this host
-    images._tidy(root)
+    rootfs._tidy(root)
     remaining = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
     assert remaining == [
         "dev",
@@ -1232,10 +1231,10 @@ def write_ctr(
 
 
 def test_import_into_runs_ctr_with_unpack_and_checks_the_name(tmp_path: Path) -> None:
-    spec = images.ImageSpec(name="test", tag="1")
-    archive = images.Archive(spec=spec, path=write_archive(tmp_path / "test.tar"), ref=REF)
+    spec = catalog.ImageSpec(name="test", tag="1")
+    archive = catalog.Archive(spec=spec, path=write_archive(tmp_path / "test.tar"), ref=REF)
     ctr = write_ctr(tmp_path / "ctr")
-    images.import_into(archive, ctr=ctr, address="/run/node-1/containerd.sock")
+    oci.import_into(archive, ctr=ctr, address="/run/node-1/containerd.sock")
     calls = Path(f"{ctr}.calls").read_text().splitlines()
     assert calls[0] == (
         "--address /run/node-1/containerd.sock --namespace k8s.io images import"
@@ -1252,21 +1251,21 @@ def test_import_into_runs_ctr_with_unpack_and_checks_the_name(tmp_path: Path) ->
 
     unnamed = write_ctr(tmp_path / "ctr2", listed="other:1")
     with pytest.raises(LocalClusterError, match="containerd has no image named"):
-        images.import_into(archive, ctr=unnamed, address="a.sock")
+        oci.import_into(archive, ctr=unnamed, address="a.sock")
     untagged = write_ctr(tmp_path / "ctr5", listed=REF)
     with pytest.raises(LocalClusterError, match="does not list that name"):
-        images.import_into(archive, ctr=untagged, address="a.sock")
+        oci.import_into(archive, ctr=untagged, address="a.sock")
     refused = write_ctr(
         tmp_path / "ctr3", import_code=1, stderr="ctr: failed to dial: connection refused"
     )
     with pytest.raises(LocalClusterError, match=r"cannot reach containerd at a\.sock") as raised:
-        images.import_into(archive, ctr=refused, address="a.sock")
+        oci.import_into(archive, ctr=refused, address="a.sock")
     assert "\n" not in str(raised.value)
     broken = write_ctr(tmp_path / "ctr4", import_code=1, stderr="ctr: unexpected media type")
     with pytest.raises(LocalClusterError, match=r"import of .* failed: ctr: unexpected media"):
-        images.import_into(archive, ctr=broken, address="a.sock")
+        oci.import_into(archive, ctr=broken, address="a.sock")
     with pytest.raises(LocalClusterError, match="ctr not found"):
-        images.import_into(archive, ctr=tmp_path / "missing", address="a.sock")
+        oci.import_into(archive, ctr=tmp_path / "missing", address="a.sock")
 
 
 def has_static_gcc() -> bool:
@@ -1282,12 +1281,12 @@ def test_the_pause_image_holds_a_static_pause_that_exits_0_on_sigterm(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("STATEWARD_CACHE_DIR", str(tmp_path / "cache"))
-    [archive] = images.ensure(["pause"], progress=lambda _: None)
+    [archive] = cache.ensure(["pause"], progress=lambda _: None)
     [member] = layer_members(archive.path)
     assert member.name == "pause" and member.mode == 0o755 and member.size > 100_000
     files = read_archive(archive.path)
     index = json.loads(files["index.json"])
-    assert index["manifests"][0]["annotations"]["io.containerd.image.name"] == images.PAUSE_REF
+    assert index["manifests"][0]["annotations"]["io.containerd.image.name"] == catalog.PAUSE_REF
     extracted = tmp_path / "extracted"
     extracted.mkdir()
     subprocess.run(["tar", "-xf", str(archive.path), "-C", str(extracted)], check=True)
@@ -1306,16 +1305,16 @@ def test_the_pause_image_holds_a_static_pause_that_exits_0_on_sigterm(
 def test_the_17_image_carries_15s_server_from_15s_own_suite() -> None:
     """pg_upgrade needs the old server beside the new one: every image that upgrades names
     a major with an image of its own, from the suite that image is built from."""
-    assert set(images.UPGRADE_SOURCES) == {17}
-    for major, source in images.UPGRADE_SOURCES.items():
-        assert source.major < major and source.major in images.INSTANCE_REFS
-        old_image = {15: images.POSTGRES_15, 17: images.POSTGRES_17}[source.major]
-        base = images._lookup(old_image.from_image or "", images.IMAGES)
+    assert set(catalog.UPGRADE_SOURCES) == {17}
+    for major, source in catalog.UPGRADE_SOURCES.items():
+        assert source.major < major and source.major in catalog.INSTANCE_REFS
+        old_image = {15: catalog.POSTGRES_15, 17: catalog.POSTGRES_17}[source.major]
+        base = cache._lookup(old_image.from_image or "", catalog.IMAGES)
         assert base.debootstrap == source.suite
 
 
 @pytest.mark.parametrize(
-    "script", [images._UPGRADE_SOURCE_SCRIPT, images._UPGRADE_CHECK_SCRIPT], ids=["add", "check"]
+    "script", [catalog._UPGRADE_SOURCE_SCRIPT, catalog._UPGRADE_CHECK_SCRIPT], ids=["add", "check"]
 )
 def test_the_upgrade_scripts_are_valid_shell(script: str) -> None:
     result = subprocess.run(["sh", "-n", "-c", script], capture_output=True, text=True)
@@ -1325,26 +1324,26 @@ def test_the_upgrade_scripts_are_valid_shell(script: str) -> None:
 def test_adding_the_upgrade_source_installs_unpacks_then_checks_the_pair(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    rootfs = tmp_path / "rootfs"
-    (rootfs / "usr/share/keyrings").mkdir(parents=True)
-    (rootfs / "usr/share/keyrings/debian-archive-keyring.pgp").write_bytes(b"keys")  # trixie's
+    tree = tmp_path / "rootfs"
+    (tree / "usr/share/keyrings").mkdir(parents=True)
+    (tree / "usr/share/keyrings/debian-archive-keyring.pgp").write_bytes(b"keys")  # trixie's
     calls: list[list[str]] = []
-    monkeypatch.setattr(images, "chroot_session", lambda _build: contextlib.nullcontext())
+    monkeypatch.setattr(catalog, "chroot_session", lambda _build: contextlib.nullcontext())
     monkeypatch.setattr(
-        images.Build, "chroot", lambda _self, argv, *, what, env=None: calls.append(list(argv))
+        rootfs.Build, "chroot", lambda _self, argv, *, what, env=None: calls.append(list(argv))
     )
-    build = images.Build(
-        spec=images.POSTGRES_17, rootfs=rootfs, sources=tmp_path, log=tmp_path / "log",
+    build = rootfs.Build(
+        spec=catalog.POSTGRES_17, rootfs=tree, sources=tmp_path, log=tmp_path / "log",
         progress=lambda _: None,
     )  # fmt: skip
-    images._add_upgrade_source(build, images.UPGRADE_SOURCES[17])
+    catalog._add_upgrade_source(build, catalog.UPGRADE_SOURCES[17])
     install, add, check = calls
     assert install == ["apt-get", "install", "--yes", "--no-install-recommends", "libgnutls30t64"]
-    assert add[:3] == ["sh", "-c", images._UPGRADE_SOURCE_SCRIPT]
+    assert add[:3] == ["sh", "-c", catalog._UPGRADE_SOURCE_SCRIPT]
     assert add[3:] == [
         "sh", "15", "bookworm", "/usr/share/keyrings/debian-archive-keyring.pgp",
         "http://deb.debian.org/debian", "http://deb.debian.org/debian-security",
         "libicu72", "libldap-2.5-0",
     ]  # fmt: skip
-    assert check == ["sh", "-c", images._UPGRADE_CHECK_SCRIPT, "sh", "15", "17"]
-    assert "--check" in images._UPGRADE_CHECK_SCRIPT and "jit=off" in images._UPGRADE_CHECK_SCRIPT
+    assert check == ["sh", "-c", catalog._UPGRADE_CHECK_SCRIPT, "sh", "15", "17"]
+    assert "--check" in catalog._UPGRADE_CHECK_SCRIPT and "jit=off" in catalog._UPGRADE_CHECK_SCRIPT

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from stateward_local import images, nodestore
+from stateward_local.images import catalog, nodestore
 
 pytestmark = pytest.mark.unit
 
 
-def archive(tmp_path: Path, name: str) -> images.Archive:
-    return images.Archive(spec=images.PAUSE, path=tmp_path / name, ref=images.PAUSE_REF)
+def archive(tmp_path: Path, name: str) -> catalog.Archive:
+    return catalog.Archive(spec=catalog.PAUSE, path=tmp_path / name, ref=catalog.PAUSE_REF)
 
 
 def test_a_store_is_named_by_its_archives_and_containerd_in_any_order(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from stateward_local import piplock
+from stateward_local.images import piplock
 
 pytestmark = pytest.mark.unit
 

@@ -13,9 +13,10 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from stateward_local import binaries, host, images, nodestore
+from stateward_local import binaries, host
 from stateward_local.cluster import Config, LocalCluster
 from stateward_local.errors import LocalClusterError
+from stateward_local.images import cache, catalog, locks, nodestore
 
 
 def _local_config(args: argparse.Namespace) -> Config:
@@ -103,8 +104,8 @@ def _local_images(args: argparse.Namespace) -> int:
     return 0
 
 
-def _build_images(names: Sequence[str] | None) -> list[images.Archive]:
-    archives = images.ensure(names)
+def _build_images(names: Sequence[str] | None) -> list[catalog.Archive]:
+    archives = cache.ensure(names)
     for archive in archives:
         size = archive.path.stat().st_size / 2**20
         print(f"{archive.ref:<48} {size:8.1f} MiB  {archive.path}")
@@ -118,9 +119,9 @@ def _progress(message: str) -> None:
 def _local_lock(args: argparse.Namespace) -> int:
     """Write the images' pip lock files, or with --check say which are not current."""
     if not args.check:
-        images.write_locks(upgrade=args.upgrade)
+        locks.write_locks(catalog=catalog.IMAGES, upgrade=args.upgrade)
         return 0
-    problems = [problem for lock in images.lock_files() for problem in lock.problems()]
+    problems = [problem for lock in locks.lock_files(catalog.IMAGES) for problem in lock.problems()]
     for problem in problems:
         print(problem, file=sys.stderr)
     if problems:

@@ -28,17 +28,9 @@ from typing import Any
 import httpx
 import yaml
 
-from stateward_local import (
-    binaries,
-    host,
-    images,
-    nodes,
-    nodestore,
-    objectstore,
-    pki,
-    provisioner,
-)
+from stateward_local import binaries, host, nodes, objectstore, pki, provisioner
 from stateward_local.errors import LocalClusterError
+from stateward_local.images import cache, catalog, nodestore, oci
 
 DEFAULT_PORT_BASE = 16443
 DEFAULT_REAL_NODES = 3
@@ -204,8 +196,8 @@ class LocalCluster:
             self._undo_crashed_owner(progress)
             nodes.refuse_if_taken()
         paths = binaries.ensure(progress=progress)
-        archives = [a for a in images.ensure(progress=progress) if a.spec.on_nodes] if real else []
-        store = nodestore.ensure(archives, paths, progress=progress) if real else None
+        archives = [a for a in cache.ensure(progress=progress) if a.spec.on_nodes] if real else []
+        store = self._node_store(archives, paths, progress) if real else None
         started = time.monotonic()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         starting = self._hold_starting_lock()
@@ -217,7 +209,7 @@ class LocalCluster:
                 self._save(records)
                 for node in real:  # before prepare_host: links cannot cross its mount
                     assert store is not None
-                    nodestore.seed(store, node.path("containerd"))
+                    self._seed_node(node, store)
                 nodes.prepare_host(self.journal, self.state_dir)
                 for node in real:
                     nodes.create_node(self.journal, node)
@@ -450,7 +442,7 @@ class LocalCluster:
         resolv.write_text(f"nameserver {nodes.HOST_IP}\n")
         (node.directory / "containerd.toml").write_text(
             nodes.containerd_config(
-                node, cni_bin_dir=paths.cni_bin_dir, sandbox_image=images.PAUSE_REF
+                node, cni_bin_dir=paths.cni_bin_dir, sandbox_image=catalog.PAUSE_REF
             )
         )
         (node.directory / "kubelet.yaml").write_text(
@@ -492,6 +484,16 @@ class LocalCluster:
                 )
             time.sleep(0.1)
         return socket_path
+
+    def _node_store(
+        self, archives: list[catalog.Archive], paths: binaries.Binaries, progress: Progress
+    ) -> Path:
+        """The containerd root every real node starts from (``nodestore``)."""
+        return nodestore.ensure(archives, paths, progress=progress)
+
+    def _seed_node(self, node: nodes.Node, store: Path) -> None:
+        """The node's containerd root, as a copy of the store: its images, already unpacked."""
+        nodestore.seed(store, node.path("containerd"))
 
     def _network_nodes(self) -> bool:
         """Once a real node has its pod CIDR, give it a CNI config and the host a route."""
@@ -573,8 +575,8 @@ class LocalCluster:
     def image_pins_file(self) -> Path:
         return self.state_dir / "image-pins.json"
 
-    def _write_image_pins(self, archives: list[images.Archive]) -> None:
-        pins = {a.ref: images.manifest_digest(a.path) for a in archives}
+    def _write_image_pins(self, archives: list[catalog.Archive]) -> None:
+        pins = {a.ref: oci.manifest_digest(a.path) for a in archives}
         self.image_pins_file.write_text(json.dumps(pins, indent=2, sort_keys=True) + "\n")
 
     def image_pins(self) -> dict[str, str]:

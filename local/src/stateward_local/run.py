@@ -29,8 +29,9 @@ from stateward.api import manifests, v1alpha1
 from stateward.controllers.kube import DatabaseResource, PostgresClusterResource
 from stateward.runtime import rbac
 from stateward.specs.postgres import statefulset
-from stateward_local import binaries, images
+from stateward_local import binaries
 from stateward_local.cluster import OPERATOR_USER, Config, LocalCluster, free_port_base
+from stateward_local.images import catalog
 
 OPERATOR_NAMESPACE = "stateward-system"
 LOCAL_BINDING = "stateward-operator-local"
@@ -179,7 +180,7 @@ def start_operator(
         f"--webhook-port={base + 1}",
         *(f"--pin-image={ref}@{digest}" for ref, digest in sorted(pins.items())),
         # The operator image is on the nodes: backup Jobs run it, as a deployed one's do.
-        *([f"--operator-image={images.OPERATOR_REF}"] if images.OPERATOR_REF in pins else []),
+        *([f"--operator-image={catalog.OPERATOR_REF}"] if catalog.OPERATOR_REF in pins else []),
         *(extra or []),
     ]
     process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

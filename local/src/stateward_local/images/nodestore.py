@@ -29,8 +29,9 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from stateward_local import binaries, images
+from stateward_local import binaries
 from stateward_local.errors import LocalClusterError
+from stateward_local.images import cache, catalog, oci
 
 STORE_VERSION = "1"
 """Bump when what a store holds changes for the same archives and containerd."""
@@ -43,16 +44,21 @@ Progress = Callable[[str], None]
 
 
 def stores_dir() -> Path:
-    return images.archive_dir() / "nodes"
+    return cache.archive_dir() / "nodes"
 
 
-def key(archives: Sequence[images.Archive], containerd_version: str) -> str:
+def key(archives: Sequence[catalog.Archive], containerd_version: str) -> str:
     """Names the store: the archives (their file names carry their inputs' hash), the
     containerd that wrote it and :data:`STORE_VERSION`."""
     digest = hashlib.sha256(f"{STORE_VERSION}\n{containerd_version}\n".encode())
     for name in sorted(archive.path.name for archive in archives):
         digest.update(f"{name}\n".encode())
     return digest.hexdigest()[:16]
+
+
+def store_root(archives: Sequence[catalog.Archive]) -> Path:
+    """Where the containerd root holding ``archives`` is (or will be) in the cache."""
+    return stores_dir() / f"containerd-{key(archives, binaries.CONTAINERD_VERSION)}" / "root"
 
 
 def config(root: Path, state: Path, address: Path) -> str:
@@ -74,11 +80,11 @@ disabled_plugins = [
 
 
 def ensure(
-    archives: Sequence[images.Archive], paths: binaries.Binaries, *, progress: Progress
+    archives: Sequence[catalog.Archive], paths: binaries.Binaries, *, progress: Progress
 ) -> Path:
     """The containerd root holding ``archives``, imported now if no store has them yet."""
-    final = stores_dir() / f"containerd-{key(archives, binaries.CONTAINERD_VERSION)}"
-    root = final / "root"
+    root = store_root(archives)
+    final = root.parent
     if root.is_dir():
         with contextlib.suppress(OSError):
             os.utime(final)  # the time of last use, for _prune
@@ -100,7 +106,7 @@ def ensure(
 
 
 def _import(
-    archives: Sequence[images.Archive], target: Path, *, containerd: Path, ctr: Path
+    archives: Sequence[catalog.Archive], target: Path, *, containerd: Path, ctr: Path
 ) -> None:
     # The socket path must fit a sockaddr_un (108 bytes): a short temporary directory.
     with tempfile.TemporaryDirectory(prefix="stateward-store-") as scratch:
@@ -125,7 +131,7 @@ def _import(
                     )
                 time.sleep(0.1)
             for archive in archives:
-                images.import_into(archive, ctr=ctr, address=str(address))
+                oci.import_into(archive, ctr=ctr, address=str(address))
         finally:
             process.send_signal(signal.SIGTERM)
             try:

@@ -221,7 +221,7 @@ def header(
         "# Hash-locked by `make lock` (stateward local lock, with uv): do not edit. The image",
         "# build installs it with pip --require-hashes --only-binary :all:, so every package",
         "# must come at this version with one of these sha256 digests. To change it, change the",
-        "# inputs (pyproject.toml, local/src/stateward_local/images.py) and run `make lock`;",
+        "# inputs (pyproject.toml, stateward_local/images/catalog.py) and run `make lock`;",
         "# `make lock LOCK_FLAGS=--upgrade` moves every package to its newest version.",
         f"# suite: {target.suite}",
         f"# python: {target.python}",
