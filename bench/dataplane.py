@@ -69,10 +69,11 @@ from bench.nodes import (
     status_kib,
 )
 from stateward.api import v1alpha1
-from stateward_local import binaries, nodes
+from stateward_local import binaries
 from stateward_local.cluster import Config, LocalCluster, Ports, free_port_base
 from stateward_local.errors import LocalClusterError
 from stateward_local.images import cache
+from stateward_local.nodes import host, layout
 from stateward_local.run import (
     OPERATOR_NAMESPACE,
     OperatorProcess,
@@ -580,7 +581,7 @@ def cgroup_sample(path: Path) -> dict[str, float]:
     if not usage_file.exists():
         usage_file = path / "memory.current"
     usage = int(usage_file.read_text()) / 2**20
-    pss = sum(pss_kib(pid) or 0 for pid in nodes.cgroup_pids(path)) / 1024
+    pss = sum(pss_kib(pid) or 0 for pid in host.cgroup_pids(path)) / 1024
     return {
         "anon_mib": stat["anon"],
         "shmem_mib": stat["shmem"],
@@ -641,9 +642,9 @@ def warm_caches() -> dict[str, Any]:
     """Build whatever is missing now, outside every clock; the versions in use."""
     paths = binaries.ensure(progress=lambda m: say(f"    {m}"))
     cache.ensure(progress=lambda m: say(f"    {m}"))
-    if nodes.link_exists(nodes.BRIDGE):
+    if host.link_exists(layout.BRIDGE):
         raise RuntimeError(
-            f"the bridge {nodes.BRIDGE} exists: another cluster with real nodes is up on this"
+            f"the bridge {layout.BRIDGE} exists: another cluster with real nodes is up on this"
             " host; wait for it to stop (run this under flock /tmp/stateward-real-nodes.lock)"
         )
     return {

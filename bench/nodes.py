@@ -44,7 +44,7 @@ from typing import Any
 
 import httpx
 
-from stateward_local import binaries, nodes
+from stateward_local import binaries
 from stateward_local.cluster import (
     NODE_COMPONENTS,
     Config,
@@ -54,6 +54,7 @@ from stateward_local.cluster import (
     free_port_base,
 )
 from stateward_local.images import cache, catalog, nodestore
+from stateward_local.nodes import host, layout
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -194,18 +195,18 @@ def resolve(pid: int, name: str) -> int:
     return pid
 
 
-def memory_path(node: nodes.Node) -> Path:
+def memory_path(node: layout.Node) -> Path:
     """The node's cgroup in the memory hierarchy (v1 ``memory``, or the v2 unified tree)."""
-    paths = nodes.cgroup_paths(node)
+    paths = host.cgroup_paths(node)
     for path in paths:
         if (path / "memory.usage_in_bytes").exists() or (path / "memory.current").exists():
             return path
     raise RuntimeError(f"no memory cgroup for {node.name} among {[str(p) for p in paths]}")
 
 
-def cgroup_cpu_seconds(node: nodes.Node) -> float | None:
+def cgroup_cpu_seconds(node: layout.Node) -> float | None:
     """CPU time of everything that ran in the node's cgroup subtree (cpuacct / cpu.stat)."""
-    paths = nodes.cgroup_paths(node)
+    paths = host.cgroup_paths(node)
     for path in paths:
         with contextlib.suppress(OSError, ValueError):
             return int((path / "cpuacct.usage").read_text()) / 1e9
@@ -217,7 +218,7 @@ def cgroup_cpu_seconds(node: nodes.Node) -> float | None:
     return None
 
 
-def cgroup_anon_mib(node: nodes.Node) -> float | None:
+def cgroup_anon_mib(node: layout.Node) -> float | None:
     """Anonymous memory charged to the node's memory cgroup, descendants included."""
     path = memory_path(node)
     with contextlib.suppress(OSError):
@@ -256,7 +257,7 @@ def subtree_memory(cluster: LocalCluster, daemons: set[int]) -> dict[str, float]
     )
     totals["shim_count"] = totals["pod_processes"] = 0.0
     for node in cluster.real_nodes():
-        for pid in nodes.cgroup_pids(memory_path(node)):
+        for pid in host.cgroup_pids(memory_path(node)):
             rss, pss = status_kib(pid, "VmRSS"), pss_kib(pid)
             if rss is None:
                 continue  # gone meanwhile
@@ -348,7 +349,7 @@ class TimedCluster(LocalCluster):
         self.store = {"took": round(time.monotonic() - began, 2), "cached": cached}
         return root
 
-    def _seed_node(self, node: nodes.Node, store: Path) -> None:
+    def _seed_node(self, node: layout.Node, store: Path) -> None:
         began = time.monotonic()
         super()._seed_node(node, store)
         self.seeds[node.name] = round(time.monotonic() - began, 2)
@@ -366,7 +367,7 @@ def pod_body(name: str, image: str, command: list[str] | None) -> dict[str, Any]
         "kind": "Pod",
         "metadata": {"name": name, "namespace": NAMESPACE, "labels": dict(POD_LABEL)},
         "spec": {
-            "nodeSelector": {nodes.NODE_TYPE_LABEL: "real"},
+            "nodeSelector": {layout.NODE_TYPE_LABEL: "real"},
             "topologySpreadConstraints": [
                 {
                     "maxSkew": 1,
@@ -559,9 +560,9 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
         "kubernetes": paths.kubelet.parent.name.removeprefix("kubernetes-"),
         "containerd": paths.containerd.parent.name.removeprefix("containerd-"),
     }
-    if nodes.link_exists(nodes.BRIDGE):
+    if host.link_exists(layout.BRIDGE):
         raise RuntimeError(
-            f"the bridge {nodes.BRIDGE} exists: another cluster with real nodes is up on this"
+            f"the bridge {layout.BRIDGE} exists: another cluster with real nodes is up on this"
             " host; wait for it to stop"
         )
 

@@ -40,8 +40,8 @@ from lab.databases import (
 from lab.dataplane import client_of, fresh_namespace, operator_on
 from lab.waiting import Timeout, wait_for
 from stateward.controllers.kube import DatabaseResource
-from stateward_local import nodes
 from stateward_local.cluster import LocalCluster
+from stateward_local.nodes import host
 
 SERVERS = 3
 HOLD = 15.0
@@ -181,11 +181,11 @@ def port_dropped(
         f"table ip {table} {{\n  chain forward {{\n    type filter hook forward priority -10;\n"
         f"    ip daddr {address} tcp dport {port} drop\n  }}\n}}\n"
     )
-    nodes.run(["nsenter", f"--net={node.net_ns}", "nft", "-f", "-"], input=rules)
+    host.run(["nsenter", f"--net={node.net_ns}", "nft", "-f", "-"], input=rules)
     try:
         yield
     finally:
-        nodes.run(["nsenter", f"--net={node.net_ns}", "nft", "delete", "table", "ip", table])
+        host.run(["nsenter", f"--net={node.net_ns}", "nft", "delete", "table", "ip", table])
 
 
 def _primary_node_partition(lab: Lab, primary: str) -> Heal | None:

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from lab.operator import RESYNC_SECONDS, get_pgc, wait_leading
 from lab.waiting import Timeout, wait_for
 from stateward.api import v1alpha1
-from stateward_local import binaries, objectstore
+from stateward_local import binaries
 from stateward_local.cluster import LocalCluster
 from stateward_local.run import (
     OPERATOR_NAMESPACE,
@@ -35,6 +35,7 @@ from stateward_local.run import (
     install_crds,
     start_operator,
 )
+from stateward_local.services import objectstore
 
 APP_DATABASE = "app"
 APP_USER = "app"

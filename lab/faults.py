@@ -28,8 +28,9 @@ from lightkube.types import PatchType
 from lab.dataplane import Writer, create_cluster, sql, status_of
 from lab.operator import RESYNC_SECONDS, get_pgc, wait_leading
 from lab.waiting import Timeout, wait_for
-from stateward_local import binaries, nodes
+from stateward_local import binaries
 from stateward_local.cluster import LocalCluster
+from stateward_local.nodes import layout
 from stateward_local.run import (
     OPERATOR_NAMESPACE,
     OperatorProcess,
@@ -109,7 +110,7 @@ def kill(pid: int, sig: signal.Signals = signal.SIGKILL) -> None:
 
 
 def sql_in_node(
-    node: nodes.Node, dsn: str, password: str, statement: str, timeout: float = 5
+    node: layout.Node, dsn: str, password: str, statement: str, timeout: float = 5
 ) -> str | None:
     """``statement`` from inside ``node``'s network (where a partitioned node's pods are still
     reachable); its output, or None if it failed or gave no answer within ``timeout`` (a

@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 from lab.waiting import wait_for
 
-from stateward_local import binaries, nodes
+from stateward_local import binaries
 from stateward_local.cluster import free_port_base
 from stateward_local.images import catalog
+from stateward_local.nodes import host, layout
 
 pytestmark = pytest.mark.e2e
 
@@ -30,8 +31,8 @@ def host_snapshot() -> dict[str, Any]:
 
     cgroups = sorted(
         str(path)
-        for hierarchy in nodes.cgroup_hierarchies()
-        for path in hierarchy.glob(f"{nodes.CGROUP_PARENT}*")
+        for hierarchy in host.cgroup_hierarchies()
+        for path in hierarchy.glob(f"{layout.CGROUP_PARENT}*")
     )
     with open("/proc/self/mountinfo") as mountinfo:
         mounts = sorted(line.split()[4] for line in mountinfo)
@@ -45,11 +46,11 @@ def host_snapshot() -> dict[str, Any]:
         "mounts": mounts,
         "cgroups": cgroups,
         "sysctls": {
-            key: nodes.read_sysctl(key) for key in ("net.ipv4.ip_forward", *nodes.KERNEL_TUNABLES)
+            key: host.read_sysctl(key) for key in ("net.ipv4.ip_forward", *layout.KERNEL_TUNABLES)
         },
         "dirs": {
             target: Path(target).exists()
-            for target in (*nodes.BIND_TARGETS.values(), *nodes.TMPFS_TARGETS)
+            for target in (*layout.BIND_TARGETS.values(), *layout.TMPFS_TARGETS)
         },
     }
 
@@ -94,9 +95,9 @@ def crash(cli: Cli) -> None:
     state = json.loads((cli.state_dir / "state.json").read_text())
     for process in state["processes"]:
         os.kill(process["pid"], signal.SIGKILL)
-    for node in nodes.nodes_in(cli.state_dir, 1):
-        for path in nodes.cgroup_paths(node):
-            for pid in nodes.cgroup_pids(path):
+    for node in layout.nodes_in(cli.state_dir, 1):
+        for path in host.cgroup_paths(node):
+            for pid in host.cgroup_pids(path):
                 os.kill(pid, signal.SIGKILL)
 
 
@@ -162,7 +163,7 @@ def test_a_second_cluster_is_refused_while_the_first_runs_and_takes_over_after_i
     try:
         refused = second.stateward("up", "--nodes", "1", "--kwok-nodes", "0")
         assert refused.returncode == 1
-        assert f"the bridge {nodes.BRIDGE} already exists" in refused.stderr
+        assert f"the bridge {layout.BRIDGE} already exists" in refused.stderr
         assert "stateward local down" in refused.stderr
         assert not second.state_dir.exists() or not any(
             p.name != "logs" for p in second.state_dir.iterdir()
@@ -173,7 +174,7 @@ def test_a_second_cluster_is_refused_while_the_first_runs_and_takes_over_after_i
         undone = f"a local cluster that crashed left on this host ({first.state_dir})"
         assert undone in up.stderr
         assert not first.state_dir.exists()
-        assert nodes.bridge_owner() == second.state_dir.resolve()
+        assert host.bridge_owner() == second.state_dir.resolve()
         crash(second)
         down = second.stateward("down")
         assert down.returncode == 0, down.stderr

@@ -31,13 +31,13 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
 from stateward.cli import plugin
-from stateward_local import objectstore
 from stateward_local.cluster import LocalCluster
 from stateward_local.images import catalog
 from stateward_local.run import (
     OperatorProcess,
     PostgresClusterResource,
 )
+from stateward_local.services import objectstore
 from tests.integration.conftest import condition
 
 pytestmark = pytest.mark.integration

@@ -50,12 +50,13 @@ from lightkube.resources.core_v1 import ConfigMap, Pod, Secret
 from lightkube.types import PatchType
 
 from stateward.api import v1alpha1
-from stateward_local import netpol, nodes
 from stateward_local.cluster import LocalCluster
+from stateward_local.nodes import host
 from stateward_local.run import (
     OperatorProcess,
     PostgresClusterResource,
 )
+from stateward_local.services import netpol
 from tests.support import certificates
 
 pytestmark = pytest.mark.integration
@@ -1015,7 +1016,7 @@ enforcer about a second after it has an address), then to Patroni's REST API for
 def guarded(cluster: LocalCluster, pod: Pod) -> bool:
     """Whether the enforcer's table on the pod's node drops what its policy does not admit."""
     node = next(n for n in cluster.real_nodes() if n.name == pod.spec.nodeName)  # type: ignore[union-attr]
-    table = nodes.run(
+    table = host.run(
         ["nsenter", f"--net={node.net_ns}", "nft", "list", "table", "inet", netpol.TABLE],
         check=False,
     )
@@ -1027,8 +1028,8 @@ def test_the_network_policy_keeps_other_namespaces_and_non_members_out(
     real_cluster: LocalCluster, client: Client, ns: str
 ) -> None:
     # The local cluster enforces NetworkPolicies on its real nodes, as a policy-enforcing CNI
-    # would (stateward_local.netpol, started by local up). The operator's default policy: the
-    # namespace may reach PostgreSQL, only the members reach Patroni, other namespaces
+    # would (stateward_local.services.netpol, started by local up). The operator's default
+    # policy: the namespace may reach PostgreSQL, only the members reach Patroni, other namespaces
     # nothing — and the cluster, its operator on the host and a replica that joins under the
     # policy still work.
     create_cluster(client, ns, "guarded", replicas=2)

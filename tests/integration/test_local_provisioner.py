@@ -21,8 +21,8 @@ import httpx
 import pytest
 from lab.waiting import wait_for
 
-from stateward_local import provisioner as prov
 from stateward_local.cluster import LocalCluster
+from stateward_local.services import provisioner as prov
 
 pytestmark = pytest.mark.integration
 
@@ -77,7 +77,7 @@ def local_provisioner(control_plane: LocalCluster, tmp_path: Path) -> Iterator[R
     argv = [
         sys.executable,
         "-m",
-        "stateward_local.provisioner",
+        "stateward_local.services.provisioner",
         "--kubeconfig",
         str(control_plane.kubeconfig),
         "--root",

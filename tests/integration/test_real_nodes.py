@@ -27,9 +27,10 @@ from lightkube.resources.core_v1 import (
     Service,
 )
 
-from stateward_local import binaries, nodes
+from stateward_local import binaries
 from stateward_local.cluster import LocalCluster
 from stateward_local.images import catalog
+from stateward_local.nodes import host, layout
 
 pytestmark = pytest.mark.integration
 
@@ -148,12 +149,12 @@ def test_real_nodes_are_ready_beside_tainted_kwok_nodes(real: LocalCluster, clie
         assert node.ip in wide.stdout
         found = client.get(Node, node.name)
         assert found.metadata and found.metadata.labels
-        assert found.metadata.labels[nodes.NODE_TYPE_LABEL] == "real"
+        assert found.metadata.labels[layout.NODE_TYPE_LABEL] == "real"
         assert not (found.spec and found.spec.taints)
     kwok = client.get(Node, "kwok-node-0")
     assert kwok.spec and kwok.spec.taints
     assert [(t.key, t.effect) for t in kwok.spec.taints] == [
-        (nodes.KWOK_TAINT["key"], nodes.KWOK_TAINT["effect"])
+        (layout.KWOK_TAINT["key"], layout.KWOK_TAINT["effect"])
     ]
     assert [s for _, s in real.node_states()] == ["running"] * len(real.real_nodes())
 
@@ -336,7 +337,7 @@ def test_a_stopped_node_loses_every_process_and_restarts_its_pods_on_start(
     node = real.node("node-2")
     try:
         assert dict((n.name, s) for n, s in real.node_states())["node-2"] == "stopped"
-        assert not nodes.cgroup_pids(nodes.cgroup_paths(node)[0])
+        assert not host.cgroup_pids(host.cgroup_paths(node)[0])
         assert unreachable(server.status.podIP, 8080)
         wait_for(
             lambda: not node_ready(client, "node-2"),

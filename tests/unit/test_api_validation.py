@@ -24,7 +24,7 @@ from stateward.api.validation import (
     validate_spec,
 )
 from stateward.specs.postgres import config as config_spec
-from stateward_local import provisioner as prov
+from stateward_local.services import provisioner as prov
 from tests.support import clusters
 
 pytestmark = pytest.mark.unit

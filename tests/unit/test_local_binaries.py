@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from stateward_local import binaries, host
+from stateward_local import binaries
 from stateward_local.errors import LocalClusterError
+from stateward_local.nodes import packages
 
 pytestmark = pytest.mark.unit
 
@@ -89,38 +90,38 @@ def test_untagged_single_binary_argv(tmp_path: Path) -> None:
 
 
 def test_missing_tools_map_to_debian_packages() -> None:
-    assert host.packages_for([]) == []
-    assert host.packages_for(["nft", "runc"]) == ["runc", "nftables"]
-    assert host.packages_for(["nsenter", "unshare", "ip"]) == ["iproute2", "util-linux"]
-    assert host.packages_for([host.LIBC_ARCHIVE]) == ["libc6-dev"]
+    assert packages.packages_for([]) == []
+    assert packages.packages_for(["nft", "runc"]) == ["runc", "nftables"]
+    assert packages.packages_for(["nsenter", "unshare", "ip"]) == ["iproute2", "util-linux"]
+    assert packages.packages_for([packages.LIBC_ARCHIVE]) == ["libc6-dev"]
     with pytest.raises(ValueError, match="docker"):
-        host.packages_for(["docker"])
+        packages.packages_for(["docker"])
 
 
 def test_missing_tools_checks_executables_and_files() -> None:
     present = {"runc", "iptables", "conntrack", "debootstrap", "ip", "nsenter"}
-    absent = host.missing_tools(
+    absent = packages.missing_tools(
         find=lambda name: f"/usr/sbin/{name}" if name in present else None,
         exists=lambda path: False,
     )
-    assert absent == ["nft", host.LIBC_ARCHIVE, "unshare"]
-    assert host.packages_for(absent) == ["nftables", "libc6-dev", "util-linux"]
+    assert absent == ["nft", packages.LIBC_ARCHIVE, "unshare"]
+    assert packages.packages_for(absent) == ["nftables", "libc6-dev", "util-linux"]
 
 
 def test_install_command_names_every_package() -> None:
-    command = host.install_command(["runc", "nftables"], root=False)
+    command = packages.install_command(["runc", "nftables"], root=False)
     assert command.startswith("sudo apt-get update && ")
     assert command.endswith("apt-get install -y --no-install-recommends runc nftables")
-    assert not host.install_command(["runc"], root=True).startswith("sudo")
+    assert not packages.install_command(["runc"], root=True).startswith("sudo")
 
 
 def test_without_root_ensure_packages_says_what_to_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(host, "missing_tools", lambda: ["runc", "nft"])
-    monkeypatch.setattr(host.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(packages, "missing_tools", lambda: ["runc", "nft"])
+    monkeypatch.setattr(packages.os, "geteuid", lambda: 1000)
     with pytest.raises(LocalClusterError, match=r"runc, nftables.*sudo apt-get update"):
-        host.ensure_packages(lambda _: None)
+        packages.ensure_packages(lambda _: None)
 
 
 def test_ensure_packages_does_nothing_when_all_present(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(host, "missing_tools", lambda: [])
-    assert host.ensure_packages(lambda _: None) == []
+    monkeypatch.setattr(packages, "missing_tools", lambda: [])
+    assert packages.ensure_packages(lambda _: None) == []

@@ -10,7 +10,8 @@ import pytest
 
 from stateward.specs import postgres as postgres_specs
 from stateward.specs.postgres import config
-from stateward_local import netpol, nodes
+from stateward_local.nodes import layout
+from stateward_local.services import netpol
 from tests.support import clusters
 
 pytestmark = pytest.mark.unit
@@ -156,7 +157,7 @@ def test_a_table_is_written_once_and_again_into_a_node_started_anew(
 ) -> None:
     written: list[tuple[str, str]] = []
     monkeypatch.setattr(netpol, "_nft", lambda node, script: written.append((node.name, script)))
-    (node,) = nodes.nodes_in(tmp_path, 1)
+    (node,) = layout.nodes_in(tmp_path, 1)
     node.net_ns.parent.mkdir(parents=True)
     listing = Listing(
         {

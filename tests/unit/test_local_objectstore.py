@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from stateward.api import manifests
-from stateward_local import nodes, objectstore
+from stateward_local.nodes import layout
+from stateward_local.services import objectstore
 
 pytestmark = pytest.mark.unit
 
@@ -27,7 +28,7 @@ def test_pods_reach_the_host_through_a_service_with_a_fixed_endpoint() -> None:
     # Label values: no slashes (the API server refused "stateward.io/local").
     for value in endpoints["metadata"]["labels"].values():
         assert re.fullmatch(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?", value), value
-    assert endpoints["endpoints"][0]["addresses"] == [nodes.HOST_IP]
+    assert endpoints["endpoints"][0]["addresses"] == [layout.HOST_IP]
     assert endpoints["ports"][0]["port"] == objectstore.PORT
 
 
@@ -41,7 +42,7 @@ def test_credentials_stay_off_the_command_line(tmp_path: Path) -> None:
     argv = objectstore.argv(Path("/bin/versitygw"), root=tmp_path, cert=Path("c"), key=Path("k"))
     assert credentials.secret_access_key not in " ".join(argv)
     assert argv[-2:] == ["posix", str(tmp_path)]
-    assert f"{nodes.HOST_IP}:{objectstore.PORT}" in argv
+    assert f"{layout.HOST_IP}:{objectstore.PORT}" in argv
     assert credentials.secret_access_key not in repr(credentials)
     assert set(credentials.environment()) == {"ROOT_ACCESS_KEY_ID", "ROOT_SECRET_ACCESS_KEY"}
 

@@ -12,8 +12,8 @@ import pytest
 import yaml
 from lightkube import Client, ConfigError, KubeConfig
 
-from stateward_local import provisioner as prov
-from stateward_local.provisioner import Delete, Expand, Provision, Skip, plan
+from stateward_local.services import provisioner as prov
+from stateward_local.services.provisioner import Delete, Expand, Provision, Skip, plan
 
 pytestmark = pytest.mark.unit
 

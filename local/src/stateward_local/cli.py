@@ -13,10 +13,11 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from stateward_local import binaries, host
+from stateward_local import binaries
 from stateward_local.cluster import Config, LocalCluster
 from stateward_local.errors import LocalClusterError
 from stateward_local.images import cache, catalog, locks, nodestore
+from stateward_local.nodes import packages
 
 
 def _local_config(args: argparse.Namespace) -> Config:
@@ -140,7 +141,7 @@ def _local_build(args: argparse.Namespace) -> int:
         paths = binaries.ensure()
         print(f"binaries ready in {paths.kube_apiserver.parent.parent}")
         return 0
-    host.ensure_packages()
+    packages.ensure_packages()
     built: list[binaries.Binaries] = []
     failed: list[BaseException] = []
 

@@ -28,9 +28,11 @@ from typing import Any
 import httpx
 import yaml
 
-from stateward_local import binaries, host, nodes, objectstore, pki, provisioner
+from stateward_local import binaries, pki
 from stateward_local.errors import LocalClusterError
 from stateward_local.images import cache, catalog, nodestore, oci
+from stateward_local.nodes import components, host, layout, lifecycle, packages
+from stateward_local.services import objectstore, provisioner
 
 DEFAULT_PORT_BASE = 16443
 DEFAULT_REAL_NODES = 3
@@ -39,8 +41,8 @@ ADMIN_USER = "stateward-admin"
 OPERATOR_USER = "stateward-operator"
 NODE_ANNOTATION = "kwok.x-k8s.io/node"
 STORAGE_CLASS = "kwok-volume"
-SERVICE_CIDR = nodes.SERVICE_CIDR
-POD_CIDR = nodes.POD_CIDR
+SERVICE_CIDR = layout.SERVICE_CIDR
+POD_CIDR = layout.POD_CIDR
 NODE_COMPONENTS = ("containerd", "kubelet", "kube-proxy")
 OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
 """Kubernetes' non-graceful node shutdown taint (``local node out-of-service``)."""
@@ -166,7 +168,7 @@ class LocalCluster:
         self.pki_dir = self.state_dir / "pki"
         self.state_file = self.state_dir / "state.json"
         self.audit_log = self.state_dir / "logs" / "audit.log"
-        self.journal = nodes.Journal(self.state_dir / "host.json")
+        self.journal = host.Journal(self.state_dir / "host.json")
 
     # --- public verbs -------------------------------------------------------------------
 
@@ -192,9 +194,9 @@ class LocalCluster:
                     "real nodes need root (namespaces, cgroups, a bridge): run as root, or"
                     " start a kwok-only cluster with --nodes 0"
                 )
-            host.ensure_packages(progress=progress)
+            packages.ensure_packages(progress=progress)
             self._undo_crashed_owner(progress)
-            nodes.refuse_if_taken()
+            host.refuse_if_taken()
         paths = binaries.ensure(progress=progress)
         archives = [a for a in cache.ensure(progress=progress) if a.spec.on_nodes] if real else []
         store = self._node_store(archives, paths, progress) if real else None
@@ -210,12 +212,12 @@ class LocalCluster:
                 for node in real:  # before prepare_host: links cannot cross its mount
                     assert store is not None
                     self._seed_node(node, store)
-                nodes.prepare_host(self.journal, self.state_dir)
+                host.prepare_host(self.journal, self.state_dir)
                 for node in real:
-                    nodes.create_node(self.journal, node)
+                    lifecycle.create_node(self.journal, node)
                     if node is real[0]:
                         # The host reaches Services through the first node's kube-proxy.
-                        nodes.add_route(self.journal, SERVICE_CIDR, node)
+                        host.add_route(self.journal, SERVICE_CIDR, node)
                     self._write_node_files(node, paths)
                     records.append(
                         self._start(
@@ -247,7 +249,7 @@ class LocalCluster:
                     ):
                         records.append(self._start(name, argv))
                     records.append(self._start_objectstore(paths))
-                    nodes.record_sysctls(self.journal, nodes.KERNEL_TUNABLES)
+                    host.record_sysctls(self.journal, layout.KERNEL_TUNABLES)
                     for node in real:
                         for component in ("kubelet", "kube-proxy"):
                             records.append(
@@ -327,14 +329,14 @@ class LocalCluster:
 
     # --- real nodes -----------------------------------------------------------------------
 
-    def real_nodes(self) -> list[nodes.Node]:
+    def real_nodes(self) -> list[layout.Node]:
         """The real nodes: as recorded by a running cluster, else as configured."""
         count = self.config.real_nodes
         with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
             count = int(json.loads(self.state_file.read_text())["real_nodes"])
-        return nodes.nodes_in(self.state_dir, count)
+        return layout.nodes_in(self.state_dir, count)
 
-    def node(self, name: str) -> nodes.Node:
+    def node(self, name: str) -> layout.Node:
         found = {node.name: node for node in self.real_nodes()}
         if name not in found:
             known = ", ".join(found) or "none (this cluster has no real nodes)"
@@ -343,16 +345,16 @@ class LocalCluster:
 
     def node_stop(self, name: str) -> None:
         """Power loss: the node's link goes down and all its processes die at once."""
-        nodes.power_off(self.node(name))
+        lifecycle.power_off(self.node(name))
 
     def node_start(self, name: str) -> None:
         """Power on after ``node_stop`` (or bring back components that died)."""
         node = self.node(name)
-        if nodes.frozen(node):
-            nodes.set_frozen(node, frozen=False)
-        if not nodes.is_mountpoint(node.mount_ns):
-            nodes.create_mount_ns(self.journal, node)
-        nodes.set_link(node, up=True)
+        if lifecycle.frozen(node):
+            lifecycle.set_frozen(node, frozen=False)
+        if not host.is_mountpoint(node.mount_ns):
+            lifecycle.create_mount_ns(self.journal, node)
+        lifecycle.set_link(node, up=True)
         for component in NODE_COMPONENTS:
             self.start_component(f"{node.name}.{component}")
             if component == "containerd":
@@ -403,28 +405,28 @@ class LocalCluster:
 
     def node_freeze(self, name: str) -> None:
         """A hung node: every process of it stopped by the cgroup freezer."""
-        nodes.set_frozen(self.node(name), frozen=True)
+        lifecycle.set_frozen(self.node(name), frozen=True)
 
     def node_thaw(self, name: str) -> None:
-        nodes.set_frozen(self.node(name), frozen=False)
+        lifecycle.set_frozen(self.node(name), frozen=False)
 
     def node_partition(self, name: str) -> None:
         """The node's link is cut; its processes keep running, unable to reach anyone."""
-        nodes.set_link(self.node(name), up=False)
+        lifecycle.set_link(self.node(name), up=False)
 
     def node_heal(self, name: str) -> None:
-        nodes.set_link(self.node(name), up=True)
+        lifecycle.set_link(self.node(name), up=True)
 
-    def node_states(self) -> list[tuple[nodes.Node, str]]:
-        states: list[tuple[nodes.Node, str]] = []
+    def node_states(self) -> list[tuple[layout.Node, str]]:
+        states: list[tuple[layout.Node, str]] = []
         alive = {record.name for record in self._load() if record.alive()}
         for node in self.real_nodes():
             running = [c for c in NODE_COMPONENTS if f"{node.name}.{c}" in alive]
             if not running:
                 state = "stopped"
-            elif nodes.frozen(node):
+            elif lifecycle.frozen(node):
                 state = "frozen"
-            elif not nodes.link_up(node):
+            elif not lifecycle.link_up(node):
                 state = "partitioned"
             elif len(running) < len(NODE_COMPONENTS):
                 state = "degraded"
@@ -436,45 +438,47 @@ class LocalCluster:
     def _undo_host(self) -> list[str]:
         return self.journal.undo() if self.journal.path.exists() else []
 
-    def _write_node_files(self, node: nodes.Node, paths: binaries.Binaries) -> None:
+    def _write_node_files(self, node: layout.Node, paths: binaries.Binaries) -> None:
         ca = self.pki_dir / "ca.crt"
         resolv = node.directory / "resolv.conf"
-        resolv.write_text(f"nameserver {nodes.HOST_IP}\n")
+        resolv.write_text(f"nameserver {layout.HOST_IP}\n")
         (node.directory / "containerd.toml").write_text(
-            nodes.containerd_config(
+            components.containerd_config(
                 node, cni_bin_dir=paths.cni_bin_dir, sandbox_image=catalog.PAUSE_REF
             )
         )
         (node.directory / "kubelet.yaml").write_text(
-            yaml.safe_dump(nodes.kubelet_config(node, ca_file=ca, resolv_conf=resolv))
+            yaml.safe_dump(components.kubelet_config(node, ca_file=ca, resolv_conf=resolv))
         )
         (node.directory / "kube-proxy.yaml").write_text(
             yaml.safe_dump(
-                nodes.kube_proxy_config(node, kubeconfig=self.state_dir / "kube-proxy.kubeconfig")
+                components.kube_proxy_config(
+                    node, kubeconfig=self.state_dir / "kube-proxy.kubeconfig"
+                )
             )
         )
 
-    def _node_argv(self, node: nodes.Node, component: str, paths: binaries.Binaries) -> list[str]:
+    def _node_argv(self, node: layout.Node, component: str, paths: binaries.Binaries) -> list[str]:
         if component == "containerd":
             argv = [str(paths.containerd), f"--config={node.directory / 'containerd.toml'}"]
         elif component == "kubelet":
-            argv = nodes.kubelet_argv(
+            argv = components.kubelet_argv(
                 node,
                 kubelet=paths.kubelet,
                 config=node.directory / "kubelet.yaml",
                 kubeconfig=self.state_dir / f"kubelet-{node.name}.kubeconfig",
-                labels={nodes.NODE_TYPE_LABEL: "real"},
+                labels={layout.NODE_TYPE_LABEL: "real"},
             )
         else:
             argv = [str(paths.kube_proxy), f"--config={node.directory / 'kube-proxy.yaml'}"]
-        return nodes.wrap(node, argv, path_dirs=(paths.containerd.parent,))
+        return lifecycle.wrap(node, argv, path_dirs=(paths.containerd.parent,))
 
-    def _wait_containerd(self, node: nodes.Node, timeout: float = 60) -> Path:
+    def _wait_containerd(self, node: layout.Node, timeout: float = 60) -> Path:
         name = f"{node.name}.containerd"
         record = next((r for r in self._load() if r.name == name), None)
         if record is None:
             raise LocalClusterError(f"{name} is not recorded in {self.state_file}")
-        socket_path = nodes.containerd_socket(record.pid)
+        socket_path = lifecycle.containerd_socket(record.pid)
         deadline = time.monotonic() + timeout
         while not socket_path.exists():
             if time.monotonic() > deadline:
@@ -491,7 +495,7 @@ class LocalCluster:
         """The containerd root every real node starts from (``nodestore``)."""
         return nodestore.ensure(archives, paths, progress=progress)
 
-    def _seed_node(self, node: nodes.Node, store: Path) -> None:
+    def _seed_node(self, node: layout.Node, store: Path) -> None:
         """The node's containerd root, as a copy of the store: its images, already unpacked."""
         nodestore.seed(store, node.path("containerd"))
 
@@ -510,16 +514,16 @@ class LocalCluster:
                 )
                 if not cidr:
                     continue
-                nodes.add_route(self.journal, cidr, node)
+                host.add_route(self.journal, cidr, node)
                 temporary = conflist.with_suffix(".tmp")
-                temporary.write_text(json.dumps(nodes.cni_conflist(cidr), indent=2))
+                temporary.write_text(json.dumps(components.cni_conflist(cidr), indent=2))
                 temporary.replace(conflist)
                 done += 1
         return done == len(self.real_nodes())
 
     def _coredns_argv(self, paths: binaries.Binaries) -> list[str]:
         corefile = self.state_dir / "Corefile"
-        corefile.write_text(nodes.corefile(self.state_dir / "coredns.kubeconfig"))
+        corefile.write_text(components.corefile(self.state_dir / "coredns.kubeconfig"))
         return [str(paths.coredns), "-conf", str(corefile)]
 
     @property
@@ -541,7 +545,7 @@ class LocalCluster:
         return self._start("objectstore", argv, env=credentials.environment())
 
     def _objectstore_ready(self) -> bool:
-        url = f"https://{nodes.HOST_IP}:{objectstore.PORT}/"
+        url = f"https://{layout.HOST_IP}:{objectstore.PORT}/"
         with httpx.Client(verify=ssl.create_default_context(cafile=self.pki_dir / "ca.crt")) as c:
             # Anonymous: refused (403) once it serves, which is all this asks.
             return c.get(url, timeout=2).status_code in (403, 200)
@@ -566,7 +570,7 @@ class LocalCluster:
         return [
             sys.executable,
             "-m",
-            "stateward_local.provisioner",
+            "stateward_local.services.provisioner",
             f"--kubeconfig={self.state_dir / 'provisioner.kubeconfig'}",
             f"--root={self.state_dir / 'volumes'}",
         ]
@@ -593,7 +597,7 @@ class LocalCluster:
         return [
             sys.executable,
             "-m",
-            "stateward_local.netpol",
+            "stateward_local.services.netpol",
             f"--kubeconfig={self.state_dir / 'netpol.kubeconfig'}",
             f"--state-dir={self.state_dir}",
             f"--nodes={self.config.real_nodes}",
@@ -646,7 +650,7 @@ class LocalCluster:
         machine's processes ended) leaves the bridge, routes, mounts and sysctls behind, and
         its journal of them. When nothing of it runs and no ``up`` is starting it, undo them
         from that journal instead of refusing: the next ``up`` after a crash just works."""
-        owner = nodes.bridge_owner()
+        owner = host.bridge_owner()
         if owner is None or owner == self.state_dir:
             return
         crashed = LocalCluster(dataclasses.replace(self.config, state_dir=owner))
@@ -769,7 +773,7 @@ class LocalCluster:
                 "kubernetes.default",
                 "kubernetes.default.svc",
                 "kubernetes.default.svc.cluster.local",
-                nodes.HOST_IP,
+                layout.HOST_IP,
             ),
             server=True,
         )
@@ -806,8 +810,8 @@ class LocalCluster:
     def _write_node_pki(self, authority: pki.Authority) -> None:
         """Identities of the node components (reaching the API server over the bridge), the
         API server's client certificate for kubelets, and the host's helpers."""
-        bridge = f"https://{nodes.HOST_IP}:{self.config.ports.apiserver}"
-        for node in nodes.nodes_in(self.state_dir, self.config.real_nodes):
+        bridge = f"https://{layout.HOST_IP}:{self.config.ports.apiserver}"
+        for node in layout.nodes_in(self.state_dir, self.config.real_nodes):
             user = f"system:node:{node.name}"
             pair = authority.issue(
                 f"kubelet-{node.name}", common_name=user, groups=("system:nodes",)
@@ -894,7 +898,7 @@ class LocalCluster:
             # `kubernetes` Service, whose endpoint is the advertised address).
             network = [
                 "--bind-address=0.0.0.0",
-                f"--advertise-address={nodes.HOST_IP}",
+                f"--advertise-address={layout.HOST_IP}",
                 f"--kubelet-client-certificate={tls / 'apiserver-kubelet-client.crt'}",
                 f"--kubelet-client-key={tls / 'apiserver-kubelet-client.key'}",
                 "--kubelet-preferred-address-types=InternalIP",
@@ -1058,7 +1062,7 @@ def _create(client: httpx.Client, path: str, body: dict[str, Any]) -> None:
 
 def _node(name: str, *, tainted: bool = False) -> dict[str, Any]:
     """A simulated node: kwok answers for it. Ordinary pods schedule on it unless real nodes
-    exist; then it is tainted and takes only pods that tolerate ``nodes.KWOK_TAINT``."""
+    exist; then it is tainted and takes only pods that tolerate ``layout.KWOK_TAINT``."""
     capacity = {"cpu": "32", "memory": "256Gi", "pods": "110", "ephemeral-storage": "1Ti"}
     node: dict[str, Any] = {
         "apiVersion": "v1",
@@ -1071,13 +1075,13 @@ def _node(name: str, *, tainted: bool = False) -> dict[str, Any]:
                 "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": "amd64",
                 "type": "kwok",
-                nodes.NODE_TYPE_LABEL: "kwok",
+                layout.NODE_TYPE_LABEL: "kwok",
             },
         },
         "status": {"allocatable": capacity, "capacity": capacity},
     }
     if tainted:
-        node["spec"] = {"taints": [nodes.KWOK_TAINT]}
+        node["spec"] = {"taints": [layout.KWOK_TAINT]}
     return node
 
 

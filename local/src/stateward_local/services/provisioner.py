@@ -23,7 +23,7 @@ the operator uses (re-listing on any error or ``410 Gone``), decides from the wh
 what to do (``plan``, a pure function) at every change and every ``RESYNC_SECONDS``, and
 does it idempotently, logging one line per action.
 
-Run it as ``python -m stateward_local.provisioner --kubeconfig PATH --root DIR``.
+Run it as ``python -m stateward_local.services.provisioner --kubeconfig PATH --root DIR``.
 """
 
 from __future__ import annotations
@@ -645,7 +645,7 @@ def describe(action: Action) -> str:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m stateward_local.provisioner",
+        prog="python -m stateward_local.services.provisioner",
         description="Provision node-local directory volumes for the local cluster.",
     )
     parser.add_argument("--kubeconfig", type=Path, required=True, help="kubeconfig to use")

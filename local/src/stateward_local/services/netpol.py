@@ -19,7 +19,8 @@ sends to a guarded pod before then is dropped, and the kernel sends it again. Wh
 does first must therefore retry: Patroni's base backup does, and a MariaDB server whose
 Database has data waits for its primary (it never initializes an empty data directory).
 
-Run by hand: ``python -m stateward_local.netpol --kubeconfig PATH --state-dir DIR --nodes N``
+Run by hand:
+``python -m stateward_local.services.netpol --kubeconfig PATH --state-dir DIR --nodes N``
 (``--namespace NS``, repeatable: guard only those namespaces' pods); it removes its tables
 when it stops.
 """
@@ -40,7 +41,7 @@ from lightkube.config.kubeconfig import KubeConfig
 from lightkube.resources.core_v1 import Namespace, Pod
 from lightkube.resources.networking_v1 import NetworkPolicy
 
-from stateward_local import nodes
+from stateward_local.nodes import host, layout
 
 TABLE = "stateward-policy"
 INTERVAL = 1.0
@@ -127,7 +128,7 @@ def ruleset(
     namespaces: Sequence[Object],
     policies: Sequence[Object],
     *,
-    always: Iterable[str] = (str(nodes.NETWORK),),
+    always: Iterable[str] = (str(layout.NETWORK),),
 ) -> str:
     """The nftables script for one node: ``local_pods`` are the pods it forwards to."""
     lines = [
@@ -227,8 +228,8 @@ def _dicts(client: Client, resource: Any) -> list[dict[str, Any]]:
     return [item.to_dict() for item in client.list(resource, namespace="*")]
 
 
-def _nft(node: nodes.Node, script: str) -> None:
-    nodes.run(["nsenter", f"--net={node.net_ns}", "nft", "-f", "-"], input=script)
+def _nft(node: layout.Node, script: str) -> None:
+    host.run(["nsenter", f"--net={node.net_ns}", "nft", "-f", "-"], input=script)
 
 
 def run(
@@ -241,7 +242,7 @@ def run(
 ) -> None:
     """Until ``stop``: keep every node's table as the policies say; then remove the tables."""
     client = Client(KubeConfig.from_file(kubeconfig))
-    real = {node.name: node for node in nodes.nodes_in(Path(state_dir), count)}
+    real = {node.name: node for node in layout.nodes_in(Path(state_dir), count)}
     applied: dict[str, tuple[int, str]] = {}
     try:
         while not stop.is_set():
@@ -257,7 +258,7 @@ def run(
 
 def _round(
     client: Client,
-    real: Mapping[str, nodes.Node],
+    real: Mapping[str, layout.Node],
     applied: dict[str, tuple[int, str]],
     only: Sequence[str],
 ) -> None:
@@ -290,7 +291,7 @@ def _round(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stateward_local.netpol")
+    parser = argparse.ArgumentParser(prog="python -m stateward_local.services.netpol")
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--state-dir", required=True)
     parser.add_argument("--nodes", type=int, required=True)

@@ -20,7 +20,7 @@ import secrets
 from pathlib import Path
 from typing import Any, Final
 
-from stateward_local import nodes
+from stateward_local.nodes import layout
 
 PORT: Final = 7070
 """versitygw's own default port, on the bridge address only."""
@@ -48,9 +48,9 @@ def endpoint() -> str:
 def certificate_hosts() -> tuple[str, ...]:
     return (
         endpoint(),
-        f"{endpoint()}.{nodes.CLUSTER_DOMAIN}",
+        f"{endpoint()}.{layout.CLUSTER_DOMAIN}",
         f"{SERVICE_NAME}.{SERVICE_NAMESPACE}",
-        nodes.HOST_IP,
+        layout.HOST_IP,
     )
 
 
@@ -91,7 +91,7 @@ def argv(binary: Path, *, root: Path, cert: Path, key: Path) -> list[str]:
     return [
         str(binary),
         "--port",
-        f"{nodes.HOST_IP}:{PORT}",
+        f"{layout.HOST_IP}:{PORT}",
         "--cert",
         str(cert),
         "--key",
@@ -130,7 +130,7 @@ def endpoint_slice() -> dict[str, Any]:
             },
         },
         "addressType": "IPv4",
-        "endpoints": [{"addresses": [nodes.HOST_IP], "conditions": {"ready": True}}],
+        "endpoints": [{"addresses": [layout.HOST_IP], "conditions": {"ready": True}}],
         "ports": [{"name": "https", "port": PORT, "protocol": "TCP"}],
     }
 
