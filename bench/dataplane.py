@@ -70,7 +70,9 @@ from bench.nodes import (
 )
 from stateward.api import v1alpha1
 from stateward_local import binaries
-from stateward_local.cluster import Config, LocalCluster, Ports, free_port_base
+from stateward_local.cluster import Config, LocalCluster
+from stateward_local.controlplane.components import Ports
+from stateward_local.controlplane.processes import free_port_base
 from stateward_local.errors import LocalClusterError
 from stateward_local.images import cache
 from stateward_local.nodes import host, layout

@@ -45,14 +45,9 @@ from typing import Any
 import httpx
 
 from stateward_local import binaries
-from stateward_local.cluster import (
-    NODE_COMPONENTS,
-    Config,
-    LocalCluster,
-    Ports,
-    Progress,
-    free_port_base,
-)
+from stateward_local.cluster import NODE_COMPONENTS, Config, LocalCluster, Progress
+from stateward_local.controlplane.components import Ports
+from stateward_local.controlplane.processes import free_port_base
 from stateward_local.images import cache, catalog, nodestore
 from stateward_local.nodes import host, layout
 

@@ -65,7 +65,7 @@ from bench.nodes import Interrupted, children, environment, say
 from bench.run import machine_busy_seconds
 from stateward.api.validation import OPERATOR_PARAMETERS
 from stateward_local import binaries
-from stateward_local.cluster import free_port_base
+from stateward_local.controlplane.processes import free_port_base
 from stateward_local.images import catalog
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -59,7 +59,9 @@ from stateward.api import v1alpha1
 from stateward.runtime import webhook
 from stateward.runtime.operator import Options as RuntimeOptions
 from stateward_local import binaries
-from stateward_local.cluster import OPERATOR_USER, Config, LocalCluster, Ports, free_port_base
+from stateward_local.cluster import Config, LocalCluster
+from stateward_local.controlplane.components import OPERATOR_USER, Ports
+from stateward_local.controlplane.processes import free_port_base
 from stateward_local.run import (
     OPERATOR_NAMESPACE,
     OperatorProcess,

@@ -20,7 +20,9 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace
 
 from stateward_local import binaries
-from stateward_local.cluster import Config, LocalCluster, Ports, free_port_base
+from stateward_local.cluster import Config, LocalCluster
+from stateward_local.controlplane.components import Ports
+from stateward_local.controlplane.processes import free_port_base
 
 os.environ.pop("KUBECONFIG", None)
 

@@ -16,7 +16,7 @@ import pytest
 from lab.waiting import wait_for
 
 from stateward_local import binaries
-from stateward_local.cluster import free_port_base
+from stateward_local.controlplane.processes import free_port_base
 
 pytestmark = pytest.mark.e2e
 

@@ -18,7 +18,8 @@ from lightkube.resources.admissionregistration_v1 import ValidatingWebhookConfig
 from lightkube.resources.core_v1 import Secret
 
 from stateward.runtime import webhook
-from stateward_local.cluster import OPERATOR_USER, LocalCluster
+from stateward_local.cluster import LocalCluster
+from stateward_local.controlplane.components import OPERATOR_USER
 from stateward_local.run import (
     OPERATOR_NAMESPACE,
     OperatorProcess,

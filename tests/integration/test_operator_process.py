@@ -32,7 +32,8 @@ from lightkube.resources.core_v1 import Event, Namespace, Secret, Service
 from lightkube.resources.rbac_authorization_v1 import RoleBinding
 
 from stateward.runtime import rbac, webhook
-from stateward_local.cluster import OPERATOR_USER, LocalCluster
+from stateward_local.cluster import LocalCluster
+from stateward_local.controlplane.components import OPERATOR_USER
 from stateward_local.run import (
     LOCAL_BINDING,
     OPERATOR_NAMESPACE,

@@ -10,7 +10,8 @@ import pytest
 import yaml
 from lab import kwok
 
-from stateward_local import binaries, cluster
+from stateward_local import binaries
+from stateward_local.controlplane import components, processes
 from stateward_local.errors import LocalClusterError
 
 pytestmark = pytest.mark.unit
@@ -36,36 +37,36 @@ spec:
 
 
 def test_ports_are_consecutive_from_the_base() -> None:
-    ports = cluster.Ports.from_base(20000)
+    ports = components.Ports.from_base(20000)
     assert sorted(vars(ports).values()) == list(range(20000, 20006))
     assert ports.apiserver == 20000
 
 
 def test_free_port_base_gives_ports_that_can_be_bound() -> None:
-    base = cluster.free_port_base()
+    base = processes.free_port_base()
     for offset in range(6):
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", base + offset))
 
 
 def test_a_process_is_known_by_its_start_time() -> None:
-    mine = cluster._start_time(os.getpid())
+    mine = processes.start_time(os.getpid())
     assert mine is not None
-    record = cluster.ProcessRecord("me", os.getpid(), mine, "log")
+    record = processes.ProcessRecord("me", os.getpid(), mine, "log")
     assert record.alive()
-    assert not cluster.ProcessRecord("me", os.getpid(), "1", "log").alive(), "a recycled pid"
-    assert cluster._start_time(2**22 + 12345) is None
+    assert not processes.ProcessRecord("me", os.getpid(), "1", "log").alive(), "a recycled pid"
+    assert processes.start_time(2**22 + 12345) is None
 
 
 def test_product_stages_are_kwok_stock_plus_pvc_expansion_and_no_simulated_roles() -> None:
-    documents = list(yaml.safe_load_all(cluster.compose_stages(STOCK)))
+    documents = list(yaml.safe_load_all(components.compose_stages(STOCK)))
     names = [d["metadata"]["name"] for d in documents]
     assert names == ["pod-complete", "node-initialize", "pvc-resize"]
-    assert "stateward.io/role" not in cluster.compose_stages(STOCK)
+    assert "stateward.io/role" not in components.compose_stages(STOCK)
 
 
 def test_test_stages_add_roles_and_failing_jobs_on_top() -> None:
-    documents = list(yaml.safe_load_all(kwok.simulate(cluster.compose_stages(STOCK))))
+    documents = list(yaml.safe_load_all(kwok.simulate(components.compose_stages(STOCK))))
     names = [d["metadata"]["name"] for d in documents]
     assert names[:3] == ["pod-complete", "node-initialize", "pvc-resize"]
     assert set(names[3:]) == {"stateward-pod-fail", "stateward-simulated-patroni-role"}
@@ -113,7 +114,7 @@ def test_no_go_toolchain_is_one_clear_error(
 def test_the_local_authority_keeps_its_ca_on_disk_and_signs_with_it(tmp_path: Path) -> None:
     from cryptography import x509
 
-    from stateward_local import pki as local_pki
+    from stateward_local.controlplane import pki as local_pki
 
     first = local_pki.Authority(tmp_path)
     again = local_pki.Authority(tmp_path)  # loaded, not made anew

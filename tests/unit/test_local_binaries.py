@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,31 @@ def test_without_root_ensure_packages_says_what_to_run(monkeypatch: pytest.Monke
 def test_ensure_packages_does_nothing_when_all_present(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(packages, "missing_tools", lambda: [])
     assert packages.ensure_packages(lambda _: None) == []
+
+
+def test_kubernetes_builds_in_a_lane_of_its_own_and_a_failure_in_either_lane_is_raised(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    built: list[tuple[str, str]] = []
+
+    def build(component: binaries.Component, *, progress: object) -> None:
+        built.append((component.name, threading.current_thread().name))
+
+    monkeypatch.setattr(binaries, "build", build)
+    binaries.build_all(binaries.COMPONENTS, progress=lambda _: None)
+    lanes = dict(built)
+    assert sorted(lanes) == sorted(c.name for c in binaries.COMPONENTS)
+    assert lanes["kubernetes"] == threading.main_thread().name
+    assert {lanes[c.name] for c in binaries.COMPONENTS if c is not binaries.KUBERNETES} == {
+        "go-build"
+    }
+    light = [name for name, lane in built if lane == "go-build"]
+    assert light == [c.name for c in binaries.COMPONENTS if c is not binaries.KUBERNETES]
+
+    def broken(component: binaries.Component, *, progress: object) -> None:
+        if component is binaries.ETCD:
+            raise LocalClusterError("go build of etcd failed")
+
+    monkeypatch.setattr(binaries, "build", broken)
+    with pytest.raises(LocalClusterError, match="etcd failed"):
+        binaries.build_all(binaries.COMPONENTS, progress=lambda _: None)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stateward_local.nodes import components, host, layout, lifecycle
+from stateward_local.nodes import daemons, host, layout, lifecycle
 
 pytestmark = pytest.mark.unit
 
@@ -98,9 +98,7 @@ def test_containerd_config_is_per_node_and_works_without_cap_sys_resource(
     tmp_path: Path,
 ) -> None:
     one = node(tmp_path)
-    text = components.containerd_config(
-        one, cni_bin_dir=Path("/cni"), sandbox_image="local/pause:1"
-    )
+    text = daemons.containerd_config(one, cni_bin_dir=Path("/cni"), sandbox_image="local/pause:1")
     config = tomllib.loads(text)
     assert config["version"] == 3
     assert config["root"] == str(one.path("containerd"))
@@ -124,7 +122,7 @@ def test_kubelet_config_keeps_the_node_in_its_cgroup_root_and_never_collects_ima
     tmp_path: Path,
 ) -> None:
     one = node(tmp_path, 2)
-    config = components.kubelet_config(one, ca_file=Path("/ca.crt"), resolv_conf=Path("/r"))
+    config = daemons.kubelet_config(one, ca_file=Path("/ca.crt"), resolv_conf=Path("/r"))
     assert config["cgroupRoot"] == "/stateward/node-2"
     assert config["address"] == one.ip
     assert config["readOnlyPort"] == 0
@@ -133,7 +131,7 @@ def test_kubelet_config_keeps_the_node_in_its_cgroup_root_and_never_collects_ima
     assert config["imageGCHighThresholdPercent"] == 100
     assert config["evictionHard"]["memory.available"] == "1Mi"
     assert config["clusterDNS"] == [layout.HOST_IP]
-    argv = components.kubelet_argv(
+    argv = daemons.kubelet_argv(
         one,
         kubelet=Path("/k"),
         config=Path("/c"),
@@ -148,7 +146,7 @@ def test_kubelet_config_keeps_the_node_in_its_cgroup_root_and_never_collects_ima
 def test_kube_proxy_uses_nftables_and_leaves_machine_wide_conntrack_alone(
     tmp_path: Path,
 ) -> None:
-    config = components.kube_proxy_config(node(tmp_path), kubeconfig=Path("/kp"))
+    config = daemons.kube_proxy_config(node(tmp_path), kubeconfig=Path("/kp"))
     assert config["mode"] == "nftables"
     assert config["clusterCIDR"] == layout.POD_CIDR
     assert config["conntrack"]["maxPerCore"] == 0
@@ -156,7 +154,7 @@ def test_kube_proxy_uses_nftables_and_leaves_machine_wide_conntrack_alone(
 
 
 def test_cni_config_allocates_from_the_node_pod_cidr() -> None:
-    config = components.cni_conflist("10.244.3.0/24")
+    config = daemons.cni_conflist("10.244.3.0/24")
     (plugin,) = config["plugins"]
     assert plugin["type"] == "ptp"
     assert plugin["ipMasq"] is False
@@ -164,7 +162,7 @@ def test_cni_config_allocates_from_the_node_pod_cidr() -> None:
 
 
 def test_cluster_dns_binds_only_the_bridge_address_and_forwards_nowhere() -> None:
-    text = components.corefile(Path("/dns.kubeconfig"))
+    text = daemons.corefile(Path("/dns.kubeconfig"))
     assert f"bind {layout.HOST_IP}" in text
     assert "kubeconfig /dns.kubeconfig" in text
     assert "forward" not in text

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stateward_local import pki
+from stateward_local.controlplane import pki
 
 pytestmark = pytest.mark.unit
 

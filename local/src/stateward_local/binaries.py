@@ -308,9 +308,36 @@ def ensure(*, progress: Progress = _stderr) -> Binaries:
         if not _try_lock(lock):
             progress(f"Waiting for another process building into {cache} ...")
             fcntl.flock(lock, fcntl.LOCK_EX)
-        for component in missing():
-            build(component, progress=progress)
+        build_all(missing(), progress=progress)
     return locate()
+
+
+def build_all(components: Sequence[Component], *, progress: Progress = _stderr) -> None:
+    """Build ``components`` in two lanes: Kubernetes (the longest build by far) alone, the
+    others one after another beside it. One ``go build`` leaves a core idle while it fetches
+    modules, waits on a package's dependencies or links (single-threaded): on two cores the
+    lanes finish a cold cache in less time than one lane would."""
+    heavy = [c for c in components if c is KUBERNETES]
+    light = [c for c in components if c is not KUBERNETES]
+    if not heavy or not light:
+        for component in components:
+            build(component, progress=progress)
+        return
+    failed: list[BaseException] = []
+
+    def lane(batch: Sequence[Component]) -> None:
+        try:
+            for component in batch:
+                build(component, progress=progress)
+        except BaseException as error:  # re-raised by the caller's thread
+            failed.append(error)
+
+    other = threading.Thread(target=lane, args=(light,), name="go-build", daemon=True)
+    other.start()
+    lane(heavy)
+    other.join()
+    if failed:
+        raise failed[0]
 
 
 def _try_lock(lock: IO[str]) -> bool:

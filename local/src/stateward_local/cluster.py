@@ -15,10 +15,7 @@ import fcntl
 import json
 import os
 import shutil
-import signal
-import socket
 import ssl
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -28,21 +25,18 @@ from typing import Any
 import httpx
 import yaml
 
-from stateward_local import binaries, pki
+from stateward_local import binaries
+from stateward_local.controlplane import components, processes
+from stateward_local.controlplane.components import Ports
+from stateward_local.controlplane.processes import ProcessRecord, ProcessStatus
 from stateward_local.errors import LocalClusterError
 from stateward_local.images import cache, catalog, nodestore, oci
-from stateward_local.nodes import components, host, layout, lifecycle, packages
+from stateward_local.nodes import daemons, host, layout, lifecycle, packages
 from stateward_local.services import objectstore, provisioner
 
 DEFAULT_PORT_BASE = 16443
 DEFAULT_REAL_NODES = 3
 STARTING_LOCK = "up.lock"
-ADMIN_USER = "stateward-admin"
-OPERATOR_USER = "stateward-operator"
-NODE_ANNOTATION = "kwok.x-k8s.io/node"
-STORAGE_CLASS = "kwok-volume"
-SERVICE_CIDR = layout.SERVICE_CIDR
-POD_CIDR = layout.POD_CIDR
 NODE_COMPONENTS = ("containerd", "kubelet", "kube-proxy")
 OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
 """Kubernetes' non-graceful node shutdown taint (``local node out-of-service``)."""
@@ -52,29 +46,6 @@ Progress = Callable[[str], None]
 
 def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Ports:
-    """Every port the local cluster listens on (all bound to 127.0.0.1)."""
-
-    apiserver: int
-    etcd_client: int
-    etcd_peer: int
-    controller_manager: int
-    scheduler: int
-    kwok: int
-
-    @classmethod
-    def from_base(cls, base: int) -> Ports:
-        return cls(
-            apiserver=base,
-            etcd_client=base + 1,
-            etcd_peer=base + 2,
-            controller_manager=base + 3,
-            scheduler=base + 4,
-            kwok=base + 5,
-        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -108,66 +79,17 @@ class Config:
         )
 
 
-@dataclasses.dataclass(frozen=True)
-class ProcessRecord:
-    name: str
-    pid: int
-    start_time: str
-    log: str
-    argv: tuple[str, ...] = ()
-
-    def alive(self) -> bool:
-        return _start_time(self.pid) == self.start_time
-
-
-@dataclasses.dataclass(frozen=True)
-class ProcessStatus:
-    name: str
-    pid: int
-    running: bool
-    log: str
-
-
-def _start_time(pid: int) -> str | None:
-    """The kernel's start time of ``pid`` (field 22 of /proc/PID/stat), or None if gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] in ("Z", "X"):  # a zombie has exited; only its parent has not reaped it
-        return None
-    return fields[19]
-
-
-def _port_taken(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
-
-
-def free_port_base(count: int = 6, start: int = 20000, stop: int = 60000) -> int:
-    """A base port whose ``count`` successors are all free now (for tests and parallel runs)."""
-    for base in range(start + (os.getpid() % 500) * 16, stop, count + 1):
-        if not any(_port_taken(base + offset) for offset in range(count)):
-            return base
-    raise LocalClusterError(f"no {count} consecutive free ports between {start} and {stop}")
-
-
 class LocalCluster:
     """One local control plane rooted at ``config.state_dir``."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
         self.state_dir = config.state_dir
-        self.kubeconfig = self.state_dir / "kubeconfig"
-        self.pki_dir = self.state_dir / "pki"
+        self.plane = components.Plane(config.state_dir, config.ports, config.real_nodes)
+        self.kubeconfig = self.plane.kubeconfig
+        self.pki_dir = self.plane.pki_dir
         self.state_file = self.state_dir / "state.json"
-        self.audit_log = self.state_dir / "logs" / "audit.log"
+        self.audit_log = self.plane.audit_log
         self.journal = host.Journal(self.state_dir / "host.json")
 
     # --- public verbs -------------------------------------------------------------------
@@ -180,7 +102,7 @@ class LocalCluster:
             f"{name} ({port})"
             for name, port in dataclasses.asdict(ports).items()
             if (self.config.controllers or name in ("apiserver", "etcd_client", "etcd_peer"))
-            and _port_taken(port)
+            and processes.port_taken(port)
         ]
         if taken:
             raise LocalClusterError(
@@ -205,7 +127,7 @@ class LocalCluster:
         starting = self._hold_starting_lock()
         records: list[ProcessRecord] = []
         try:
-            self._write_pki()
+            components.write_identities(self.plane)
             self._write_image_pins(archives)
             if real:
                 self._save(records)
@@ -217,7 +139,7 @@ class LocalCluster:
                     lifecycle.create_node(self.journal, node)
                     if node is real[0]:
                         # The host reaches Services through the first node's kube-proxy.
-                        host.add_route(self.journal, SERVICE_CIDR, node)
+                        host.add_route(self.journal, layout.SERVICE_CIDR, node)
                     self._write_node_files(node, paths)
                     records.append(
                         self._start(
@@ -298,7 +220,7 @@ class LocalCluster:
     def adopt(self, name: str, pid: int, argv: list[str], log: Path) -> None:
         """Record a process started elsewhere (the `local run` operator) so that `down`
         stops it too, even if whoever started it died."""
-        start = _start_time(pid)
+        start = processes.start_time(pid)
         if start is None:
             return
         records = [r for r in self._load() if r.name != name]
@@ -443,18 +365,16 @@ class LocalCluster:
         resolv = node.directory / "resolv.conf"
         resolv.write_text(f"nameserver {layout.HOST_IP}\n")
         (node.directory / "containerd.toml").write_text(
-            components.containerd_config(
+            daemons.containerd_config(
                 node, cni_bin_dir=paths.cni_bin_dir, sandbox_image=catalog.PAUSE_REF
             )
         )
         (node.directory / "kubelet.yaml").write_text(
-            yaml.safe_dump(components.kubelet_config(node, ca_file=ca, resolv_conf=resolv))
+            yaml.safe_dump(daemons.kubelet_config(node, ca_file=ca, resolv_conf=resolv))
         )
         (node.directory / "kube-proxy.yaml").write_text(
             yaml.safe_dump(
-                components.kube_proxy_config(
-                    node, kubeconfig=self.state_dir / "kube-proxy.kubeconfig"
-                )
+                daemons.kube_proxy_config(node, kubeconfig=self.state_dir / "kube-proxy.kubeconfig")
             )
         )
 
@@ -462,7 +382,7 @@ class LocalCluster:
         if component == "containerd":
             argv = [str(paths.containerd), f"--config={node.directory / 'containerd.toml'}"]
         elif component == "kubelet":
-            argv = components.kubelet_argv(
+            argv = daemons.kubelet_argv(
                 node,
                 kubelet=paths.kubelet,
                 config=node.directory / "kubelet.yaml",
@@ -516,14 +436,14 @@ class LocalCluster:
                     continue
                 host.add_route(self.journal, cidr, node)
                 temporary = conflist.with_suffix(".tmp")
-                temporary.write_text(json.dumps(components.cni_conflist(cidr), indent=2))
+                temporary.write_text(json.dumps(daemons.cni_conflist(cidr), indent=2))
                 temporary.replace(conflist)
                 done += 1
         return done == len(self.real_nodes())
 
     def _coredns_argv(self, paths: binaries.Binaries) -> list[str]:
         corefile = self.state_dir / "Corefile"
-        corefile.write_text(components.corefile(self.state_dir / "coredns.kubeconfig"))
+        corefile.write_text(daemons.corefile(self.state_dir / "coredns.kubeconfig"))
         return [str(paths.coredns), "-conf", str(corefile)]
 
     @property
@@ -554,13 +474,15 @@ class LocalCluster:
         credentials = objectstore.Credentials.load(self.objectstore_dir / "credentials.json")
         with self.http_client() as client:
             namespace = objectstore.SERVICE_NAMESPACE
-            _create(client, f"/api/v1/namespaces/{namespace}/services", objectstore.service())
-            _create(
+            components.create(
+                client, f"/api/v1/namespaces/{namespace}/services", objectstore.service()
+            )
+            components.create(
                 client,
                 f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices",
                 objectstore.endpoint_slice(),
             )
-            _create(
+            components.create(
                 client,
                 f"/api/v1/namespaces/{objectstore.SECRET_NAMESPACE}/secrets",
                 objectstore.secret(credentials, ca_pem=(self.pki_dir / "ca.crt").read_text()),
@@ -694,49 +616,10 @@ class LocalCluster:
     def _start(
         self, name: str, argv: list[str], *, env: dict[str, str] | None = None
     ) -> ProcessRecord:
-        logs = self.state_dir / "logs"
-        logs.mkdir(exist_ok=True)
-        log_path = logs / f"{name}.log"
-        with log_path.open("ab") as log:
-            process = subprocess.Popen(
-                argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                cwd=self.state_dir,
-                env=None if env is None else {**os.environ, **env},
-            )
-        # The start time is read back at once so the record can always tell our process
-        # from a later one that reuses the pid.
-        for _ in range(100):
-            start = _start_time(process.pid)
-            if start is not None:
-                return ProcessRecord(name, process.pid, start, str(log_path), tuple(argv))
-            if process.poll() is not None:
-                break
-            time.sleep(0.01)
-        raise LocalClusterError(f"{name} exited at once; see {log_path}")
+        return processes.start(self.state_dir, name, argv, env=env)
 
     def _stop(self, records: list[ProcessRecord], timeout: float = 15.0) -> list[str]:
-        stopped: list[str] = []
-        for record in reversed(records):
-            if not record.alive():
-                continue
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(record.pid, signal.SIGTERM)
-            deadline = time.monotonic() + timeout
-            while record.alive() and time.monotonic() < deadline:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(record.pid, os.WNOHANG)
-                time.sleep(0.05)
-            if record.alive():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(record.pid, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(record.pid, 0)
-            stopped.append(f"{record.name} (pid {record.pid})")
-        return stopped
+        return processes.stop(records, timeout)
 
     def _wait(
         self,
@@ -745,244 +628,24 @@ class LocalCluster:
         records: list[ProcessRecord],
         timeout: float = 120.0,
     ) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            dead = [r for r in records if not r.alive()]
-            if dead:
-                raise LocalClusterError(
-                    f"{dead[0].name} exited while waiting for {what}; see {dead[0].log}"
-                )
-            with contextlib.suppress(httpx.HTTPError, OSError, ssl.SSLError):
-                if check():
-                    return
-            time.sleep(0.2)
-        raise LocalClusterError(f"timed out after {timeout:.0f}s waiting for {what}")
+        processes.wait(what, check, records, timeout)
 
-    # --- configuration files ----------------------------------------------------------------
-
-    def _write_pki(self) -> None:
-        authority = pki.Authority(self.pki_dir)
-        authority.issue(
-            "apiserver",
-            common_name="kube-apiserver",
-            hosts=(
-                "127.0.0.1",
-                "localhost",
-                "10.96.0.1",
-                "kubernetes",
-                "kubernetes.default",
-                "kubernetes.default.svc",
-                "kubernetes.default.svc.cluster.local",
-                layout.HOST_IP,
-            ),
-            server=True,
-        )
-        pki.service_account_key(self.pki_dir / "service-account.key")
-        users = {
-            "admin": (ADMIN_USER, ("system:masters",)),
-            # No group: the operator holds only what `stateward_local.run.grant_operator` binds
-            # to it, the generated roles of config/rbac, so a missing right fails locally.
-            "operator": (OPERATOR_USER, ()),
-            "controller-manager": ("system:kube-controller-manager", ()),
-            "scheduler": ("system:kube-scheduler", ()),
-            "kwok": ("kwok-controller", ("system:masters",)),
-        }
-        for stem, (user, groups) in users.items():
-            pair = authority.issue(stem, common_name=user, groups=groups)
-            target = self.kubeconfig if stem == "admin" else self.state_dir / f"{stem}.kubeconfig"
-            self._write_kubeconfig(target, pair, user)
-        if self.config.real_nodes:
-            self._write_node_pki(authority)
-        (self.state_dir / "audit-policy.yaml").write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "audit.k8s.io/v1",
-                    "kind": "Policy",
-                    "omitStages": ["RequestReceived"],
-                    "rules": [
-                        {"level": "None", "verbs": ["get", "list", "watch"]},
-                        {"level": "Metadata"},
-                    ],
-                }
-            )
-        )
-
-    def _write_node_pki(self, authority: pki.Authority) -> None:
-        """Identities of the node components (reaching the API server over the bridge), the
-        API server's client certificate for kubelets, and the host's helpers."""
-        bridge = f"https://{layout.HOST_IP}:{self.config.ports.apiserver}"
-        for node in layout.nodes_in(self.state_dir, self.config.real_nodes):
-            user = f"system:node:{node.name}"
-            pair = authority.issue(
-                f"kubelet-{node.name}", common_name=user, groups=("system:nodes",)
-            )
-            self._write_kubeconfig(
-                self.state_dir / f"kubelet-{node.name}.kubeconfig", pair, user, server=bridge
-            )
-        authority.issue(
-            "objectstore",
-            common_name=objectstore.endpoint(),
-            hosts=objectstore.certificate_hosts(),
-            server=True,
-        )
-        pair = authority.issue("kube-proxy", common_name="system:kube-proxy")
-        self._write_kubeconfig(
-            self.state_dir / "kube-proxy.kubeconfig", pair, "system:kube-proxy", server=bridge
-        )
-        authority.issue(
-            "apiserver-kubelet-client",
-            common_name="kube-apiserver-kubelet-client",
-            groups=("system:masters",),
-        )
-        for stem, user in (
-            ("coredns", "stateward-coredns"),
-            ("provisioner", "stateward-provisioner"),
-            ("netpol", "stateward-netpol"),
-        ):
-            pair = authority.issue(stem, common_name=user, groups=("system:masters",))
-            self._write_kubeconfig(self.state_dir / f"{stem}.kubeconfig", pair, user)
-
-    def _write_kubeconfig(
-        self, path: Path, pair: pki.CertPair, user: str, *, server: str | None = None
-    ) -> None:
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [
-                {
-                    "name": "stateward-local",
-                    "cluster": {
-                        "server": server or f"https://127.0.0.1:{self.config.ports.apiserver}",
-                        "certificate-authority": str(self.pki_dir / "ca.crt"),
-                    },
-                }
-            ],
-            "users": [
-                {
-                    "name": user,
-                    "user": {
-                        "client-certificate": str(pair.cert),
-                        "client-key": str(pair.key),
-                    },
-                }
-            ],
-            "contexts": [
-                {"name": "stateward-local", "context": {"cluster": "stateward-local", "user": user}}
-            ],
-            "current-context": "stateward-local",
-        }
-        path.write_text(yaml.safe_dump(config, sort_keys=False))
-        path.chmod(0o600)
+    # --- the control plane's command lines (methods, so that a benchmark can adjust one)
 
     def _etcd_argv(self, paths: binaries.Binaries) -> list[str]:
-        ports = self.config.ports
-        client = f"http://127.0.0.1:{ports.etcd_client}"
-        peer = f"http://127.0.0.1:{ports.etcd_peer}"
-        return [
-            str(paths.etcd),
-            "--name=local",
-            f"--data-dir={self.state_dir / 'etcd'}",
-            f"--listen-client-urls={client}",
-            f"--advertise-client-urls={client}",
-            f"--listen-peer-urls={peer}",
-            f"--initial-advertise-peer-urls={peer}",
-            f"--initial-cluster=local={peer}",
-            "--unsafe-no-fsync=true",  # a throwaway development cluster: speed over durability
-            "--log-level=warn",
-        ]
+        return components.etcd_argv(self.plane, paths)
 
     def _apiserver_argv(self, paths: binaries.Binaries) -> list[str]:
-        ports, tls = self.config.ports, self.pki_dir
-        if self.config.real_nodes:
-            # Nodes and pods reach the API server on the bridge (pods through the
-            # `kubernetes` Service, whose endpoint is the advertised address).
-            network = [
-                "--bind-address=0.0.0.0",
-                f"--advertise-address={layout.HOST_IP}",
-                f"--kubelet-client-certificate={tls / 'apiserver-kubelet-client.crt'}",
-                f"--kubelet-client-key={tls / 'apiserver-kubelet-client.key'}",
-                "--kubelet-preferred-address-types=InternalIP",
-            ]
-        else:
-            # The endpoint reconciler refuses loopback addresses; without real nodes nothing
-            # reaches the API server through the `kubernetes` Service, so it is switched off.
-            network = [
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                "--endpoint-reconciler-type=none",
-            ]
-        return [
-            str(paths.kube_apiserver),
-            f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
-            f"--secure-port={ports.apiserver}",
-            *network,
-            f"--cert-dir={tls}",
-            f"--tls-cert-file={tls / 'apiserver.crt'}",
-            f"--tls-private-key-file={tls / 'apiserver.key'}",
-            f"--client-ca-file={tls / 'ca.crt'}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--allow-privileged=true",
-            "--authorization-mode=Node,RBAC",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={tls / 'service-account.key'}",
-            f"--service-account-signing-key-file={tls / 'service-account.key'}",
-            f"--audit-policy-file={self.state_dir / 'audit-policy.yaml'}",
-            f"--audit-log-path={self.audit_log}",
-            "--audit-log-maxsize=100",
-            "--audit-log-maxbackup=1",
-            "--profiling=false",
-        ]
-
-    def _component_auth(self, kubeconfig: Path) -> list[str]:
-        return [
-            f"--kubeconfig={kubeconfig}",
-            f"--authentication-kubeconfig={kubeconfig}",
-            f"--authorization-kubeconfig={kubeconfig}",
-            "--leader-elect=false",
-            "--bind-address=127.0.0.1",
-        ]
+        return components.apiserver_argv(self.plane, paths)
 
     def _controller_manager_argv(self, paths: binaries.Binaries) -> list[str]:
-        return [
-            str(paths.kube_controller_manager),
-            *self._component_auth(self.state_dir / "controller-manager.kubeconfig"),
-            f"--secure-port={self.config.ports.controller_manager}",
-            f"--service-account-private-key-file={self.pki_dir / 'service-account.key'}",
-            f"--root-ca-file={self.pki_dir / 'ca.crt'}",
-            "--use-service-account-credentials=true",
-            "--controllers=*",
-            "--allocate-node-cidrs=true",
-            f"--cluster-cidr={POD_CIDR}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-        ]
+        return components.controller_manager_argv(self.plane, paths)
 
     def _scheduler_argv(self, paths: binaries.Binaries) -> list[str]:
-        return [
-            str(paths.kube_scheduler),
-            *self._component_auth(self.state_dir / "scheduler.kubeconfig"),
-            f"--secure-port={self.config.ports.scheduler}",
-        ]
+        return components.scheduler_argv(self.plane, paths)
 
     def _kwok_argv(self, paths: binaries.Binaries) -> list[str]:
-        stages = self.state_dir / "kwok-stages.yaml"
-        composed = compose_stages(paths.kwok_stages.read_text())
-        if self.config.kwok_stages is not None:
-            composed = self.config.kwok_stages(composed)
-        stages.write_text(composed)
-        port = self.config.ports.kwok
-        return [
-            str(paths.kwok),
-            f"--kubeconfig={self.state_dir / 'kwok.kubeconfig'}",
-            f"--config={stages}",
-            "--manage-all-nodes=false",
-            f"--manage-nodes-with-annotation-selector={NODE_ANNOTATION}=fake",
-            "--node-ip=127.0.0.1",
-            f"--node-port={port}",
-            f"--server-address=127.0.0.1:{port}",
-            "--node-lease-duration-seconds=40",
-            f"--tls-cert-file={self.pki_dir / 'kwok.crt'}",
-            f"--tls-private-key-file={self.pki_dir / 'kwok.key'}",
-        ]
+        return components.kwok_argv(self.plane, paths, self.config.kwok_stages)
 
     # --- API calls during bring-up ----------------------------------------------------------
 
@@ -1031,7 +694,7 @@ class LocalCluster:
                 "apiVersion": "storage.k8s.io/v1",
                 "kind": "StorageClass",
                 "metadata": {
-                    "name": STORAGE_CLASS,
+                    "name": components.STORAGE_CLASS,
                     "annotations": {
                         "storageclass.kubernetes.io/is-default-class": str(not real).lower()
                     },
@@ -1041,88 +704,16 @@ class LocalCluster:
                 "volumeBindingMode": "Immediate",
                 "allowVolumeExpansion": True,
             }
-            _create(client, "/apis/storage.k8s.io/v1/storageclasses", storage_class)
+            components.create(client, "/apis/storage.k8s.io/v1/storageclasses", storage_class)
             if real:
-                _create(
+                components.create(
                     client,
                     "/apis/storage.k8s.io/v1/storageclasses",
                     provisioner.storage_class(default=True),
                 )
             for index in range(self.config.kwok_nodes):
-                _create(client, "/api/v1/nodes", _node(f"kwok-node-{index}", tainted=real))
-
-
-def _create(client: httpx.Client, path: str, body: dict[str, Any]) -> None:
-    response = client.post(path, json=body)
-    if response.status_code not in (201, 409):
-        raise LocalClusterError(
-            f"creating {body['kind']} {body['metadata']['name']} failed: {response.text}"
-        )
-
-
-def _node(name: str, *, tainted: bool = False) -> dict[str, Any]:
-    """A simulated node: kwok answers for it. Ordinary pods schedule on it unless real nodes
-    exist; then it is tainted and takes only pods that tolerate ``layout.KWOK_TAINT``."""
-    capacity = {"cpu": "32", "memory": "256Gi", "pods": "110", "ephemeral-storage": "1Ti"}
-    node: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "annotations": {NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
-            "labels": {
-                "kubernetes.io/hostname": name,
-                "kubernetes.io/os": "linux",
-                "kubernetes.io/arch": "amd64",
-                "type": "kwok",
-                layout.NODE_TYPE_LABEL: "kwok",
-            },
-        },
-        "status": {"allocatable": capacity, "capacity": capacity},
-    }
-    if tainted:
-        node["spec"] = {"taints": [layout.KWOK_TAINT]}
-    return node
-
-
-def compose_stages(stock: str) -> str:
-    """kwok's stock stages plus PVC expansion (see ``PVC_RESIZE_STAGE``): the stages of kwok
-    nodes as a product feature, for scale. Simulations only tests need (roles, failing Jobs)
-    are added by the tests themselves through ``Config.kwok_stages``."""
-    documents = [d for d in yaml.safe_load_all(stock) if d]
-    return yaml.safe_dump_all([*documents, yaml.safe_load(PVC_RESIZE_STAGE)], sort_keys=False)
-
-
-# Real clusters finish a PVC expansion through the CSI resizer; kwok has no stage for it, so
-# this one reports the requested size as the new capacity, as a resizer would.
-PVC_RESIZE_STAGE = """\
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: pvc-resize
-spec:
-  resourceRef:
-    apiGroup: v1
-    kind: PersistentVolumeClaim
-  selector:
-    matchExpressions:
-    - cel:
-        expression: >-
-          self.spec.storageClassName == 'kwok-volume'
-    - cel:
-        expression: >-
-          !has(self.metadata.deletionTimestamp)
-    - cel:
-        expression: >-
-          self.status.phase == 'Bound'
-    - cel:
-        expression: >-
-          self.spec.resources.requests['storage'] != self.status.capacity['storage']
-  steps:
-  - patch:
-      root: status
-      subresource: status
-      template: |
-        capacity:
-        {{ YAML .spec.resources.requests 1 }}
-"""
+                components.create(
+                    client,
+                    "/api/v1/nodes",
+                    components.kwok_node(f"kwok-node-{index}", tainted=real),
+                )

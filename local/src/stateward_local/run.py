@@ -30,7 +30,9 @@ from stateward.controllers.kube import DatabaseResource, PostgresClusterResource
 from stateward.runtime import rbac
 from stateward.specs.postgres import statefulset
 from stateward_local import binaries
-from stateward_local.cluster import OPERATOR_USER, Config, LocalCluster, free_port_base
+from stateward_local.cluster import Config, LocalCluster
+from stateward_local.controlplane.components import OPERATOR_USER
+from stateward_local.controlplane.processes import free_port_base
 from stateward_local.images import catalog
 
 OPERATOR_NAMESPACE = "stateward-system"

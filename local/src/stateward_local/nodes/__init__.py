@@ -18,6 +18,6 @@ own nftables table: nothing a pod sends leaves the machine.
   exactly what ``up`` did, even after a crash), sysctls, cgroups, bridge, nftables, routes.
 * ``lifecycle``: a node's namespaces, the wrapper its processes start in, and the drills
   (power off, freeze, partition).
-* ``components``: containerd's, the kubelet's, kube-proxy's and the CNI's configuration.
+* ``daemons``: containerd's, the kubelet's, kube-proxy's and the CNI's configuration.
 * ``packages``: the Debian packages real nodes need on the host.
 """
