@@ -131,6 +131,9 @@ def test_taken_port_is_refused_and_nothing_is_left_running(
     cwd, env = workdir
     base = int(env["STATEWARD_LOCAL_PORT_BASE"])
     with socket.socket() as squatter:
+        # The port may be in TIME_WAIT from the previous test's cluster on the same base
+        # (free_port_base counts such ports free, as every server here binds with reuse).
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         squatter.bind(("127.0.0.1", base + 1))
         squatter.listen()
         taken = stateward("local", "up", cwd=cwd, env=env)
