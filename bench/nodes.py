@@ -549,7 +549,9 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
     archives = cache.ensure(progress=lambda m: say(f"    {m}"))
     result["ensure_s"] = round(time.monotonic() - began, 1)
     result["archives_mib"] = {
-        a.spec.name: round(a.path.stat().st_size / 2**20, 1) for a in archives
+        f"{a.spec.name}:{a.spec.tag}": round(a.path.stat().st_size / 2**20, 1)
+        for a in archives
+        if a.spec.on_nodes
     }
     result["versions"] = {
         "kubernetes": paths.kubelet.parent.name.removeprefix("kubernetes-"),
