@@ -644,10 +644,11 @@ def warm_caches() -> dict[str, Any]:
     """Build whatever is missing now, outside every clock; the versions in use."""
     paths = binaries.ensure(progress=lambda m: say(f"    {m}"))
     cache.ensure(progress=lambda m: say(f"    {m}"))
-    if host.link_exists(layout.BRIDGE):
+    if host.link_exists(layout.Slot().bridge):
         raise RuntimeError(
-            f"the bridge {layout.BRIDGE} exists: another cluster with real nodes is up on this"
-            " host; wait for it to stop (run this under flock /tmp/stateward-real-nodes.lock)"
+            f"the bridge {layout.Slot().bridge} exists: another cluster with real nodes is up"
+            " in slot 0 on this host; wait for it to stop (run this under flock"
+            " /tmp/stateward-real-nodes.lock)"
         )
     return {
         "kubernetes": paths.kubelet.parent.name.removeprefix("kubernetes-"),

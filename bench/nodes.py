@@ -557,10 +557,10 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
         "kubernetes": paths.kubelet.parent.name.removeprefix("kubernetes-"),
         "containerd": paths.containerd.parent.name.removeprefix("containerd-"),
     }
-    if host.link_exists(layout.BRIDGE):
+    if host.link_exists(layout.Slot().bridge):
         raise RuntimeError(
-            f"the bridge {layout.BRIDGE} exists: another cluster with real nodes is up on this"
-            " host; wait for it to stop"
+            f"the bridge {layout.Slot().bridge} exists: another cluster with real nodes is up"
+            " on this host; wait for it to stop"
         )
 
     state = Path(tempfile.mkdtemp(prefix="stateward-bench-nodes-"))

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from lab.kwok import simulate
+from lab.slots import worker_slot
 from lightkube import Client
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
@@ -28,23 +29,35 @@ os.environ.pop("KUBECONFIG", None)
 
 REAL_NODE_FILES = frozenset({"test_make_run.py", "test_real_nodes_cli.py"})
 """e2e stories that start a cluster with real nodes of their own."""
+SECOND_GROUP = frozenset(
+    {
+        "test_faults.py",
+        "test_real_nodes.py",
+        "test_database_servers.py",
+        "test_database_faults.py",
+        "test_deploy.py",
+    }
+)
+"""Modules whose real-node tests make the second group: about half of the real-node time."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """One cluster with real nodes fits a host (they share its bridge): every test that uses
-    one — the session's ``real_cluster`` or a story's own — goes to the same xdist worker,
-    in collection order (the e2e stories first, before ``real_cluster`` is made), while the
-    other workers run the rest beside it (``make test`` runs ``-n 2 --dist loadgroup``).
-    Tests marked ``host`` (they mount or change host-wide state) go there too: the e2e
-    stories compare the host before and after, and must not see another test's mount."""
+    """The real-node tests, the longest of the suite, make two xdist groups of about equal
+    time. ``--dist loadgroup`` gives the two largest groups to ``make test``'s two workers
+    first, and each worker runs its cluster with real nodes in a host slot of its own
+    (``lab.slots``); the rest of the suite is spread over both once a group is done.
+    Within a group tests keep collection order: the e2e stories, which start clusters of
+    their own in the worker's slot, run before that worker's ``real_cluster`` is made.
+    Tests marked ``host`` (they mount or change host-wide state) go with the stories."""
     for item in items:
         if (
             "real_cluster" in getattr(item, "fixturenames", ())
             or item.path.name in REAL_NODE_FILES
             or item.get_closest_marker("host") is not None
         ):
-            item.add_marker(pytest.mark.xdist_group("real-nodes"))
+            second = item.path.name in SECOND_GROUP
+            item.add_marker(pytest.mark.xdist_group("real-nodes-2" if second else "real-nodes"))
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -99,15 +112,16 @@ def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster
 def real_cluster(
     tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[LocalCluster]:
-    """Three real nodes (and one tainted kwok node), shared by every test that needs
-    processes to run: the node tests, the data-plane tests. Only one cluster with real nodes
-    fits a host (they share its bridge), so the e2e stories that start their own run before
-    this is first used (pytest runs tests/e2e first) and refuse to start beside it."""
+    """Three real nodes (and one tainted kwok node), shared by every test of the worker's
+    real-node group. One cluster with real nodes fits a host slot (its bridge), so the e2e
+    stories that start their own in the worker's slot run before this is first used (pytest
+    runs tests/e2e first)."""
     config = Config(
         state_dir=tmp_path_factory.mktemp("real") / "local",
         ports=Ports.from_base(free_port_base()),
         kwok_nodes=1,
         real_nodes=3,
+        slot=worker_slot(),
     )
     cluster = LocalCluster(config)
     cluster.up(progress=lambda message: print(message))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lab.slots import worker_slot
 from lab.waiting import wait_for
 
 from stateward_local import binaries
@@ -26,33 +28,76 @@ pytestmark = pytest.mark.e2e
 
 
 def host_snapshot() -> dict[str, Any]:
+    """The host as this worker's stories may change it: all of it, less what the clusters
+    with real nodes in other slots hold (the other worker's cluster comes and goes
+    meanwhile). ``shared`` (sysctls, the directories the node components hard-code) belongs
+    to every cluster on the host: see ``assert_restored``."""
+
     def out(*argv: str) -> str:
         return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
 
+    slot = worker_slot()
+    foreign = [layout.Slot(n) for n in range(layout.SLOTS) if n != slot.number]
+    owners = [str(o) for o in map(host.bridge_owner, foreign) if o is not None]
+
+    def ours(name: str) -> bool:  # a link's name: the bridge, or a veth named after it
+        return not name.startswith(tuple(s.bridge for s in foreign))
+
+    def own_route(line: str) -> bool:
+        device = re.search(r"\bdev (\S+)", line)
+        return device is None or ours(device[1])
+
+    tables = re.split(r"(?m)^(?=table )", out("nft", "list", "ruleset"))
     cgroups = sorted(
         str(path)
         for hierarchy in host.cgroup_hierarchies()
-        for path in hierarchy.glob(f"{layout.CGROUP_PARENT}*")
+        for path in hierarchy.glob("stateward*")
+        if path.name not in {s.cgroup_parent for s in foreign}
     )
     with open("/proc/self/mountinfo") as mountinfo:
-        mounts = sorted(line.split()[4] for line in mountinfo)
+        mounts = sorted(
+            target
+            for line in mountinfo
+            if not (target := line.split()[4]).startswith(tuple(f"{o}/" for o in owners))
+        )
     return {
         "links": sorted(
-            line.split(":")[1].strip() for line in out("ip", "-o", "link").splitlines()
+            name
+            for line in out("ip", "-o", "link").splitlines()
+            if ours(name := line.split(":")[1].strip())
         ),
-        "addresses": out("ip", "-o", "addr"),
-        "routes": out("ip", "route", "show", "table", "all"),
-        "nft": out("nft", "list", "ruleset"),
+        "addresses": [a for a in out("ip", "-o", "addr").splitlines() if ours(a.split()[1])],
+        "routes": [
+            r for r in out("ip", "route", "show", "table", "all").splitlines() if own_route(r)
+        ],
+        "nft": [
+            t
+            for t in tables
+            if not t.startswith(tuple(f"table inet {s.nft_table} " for s in foreign))
+        ],
         "mounts": mounts,
         "cgroups": cgroups,
-        "sysctls": {
-            key: host.read_sysctl(key) for key in ("net.ipv4.ip_forward", *layout.KERNEL_TUNABLES)
-        },
-        "dirs": {
-            target: Path(target).exists()
-            for target in (*layout.BIND_TARGETS.values(), *layout.TMPFS_TARGETS)
+        "others": owners,
+        "shared": {
+            "sysctls": {
+                key: host.read_sysctl(key)
+                for key in ("net.ipv4.ip_forward", *layout.KERNEL_TUNABLES)
+            },
+            "dirs": {
+                target: Path(target).exists()
+                for target in (*layout.BIND_TARGETS.values(), *layout.TMPFS_TARGETS)
+            },
         },
     }
+
+
+def assert_restored(before: dict[str, Any], after: dict[str, Any]) -> None:
+    """Everything of the story's slot is as it was. The host-wide part is too, unless
+    another cluster with real nodes came or went meanwhile: the last cluster to go restores
+    it, so while the other worker's cluster runs it keeps what that cluster needs."""
+    if before["others"] != after["others"]:
+        before, after = ({**s, "shared": None} for s in (before, after))
+    assert after == before
 
 
 class Cli:
@@ -62,6 +107,7 @@ class Cli:
             **os.environ,
             "STATEWARD_LOCAL_DIR": str(self.state_dir),
             "STATEWARD_LOCAL_PORT_BASE": str(free_port_base()),
+            "STATEWARD_LOCAL_SLOT": str(worker_slot().number),
             "KUBECONFIG": str(self.state_dir / "kubeconfig"),
         }
 
@@ -95,7 +141,7 @@ def crash(cli: Cli) -> None:
     state = json.loads((cli.state_dir / "state.json").read_text())
     for process in state["processes"]:
         os.kill(process["pid"], signal.SIGKILL)
-    for node in layout.nodes_in(cli.state_dir, 1):
+    for node in layout.nodes_in(cli.state_dir, 1, worker_slot()):
         for path in host.cgroup_paths(node):
             for pid in host.cgroup_pids(path):
                 os.kill(pid, signal.SIGKILL)
@@ -146,7 +192,7 @@ def test_kubectl_run_on_a_real_node_then_down_restores_the_host(tmp_path: Path) 
     finally:
         down = cli.stateward("down")
     assert down.returncode == 0, down.stderr
-    assert host_snapshot() == before
+    assert_restored(before, host_snapshot())
 
 
 def test_a_second_cluster_is_refused_while_the_first_runs_and_takes_over_after_it_crashed(
@@ -163,7 +209,7 @@ def test_a_second_cluster_is_refused_while_the_first_runs_and_takes_over_after_i
     try:
         refused = second.stateward("up", "--nodes", "1", "--kwok-nodes", "0")
         assert refused.returncode == 1
-        assert f"the bridge {layout.BRIDGE} already exists" in refused.stderr
+        assert f"the bridge {worker_slot().bridge} already exists" in refused.stderr
         assert "stateward local down" in refused.stderr
         assert not second.state_dir.exists() or not any(
             p.name != "logs" for p in second.state_dir.iterdir()
@@ -174,13 +220,13 @@ def test_a_second_cluster_is_refused_while_the_first_runs_and_takes_over_after_i
         undone = f"a local cluster that crashed left on this host ({first.state_dir})"
         assert undone in up.stderr
         assert not first.state_dir.exists()
-        assert host.bridge_owner() == second.state_dir.resolve()
+        assert host.bridge_owner(worker_slot()) == second.state_dir.resolve()
         crash(second)
         down = second.stateward("down")
         assert down.returncode == 0, down.stderr
-        assert host_snapshot() == before
+        assert_restored(before, host_snapshot())
         assert not second.state_dir.exists()
     finally:
         for cli in (second, first):
             assert cli.stateward("down").returncode == 0
-    assert host_snapshot() == before
+    assert_restored(before, host_snapshot())

@@ -11,8 +11,10 @@ import yaml
 from lab import kwok
 
 from stateward_local import binaries
+from stateward_local.cluster import Config, LocalCluster
 from stateward_local.controlplane import components, processes
 from stateward_local.errors import LocalClusterError
+from stateward_local.nodes import layout
 
 pytestmark = pytest.mark.unit
 
@@ -158,3 +160,36 @@ def test_stateward_local_without_the_distribution_says_how_to_install_it(
     error = capsys.readouterr().err
     assert "stateward-local" in error and "make venv" in error and "pip install ./local" in error
     assert error.count("\n") == 1, "one line"
+
+
+def test_the_slot_comes_from_the_flag_or_the_environment_and_reaches_the_plane(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stateward_local.cli import _local_config, build_parser
+
+    monkeypatch.setenv("STATEWARD_LOCAL_SLOT", "2")
+    assert Config.default(state_dir=tmp_path).slot == layout.Slot(2)
+    args = build_parser().parse_args(["up", "--state-dir", str(tmp_path), "--slot", "1"])
+    config = _local_config(args)
+    assert config.slot == layout.Slot(1) and config.kwok_nodes == 3
+    cluster = LocalCluster(config)
+    assert cluster.slot == layout.Slot(1) and cluster.plane.slot == layout.Slot(1)
+    argv = components.controller_manager_argv(cluster.plane, binaries.locate())
+    assert "--cluster-cidr=10.245.0.0/16" in argv
+    assert "--service-cluster-ip-range=10.97.0.0/16" in argv
+    # `down` and the node verbs find the slot in the state a running cluster wrote.
+    (tmp_path / "state.json").write_text('{"real_nodes": 2, "slot": 3, "processes": []}')
+    assert [n.veth for n in LocalCluster(Config.default(state_dir=tmp_path)).real_nodes()] == [
+        "stw3v1",
+        "stw3v2",
+    ]
+
+
+def test_a_slot_flag_outside_the_range_is_refused_by_the_parser(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from stateward_local.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["up", "--slot", "4"])
+    assert "--slot: invalid choice: 4" in capsys.readouterr().err

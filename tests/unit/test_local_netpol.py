@@ -157,7 +157,7 @@ def test_a_table_is_written_once_and_again_into_a_node_started_anew(
 ) -> None:
     written: list[tuple[str, str]] = []
     monkeypatch.setattr(netpol, "_nft", lambda node, script: written.append((node.name, script)))
-    (node,) = layout.nodes_in(tmp_path, 1)
+    (node,) = layout.nodes_in(tmp_path, 1, layout.Slot())
     node.net_ns.parent.mkdir(parents=True)
     listing = Listing(
         {

@@ -12,10 +12,11 @@ from stateward_local.nodes import layout
 from stateward_local.services import objectstore
 
 pytestmark = pytest.mark.unit
+SLOT = layout.Slot(1)
 
 
 def test_pods_reach_the_host_through_a_service_with_a_fixed_endpoint() -> None:
-    service, endpoints = objectstore.service(), objectstore.endpoint_slice()
+    service, endpoints = objectstore.service(), objectstore.endpoint_slice(SLOT)
     assert "selector" not in service["spec"]
     assert service["spec"]["ports"][0]["port"] == 443
     assert (
@@ -28,21 +29,23 @@ def test_pods_reach_the_host_through_a_service_with_a_fixed_endpoint() -> None:
     # Label values: no slashes (the API server refused "stateward.io/local").
     for value in endpoints["metadata"]["labels"].values():
         assert re.fullmatch(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?", value), value
-    assert endpoints["endpoints"][0]["addresses"] == [layout.HOST_IP]
+    assert endpoints["endpoints"][0]["addresses"] == [SLOT.host_ip]
     assert endpoints["ports"][0]["port"] == objectstore.PORT
 
 
 def test_the_certificate_names_what_pods_connect_to() -> None:
     assert objectstore.endpoint() == "stateward-objectstore.kube-system.svc"
-    assert objectstore.endpoint() in objectstore.certificate_hosts()
+    assert objectstore.endpoint() in objectstore.certificate_hosts(SLOT)
 
 
 def test_credentials_stay_off_the_command_line(tmp_path: Path) -> None:
     credentials = objectstore.Credentials.generate()
-    argv = objectstore.argv(Path("/bin/versitygw"), root=tmp_path, cert=Path("c"), key=Path("k"))
+    argv = objectstore.argv(
+        Path("/bin/versitygw"), root=tmp_path, cert=Path("c"), key=Path("k"), slot=SLOT
+    )
     assert credentials.secret_access_key not in " ".join(argv)
     assert argv[-2:] == ["posix", str(tmp_path)]
-    assert f"{layout.HOST_IP}:{objectstore.PORT}" in argv
+    assert f"{SLOT.host_ip}:{objectstore.PORT}" in argv
     assert credentials.secret_access_key not in repr(credentials)
     assert set(credentials.environment()) == {"ROOT_ACCESS_KEY_ID", "ROOT_SECRET_ACCESS_KEY"}
 

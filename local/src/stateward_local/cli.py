@@ -7,6 +7,7 @@ The operator's ``stateward`` command hands ``stateward local ...`` here; this di
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import threading
@@ -17,18 +18,20 @@ from stateward_local import binaries
 from stateward_local.cluster import Config, LocalCluster
 from stateward_local.errors import LocalClusterError
 from stateward_local.images import cache, catalog, locks, nodestore
-from stateward_local.nodes import packages
+from stateward_local.nodes import layout, packages
 
 
 def _local_config(args: argparse.Namespace) -> Config:
     config = Config.default(
-        state_dir=args.state_dir, port_base=args.port_base, real_nodes=getattr(args, "nodes", None)
+        state_dir=args.state_dir,
+        port_base=args.port_base,
+        real_nodes=getattr(args, "nodes", None),
+        slot=getattr(args, "slot", None),
     )
     if getattr(args, "kwok_nodes", None) is not None:
         apiserver_only = args.apiserver_only
-        config = Config(
-            state_dir=config.state_dir,
-            ports=config.ports,
+        config = dataclasses.replace(
+            config,
             kwok_nodes=args.kwok_nodes,
             real_nodes=0 if apiserver_only else config.real_nodes,
             controllers=not apiserver_only,
@@ -76,6 +79,8 @@ def _local_run(args: argparse.Namespace) -> int:
         os.environ["STATEWARD_LOCAL_DIR"] = str(args.state_dir)
     if args.port_base:
         os.environ["STATEWARD_LOCAL_PORT_BASE"] = str(args.port_base)
+    if args.slot is not None:
+        os.environ["STATEWARD_LOCAL_SLOT"] = str(args.slot)
     return run.run()
 
 
@@ -167,6 +172,17 @@ def _local_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _slot_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--slot",
+        type=int,
+        choices=range(layout.SLOTS),
+        default=None,
+        help="the host slot of the real nodes (their bridge, addresses and CIDRs): clusters"
+        " in different slots run side by side (default 0, or $STATEWARD_LOCAL_SLOT)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stateward local", description=__doc__)
     verbs = parser.add_subparsers(dest="verb", required=True)
@@ -198,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="only etcd and kube-apiserver: no controllers, scheduler or nodes",
     )
+    _slot_argument(up)
     up.set_defaults(handler=_local_up)
     down = verbs.add_parser("down", parents=[common], help="stop every process `up` started")
     down.add_argument("--keep", action="store_true", help="keep the state directory")
@@ -205,11 +222,13 @@ def build_parser() -> argparse.ArgumentParser:
     verbs.add_parser("status", parents=[common], help="what runs and what died").set_defaults(
         handler=_local_status
     )
-    verbs.add_parser(
+    run = verbs.add_parser(
         "run",
         parents=[common],
         help="cluster + operator + a sample PostgresCluster, status shown until Ctrl-C",
-    ).set_defaults(handler=_local_run)
+    )
+    _slot_argument(run)
+    run.set_defaults(handler=_local_run)
     build = verbs.add_parser(
         "build",
         help="install host packages, build the binaries and the images into the cache (once)",

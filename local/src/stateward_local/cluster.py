@@ -58,6 +58,9 @@ class Config:
     kwok_nodes: int = 3
     real_nodes: int = 0
     """Nodes that run containers (kubelet, containerd, kube-proxy); 0 = kwok only."""
+    slot: layout.Slot = dataclasses.field(default_factory=layout.Slot)
+    """Where the real nodes sit on the host (``layout.Slot``): clusters with real nodes in
+    different slots run side by side."""
     kwok_stages: Callable[[str], str] | None = None
     """Rewrites kwok's stage set (YAML) before kwok loads it: how tests and benchmarks add
     simulations the product must never contain (Patroni's role labels on kwok pods)."""
@@ -69,13 +72,19 @@ class Config:
         state_dir: Path | None = None,
         port_base: int | None = None,
         real_nodes: int | None = None,
+        slot: int | None = None,
     ) -> Config:
         base = port_base or int(os.environ.get("STATEWARD_LOCAL_PORT_BASE", DEFAULT_PORT_BASE))
         directory = state_dir or Path(os.environ.get("STATEWARD_LOCAL_DIR", ".stateward/local"))
         if real_nodes is None:
             real_nodes = int(os.environ.get("STATEWARD_LOCAL_NODES", DEFAULT_REAL_NODES))
+        if slot is None:
+            slot = int(os.environ.get("STATEWARD_LOCAL_SLOT", 0))
         return cls(
-            state_dir=directory.resolve(), ports=Ports.from_base(base), real_nodes=real_nodes
+            state_dir=directory.resolve(),
+            ports=Ports.from_base(base),
+            real_nodes=real_nodes,
+            slot=layout.Slot(slot),
         )
 
 
@@ -85,7 +94,9 @@ class LocalCluster:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.state_dir = config.state_dir
-        self.plane = components.Plane(config.state_dir, config.ports, config.real_nodes)
+        self.plane = components.Plane(
+            config.state_dir, config.ports, config.real_nodes, config.slot
+        )
         self.kubeconfig = self.plane.kubeconfig
         self.pki_dir = self.plane.pki_dir
         self.state_file = self.state_dir / "state.json"
@@ -118,7 +129,7 @@ class LocalCluster:
                 )
             packages.ensure_packages(progress=progress)
             self._undo_crashed_owner(progress)
-            host.refuse_if_taken()
+            host.refuse_if_taken(self.config.slot)
         paths = binaries.ensure(progress=progress)
         archives = [a for a in cache.ensure(progress=progress) if a.spec.on_nodes] if real else []
         store = self._node_store(archives, paths, progress) if real else None
@@ -134,12 +145,12 @@ class LocalCluster:
                 for node in real:  # before prepare_host: links cannot cross its mount
                     assert store is not None
                     self._seed_node(node, store)
-                host.prepare_host(self.journal, self.state_dir)
+                host.prepare_host(self.journal, self.state_dir, self.config.slot)
                 for node in real:
                     lifecycle.create_node(self.journal, node)
                     if node is real[0]:
                         # The host reaches Services through the first node's kube-proxy.
-                        host.add_route(self.journal, layout.SERVICE_CIDR, node)
+                        host.add_route(self.journal, node.slot.service_cidr, node)
                     self._write_node_files(node, paths)
                     records.append(
                         self._start(
@@ -256,7 +267,15 @@ class LocalCluster:
         count = self.config.real_nodes
         with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
             count = int(json.loads(self.state_file.read_text())["real_nodes"])
-        return layout.nodes_in(self.state_dir, count)
+        return layout.nodes_in(self.state_dir, count, self.slot)
+
+    @property
+    def slot(self) -> layout.Slot:
+        """The host slot of the real nodes: as recorded by a running cluster, else as
+        configured (so `down` and the node verbs need no --slot)."""
+        with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
+            return layout.Slot(int(json.loads(self.state_file.read_text())["slot"]))
+        return self.config.slot
 
     def node(self, name: str) -> layout.Node:
         found = {node.name: node for node in self.real_nodes()}
@@ -358,12 +377,12 @@ class LocalCluster:
         return states
 
     def _undo_host(self) -> list[str]:
-        return self.journal.undo() if self.journal.path.exists() else []
+        return host.undo(self.journal, self.state_dir) if self.journal.path.exists() else []
 
     def _write_node_files(self, node: layout.Node, paths: binaries.Binaries) -> None:
         ca = self.pki_dir / "ca.crt"
         resolv = node.directory / "resolv.conf"
-        resolv.write_text(f"nameserver {layout.HOST_IP}\n")
+        resolv.write_text(f"nameserver {node.slot.host_ip}\n")
         (node.directory / "containerd.toml").write_text(
             daemons.containerd_config(
                 node, cni_bin_dir=paths.cni_bin_dir, sandbox_image=catalog.PAUSE_REF
@@ -443,7 +462,9 @@ class LocalCluster:
 
     def _coredns_argv(self, paths: binaries.Binaries) -> list[str]:
         corefile = self.state_dir / "Corefile"
-        corefile.write_text(daemons.corefile(self.state_dir / "coredns.kubeconfig"))
+        corefile.write_text(
+            daemons.corefile(self.state_dir / "coredns.kubeconfig", self.config.slot)
+        )
         return [str(paths.coredns), "-conf", str(corefile)]
 
     @property
@@ -461,11 +482,12 @@ class LocalCluster:
             root=root,
             cert=self.pki_dir / "objectstore.crt",
             key=self.pki_dir / "objectstore.key",
+            slot=self.config.slot,
         )
         return self._start("objectstore", argv, env=credentials.environment())
 
     def _objectstore_ready(self) -> bool:
-        url = f"https://{layout.HOST_IP}:{objectstore.PORT}/"
+        url = f"https://{self.config.slot.host_ip}:{objectstore.PORT}/"
         with httpx.Client(verify=ssl.create_default_context(cafile=self.pki_dir / "ca.crt")) as c:
             # Anonymous: refused (403) once it serves, which is all this asks.
             return c.get(url, timeout=2).status_code in (403, 200)
@@ -480,7 +502,7 @@ class LocalCluster:
             components.create(
                 client,
                 f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices",
-                objectstore.endpoint_slice(),
+                objectstore.endpoint_slice(self.config.slot),
             )
             components.create(
                 client,
@@ -523,6 +545,7 @@ class LocalCluster:
             f"--kubeconfig={self.state_dir / 'netpol.kubeconfig'}",
             f"--state-dir={self.state_dir}",
             f"--nodes={self.config.real_nodes}",
+            f"--slot={self.config.slot.number}",
         ]
 
     # --- state ----------------------------------------------------------------------------
@@ -541,6 +564,7 @@ class LocalCluster:
         payload = {
             "ports": dataclasses.asdict(self.config.ports),
             "real_nodes": len(self.real_nodes()),
+            "slot": self.slot.number,
             "processes": [dataclasses.asdict(r) for r in records],
         }
         temporary = self.state_file.with_suffix(".tmp")
@@ -572,7 +596,7 @@ class LocalCluster:
         machine's processes ended) leaves the bridge, routes, mounts and sysctls behind, and
         its journal of them. When nothing of it runs and no ``up`` is starting it, undo them
         from that journal instead of refusing: the next ``up`` after a crash just works."""
-        owner = host.bridge_owner()
+        owner = host.bridge_owner(self.config.slot)
         if owner is None or owner == self.state_dir:
             return
         crashed = LocalCluster(dataclasses.replace(self.config, state_dir=owner))

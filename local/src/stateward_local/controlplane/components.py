@@ -23,8 +23,6 @@ ADMIN_USER = "stateward-admin"
 OPERATOR_USER = "stateward-operator"
 NODE_ANNOTATION = "kwok.x-k8s.io/node"
 STORAGE_CLASS = "kwok-volume"
-SERVICE_CIDR = layout.SERVICE_CIDR
-POD_CIDR = layout.POD_CIDR
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -52,11 +50,13 @@ class Ports:
 
 @dataclasses.dataclass(frozen=True)
 class Plane:
-    """Where one control plane keeps its state and what it listens on."""
+    """Where one control plane keeps its state, what it listens on, and the host slot of
+    its real nodes (whose addresses and CIDRs it serves)."""
 
     state_dir: Path
     ports: Ports
     real_nodes: int
+    slot: layout.Slot = dataclasses.field(default_factory=layout.Slot)
 
     @property
     def pki_dir(self) -> Path:
@@ -82,12 +82,12 @@ def write_identities(plane: Plane) -> None:
         hosts=(
             "127.0.0.1",
             "localhost",
-            "10.96.0.1",
+            plane.slot.kubernetes_service_ip,
             "kubernetes",
             "kubernetes.default",
             "kubernetes.default.svc",
             "kubernetes.default.svc.cluster.local",
-            layout.HOST_IP,
+            plane.slot.host_ip,
         ),
         server=True,
     )
@@ -125,8 +125,8 @@ def write_identities(plane: Plane) -> None:
 def _write_node_identities(plane: Plane, authority: pki.Authority) -> None:
     """Identities of the node components (reaching the API server over the bridge), the
     API server's client certificate for kubelets, and the host's helpers."""
-    bridge = f"https://{layout.HOST_IP}:{plane.ports.apiserver}"
-    for node in layout.nodes_in(plane.state_dir, plane.real_nodes):
+    bridge = f"https://{plane.slot.host_ip}:{plane.ports.apiserver}"
+    for node in layout.nodes_in(plane.state_dir, plane.real_nodes, plane.slot):
         user = f"system:node:{node.name}"
         pair = authority.issue(f"kubelet-{node.name}", common_name=user, groups=("system:nodes",))
         write_kubeconfig(
@@ -135,7 +135,7 @@ def _write_node_identities(plane: Plane, authority: pki.Authority) -> None:
     authority.issue(
         "objectstore",
         common_name=objectstore.endpoint(),
-        hosts=objectstore.certificate_hosts(),
+        hosts=objectstore.certificate_hosts(plane.slot),
         server=True,
     )
     pair = authority.issue("kube-proxy", common_name="system:kube-proxy")
@@ -214,7 +214,7 @@ def apiserver_argv(plane: Plane, paths: binaries.Binaries) -> list[str]:
         # `kubernetes` Service, whose endpoint is the advertised address).
         network = [
             "--bind-address=0.0.0.0",
-            f"--advertise-address={layout.HOST_IP}",
+            f"--advertise-address={plane.slot.host_ip}",
             f"--kubelet-client-certificate={tls / 'apiserver-kubelet-client.crt'}",
             f"--kubelet-client-key={tls / 'apiserver-kubelet-client.key'}",
             "--kubelet-preferred-address-types=InternalIP",
@@ -236,7 +236,7 @@ def apiserver_argv(plane: Plane, paths: binaries.Binaries) -> list[str]:
         f"--tls-cert-file={tls / 'apiserver.crt'}",
         f"--tls-private-key-file={tls / 'apiserver.key'}",
         f"--client-ca-file={tls / 'ca.crt'}",
-        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        f"--service-cluster-ip-range={plane.slot.service_cidr}",
         "--allow-privileged=true",
         "--authorization-mode=Node,RBAC",
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
@@ -270,8 +270,8 @@ def controller_manager_argv(plane: Plane, paths: binaries.Binaries) -> list[str]
         "--use-service-account-credentials=true",
         "--controllers=*",
         "--allocate-node-cidrs=true",
-        f"--cluster-cidr={POD_CIDR}",
-        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        f"--cluster-cidr={plane.slot.pod_cidr}",
+        f"--service-cluster-ip-range={plane.slot.service_cidr}",
     ]
 
 

@@ -7,16 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stateward_local.nodes.layout import (
-    CGROUP_PARENT,
-    CLUSTER_DOMAIN,
-    CONTAINERD_SOCKET,
-    HOST_IP,
-    POD_CIDR,
-)
+from stateward_local.nodes.layout import CLUSTER_DOMAIN, CONTAINERD_SOCKET
 
 if TYPE_CHECKING:
-    from stateward_local.nodes.layout import Node
+    from stateward_local.nodes.layout import Node, Slot
 
 
 def containerd_config(node: Node, *, cni_bin_dir: Path, sandbox_image: str) -> str:
@@ -78,12 +72,12 @@ def kubelet_config(node: Node, *, ca_file: Path, resolv_conf: Path) -> dict[str,
         },
         "authorization": {"mode": "Webhook"},
         "cgroupDriver": "cgroupfs",
-        "cgroupRoot": f"/{CGROUP_PARENT}/{node.name}",
+        "cgroupRoot": f"/{node.slot.cgroup_parent}/{node.name}",
         "failCgroupV1": False,
         "failSwapOn": False,
         "containerRuntimeEndpoint": f"unix://{CONTAINERD_SOCKET}",
         "clusterDomain": CLUSTER_DOMAIN,
-        "clusterDNS": [HOST_IP],
+        "clusterDNS": [node.slot.host_ip],
         "resolvConf": str(resolv_conf),
         # Images are imported locally and cannot be pulled again: never collect them.
         "imageGCHighThresholdPercent": 100,
@@ -129,7 +123,7 @@ def kube_proxy_config(node: Node, *, kubeconfig: Path) -> dict[str, Any]:
         "kind": "KubeProxyConfiguration",
         "clientConnection": {"kubeconfig": str(kubeconfig)},
         "mode": "nftables",
-        "clusterCIDR": POD_CIDR,
+        "clusterCIDR": node.slot.pod_cidr,
         "hostnameOverride": node.name,
         "bindAddress": node.ip,
         "healthzBindAddress": f"{node.ip}:10256",
@@ -165,11 +159,11 @@ def cni_conflist(pod_cidr: str) -> dict[str, Any]:
     }
 
 
-def corefile(kubeconfig: Path) -> str:
+def corefile(kubeconfig: Path, slot: Slot) -> str:
     """Cluster DNS served from the host's bridge address; it answers only for the cluster."""
     return f"""\
 .:53 {{
-    bind {HOST_IP}
+    bind {slot.host_ip}
     errors
     kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
         kubeconfig {kubeconfig}

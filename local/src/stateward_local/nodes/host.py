@@ -1,36 +1,58 @@
 """The host side of the real nodes: the journal of every host change (written before the change,
 so `down` can undo exactly what `up` did, even after a crash), sysctls, cgroups, the bridge,
 the nftables table that keeps pod traffic on the machine, and the routes.
+
+Each cluster's bridge, routes, table and cgroups belong to its slot alone. Sysctls and the
+directories the node components hard-code belong to the whole host: while another cluster
+with real nodes runs, ``down`` hands them to that cluster's journal instead of undoing them
+under it, and the last cluster to go restores the host as it was before the first came.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import ipaddress
 import json
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stateward_local.errors import LocalClusterError
 from stateward_local.nodes.layout import (
     BIND_TARGETS,
-    BRIDGE,
-    CGROUP_PARENT,
     CGROUP_ROOT,
-    HOST_IP,
-    NETWORK,
-    NFT_TABLE,
-    POD_CIDR,
+    SLOTS,
     TMPFS_TARGETS,
+    Slot,
 )
 
 if TYPE_CHECKING:
     from stateward_local.nodes.layout import Node
+
+HOST_LOCK = Path("/run/stateward-local.lock")
+"""Held while a cluster changes or undoes what the whole host shares (and while it decides
+who inherits that), so two clusters never interleave there."""
+SHARED_KINDS = frozenset({"sysctl", "dir"})
+"""Journal entries that change the whole host rather than one cluster's slot."""
+
+
+@contextlib.contextmanager
+def _flock(path: Path) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def host_lock() -> contextlib.AbstractContextManager[None]:
+    return _flock(HOST_LOCK)
 
 
 class Journal:
@@ -46,23 +68,45 @@ class Journal:
             return []
         return loaded
 
-    def record(self, **entry: Any) -> None:
-        entries = self.entries()
-        if entry in entries:
-            return
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        """Another cluster's ``down`` may hand entries to this journal while its own cluster
+        records one: each read-modify-write holds the journal's lock."""
+        return _flock(self.path.with_name(self.path.name + ".lock"))
+
+    def _write(self, entries: list[dict[str, Any]]) -> None:
         temporary = self.path.with_suffix(".tmp")
-        temporary.write_text(json.dumps([*entries, entry], indent=1))
+        temporary.write_text(json.dumps(entries, indent=1))
         temporary.replace(self.path)
 
-    def undo(self) -> list[str]:
-        """Revert every recorded change; failures are collected, not fatal."""
+    def record(self, **entry: Any) -> None:
+        with self._locked():
+            entries = self.entries()
+            if entry not in entries:
+                self._write([*entries, entry])
+
+    def inherit(self, entries: list[dict[str, Any]]) -> None:
+        """Take over another cluster's host-wide changes. They go first: they describe the
+        host as it was before either cluster came, so they are undone last. (An entry that
+        is already there is kept once, at the front: the earliest decides what is restored.)"""
+        with self._locked():
+            self._write([*entries, *(e for e in self.entries() if e not in entries)])
+
+    def undo(self, heir: Journal | None = None) -> list[str]:
+        """Revert every recorded change, newest first; failures are collected, not fatal.
+        With an ``heir`` (a cluster that still runs), host-wide changes go to its journal
+        instead: undoing them now would pull sysctls and directories from under it."""
+        entries = self.entries()
+        if heir is not None:
+            heir.inherit([e for e in entries if e["kind"] in SHARED_KINDS])
+            entries = [e for e in entries if e["kind"] not in SHARED_KINDS]
         problems: list[str] = []
-        for entry in reversed(self.entries()):
+        for entry in reversed(entries):
             try:
                 _undo(entry)
             except (OSError, subprocess.CalledProcessError, LocalClusterError) as error:
                 problems.append(f"{entry}: {error}")
         self.path.unlink(missing_ok=True)
+        self.path.with_name(self.path.name + ".lock").unlink(missing_ok=True)
         return problems
 
 
@@ -127,9 +171,10 @@ def set_sysctl(journal: Journal, key: str, value: str) -> None:
 
 def record_sysctls(journal: Journal, keys: Iterable[str]) -> None:
     """Remember current values of sysctls someone else (the kubelet) is about to change."""
-    for key in keys:
-        with contextlib.suppress(OSError):
-            journal.record(kind="sysctl", key=key, old=read_sysctl(key))
+    with host_lock():
+        for key in keys:
+            with contextlib.suppress(OSError):
+                journal.record(kind="sysctl", key=key, old=read_sysctl(key))
 
 
 def make_dir(journal: Journal, path: Path) -> None:
@@ -158,7 +203,7 @@ def cgroup_hierarchies() -> list[Path]:
 
 
 def cgroup_paths(node: Node) -> list[Path]:
-    return [h / CGROUP_PARENT / node.name for h in cgroup_hierarchies()]
+    return [h / node.slot.cgroup_parent / node.name for h in cgroup_hierarchies()]
 
 
 def daemon_cgroup_procs(node: Node) -> list[Path]:
@@ -168,19 +213,20 @@ def daemon_cgroup_procs(node: Node) -> list[Path]:
 def freezer_path(node: Node) -> Path | None:
     for hierarchy in cgroup_hierarchies():
         if (hierarchy / "freezer.state").exists() or hierarchy.name == "freezer":
-            return hierarchy / CGROUP_PARENT / node.name
+            return hierarchy / node.slot.cgroup_parent / node.name
     return None
 
 
 def create_cgroups(journal: Journal, node: Node) -> None:
     for hierarchy in cgroup_hierarchies():
-        for relative in (CGROUP_PARENT, f"{CGROUP_PARENT}/{node.name}"):
+        parent = node.slot.cgroup_parent
+        for relative in (parent, f"{parent}/{node.name}"):
             path = hierarchy / relative
             if not path.exists():
                 journal.record(kind="cgroup", path=str(path))
                 path.mkdir()
             _inherit_cpuset(path)
-        daemons = hierarchy / CGROUP_PARENT / node.name / "daemons"
+        daemons = hierarchy / parent / node.name / "daemons"
         daemons.mkdir(exist_ok=True)
         _inherit_cpuset(daemons)
 
@@ -246,10 +292,10 @@ def remove_cgroup(path: Path, *, timeout: float = 20.0) -> None:
 BRIDGE_ALIAS = "stateward local cluster "
 
 
-def bridge_owner() -> Path | None:
-    """The state directory of the cluster that made the bridge (from the alias it set), or
-    None when there is no bridge or someone else made it."""
-    alias = Path("/sys/class/net", BRIDGE, "ifalias")
+def bridge_owner(slot: Slot) -> Path | None:
+    """The state directory of the cluster that made the slot's bridge (from the alias it
+    set), or None when there is no bridge or someone else made it."""
+    alias = Path("/sys/class/net", slot.bridge, "ifalias")
     try:
         text = alias.read_text().strip()
     except OSError:
@@ -257,15 +303,24 @@ def bridge_owner() -> Path | None:
     return Path(text.removeprefix(BRIDGE_ALIAS)) if text.startswith(BRIDGE_ALIAS) else None
 
 
-def refuse_if_taken() -> None:
-    if link_exists(BRIDGE):
-        alias = Path("/sys/class/net", BRIDGE, "ifalias")
+def peers(state_dir: Path) -> list[Path]:
+    """The state directories of the other clusters with real nodes on this host, by slot."""
+    found = (bridge_owner(Slot(number)) for number in range(SLOTS))
+    return [owner for owner in found if owner is not None and owner != state_dir]
+
+
+def refuse_if_taken(slot: Slot) -> None:
+    if link_exists(slot.bridge):
+        alias = Path("/sys/class/net", slot.bridge, "ifalias")
         owner = alias.read_text().strip() if alias.exists() else ""
+        free = [n for n in range(SLOTS) if not link_exists(Slot(n).bridge)]
+        elsewhere = f"; or start this one beside it with --slot {free[0]}" if free else ""
         raise LocalClusterError(
-            f"the bridge {BRIDGE} already exists ({owner or 'owner unknown'}): another local"
-            " cluster with real nodes is up; stop it with `stateward local down` (with its"
-            " --state-dir), or start this one with --nodes 0; if that cluster's state directory"
-            f" is gone, `ip link delete {BRIDGE}` and `nft delete table inet {NFT_TABLE}`"
+            f"the bridge {slot.bridge} already exists ({owner or 'owner unknown'}): another"
+            " local cluster with real nodes is up in slot"
+            f" {slot.number}; stop it with `stateward local down` (with its --state-dir), or"
+            f" start this one with --nodes 0{elsewhere}; if that cluster's state directory is"
+            f" gone, `ip link delete {slot.bridge}` and `nft delete table inet {slot.nft_table}`"
             " remove what it left"
         )
     for route in run(["ip", "-4", "route", "show"]).splitlines():
@@ -274,24 +329,34 @@ def refuse_if_taken() -> None:
             continue
         with contextlib.suppress(ValueError):
             network = ipaddress.ip_network(destination, strict=False)
-            for ours in (NETWORK, ipaddress.ip_network(POD_CIDR)):
+            for ours in (
+                slot.network,
+                ipaddress.ip_network(slot.pod_cidr),
+                ipaddress.ip_network(slot.service_cidr),
+            ):
                 if network.overlaps(ours):
                     raise LocalClusterError(
                         f"the host already routes {network}, which overlaps the local"
-                        f" cluster's {ours}; real nodes need that range free"
+                        f" cluster's {ours} (slot {slot.number}); real nodes need that range"
+                        " free: pick another --slot"
                     )
 
 
-def prepare_host(journal: Journal, state_dir: Path) -> None:
-    """The bridge, forwarding confined to it, and the private mount for namespace files."""
-    set_sysctl(journal, "net.ipv4.ip_forward", "1")
-    journal.record(kind="link", name=BRIDGE)
-    run(["ip", "link", "add", BRIDGE, "type", "bridge"])
-    run(["ip", "link", "set", BRIDGE, "alias", f"{BRIDGE_ALIAS}{state_dir}"])
-    run(["ip", "addr", "add", f"{HOST_IP}/{NETWORK.prefixlen}", "dev", BRIDGE])
-    run(["ip", "link", "set", BRIDGE, "up"])
-    journal.record(kind="nft", table=NFT_TABLE)
-    run(["nft", "-f", "-"], input=nft_ruleset())
+def prepare_host(journal: Journal, state_dir: Path, slot: Slot) -> None:
+    """The bridge, forwarding confined to it, and the private mount for namespace files.
+    (Under the host lock: the bridge exists before the host-wide changes are made, so a
+    cluster going down meanwhile hands its own to this one.)"""
+    with host_lock():
+        journal.record(kind="link", name=slot.bridge)
+        run(["ip", "link", "add", slot.bridge, "type", "bridge"])
+        run(["ip", "link", "set", slot.bridge, "alias", f"{BRIDGE_ALIAS}{state_dir}"])
+        set_sysctl(journal, "net.ipv4.ip_forward", "1")
+        for target in (*BIND_TARGETS.values(), *TMPFS_TARGETS):
+            make_dir(journal, Path(target))
+    run(["ip", "addr", "add", f"{slot.host_ip}/{slot.network.prefixlen}", "dev", slot.bridge])
+    run(["ip", "link", "set", slot.bridge, "up"])
+    journal.record(kind="nft", table=slot.nft_table)
+    run(["nft", "-f", "-"], input=nft_ruleset(slot))
     nodes_dir = state_dir / "nodes"
     nodes_dir.mkdir(parents=True, exist_ok=True)
     # Namespace files may only be bind mounted under a mount that does not propagate
@@ -299,18 +364,25 @@ def prepare_host(journal: Journal, state_dir: Path) -> None:
     journal.record(kind="mount", target=str(nodes_dir))
     run(["mount", "--bind", str(nodes_dir), str(nodes_dir)])
     run(["mount", "--make-private", str(nodes_dir)])
-    for target in (*BIND_TARGETS.values(), *TMPFS_TARGETS):
-        make_dir(journal, Path(target))
 
 
-def nft_ruleset() -> str:
+def undo(journal: Journal, state_dir: Path) -> list[str]:
+    """Undo a cluster's host changes (``Journal.undo``), handing the host-wide ones to
+    another cluster with real nodes when one is up."""
+    with host_lock():
+        others = peers(state_dir)
+        heir = Journal(others[0] / journal.path.name) if others else None
+        return journal.undo(heir)
+
+
+def nft_ruleset(slot: Slot) -> str:
     """Forward only between the bridge's own members: nothing from a pod leaves the host."""
     return f"""\
-table inet {NFT_TABLE} {{
+table inet {slot.nft_table} {{
   chain forward {{
     type filter hook forward priority filter; policy accept;
-    iifname "{BRIDGE}" oifname != "{BRIDGE}" drop
-    oifname "{BRIDGE}" iifname != "{BRIDGE}" drop
+    iifname "{slot.bridge}" oifname != "{slot.bridge}" drop
+    oifname "{slot.bridge}" iifname != "{slot.bridge}" drop
   }}
 }}
 """
@@ -319,4 +391,4 @@ table inet {NFT_TABLE} {{
 def add_route(journal: Journal, destination: str, node: Node) -> None:
     """Route ``destination`` (a node's pod CIDR, or the Service CIDR) through ``node``."""
     journal.record(kind="route", dst=destination)
-    run(["ip", "route", "replace", destination, "via", node.ip, "dev", BRIDGE])
+    run(["ip", "route", "replace", destination, "via", node.ip, "dev", node.slot.bridge])

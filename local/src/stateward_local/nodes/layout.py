@@ -1,5 +1,6 @@
-"""What a real node is: its name, index, address on the bridge and state directory, and the
-fixed facts every part shares (the bridge, the CIDRs, the paths the components hard-code).
+"""What a real node is: its name, index, address on the bridge and state directory; the slot
+its cluster holds on the host (its bridge, addresses, CIDRs, nftables table and cgroup parent);
+and the facts every part shares (the paths the components hard-code).
 """
 
 from __future__ import annotations
@@ -8,16 +9,12 @@ import dataclasses
 import ipaddress
 from pathlib import Path
 
-BRIDGE = "stw0"
-NETWORK = ipaddress.ip_network("10.250.0.0/24")
-HOST_IP = "10.250.0.1"
-"""The host's address on the bridge: API server, CoreDNS and the nodes' gateway."""
-POD_CIDR = "10.244.0.0/16"
-SERVICE_CIDR = "10.96.0.0/16"
+from stateward_local.errors import LocalClusterError
+
+SLOTS = 4
+"""Clusters with real nodes that fit one host side by side, each in a slot of its own."""
 CLUSTER_DOMAIN = "cluster.local"
-NFT_TABLE = "stateward"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-CGROUP_PARENT = "stateward"
 NODE_TYPE_LABEL = "stateward.io/node-type"
 """``real`` on the nodes that run processes; kwok's simulated nodes carry ``kwok``."""
 KWOK_TAINT = {"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}
@@ -49,21 +46,73 @@ TMPFS_TARGETS = ("/run/containerd", "/run/netns")
 
 
 @dataclasses.dataclass(frozen=True)
+class Slot:
+    """What one cluster with real nodes holds on the host, disjoint from every other slot's:
+    a bridge, the network on it, the pod and Service CIDRs routed through it, an nftables
+    table and a cgroup parent. Slot 0 is the default; a second cluster takes another
+    (``--slot``), so that two can run at once (the test suite's two workers do)."""
+
+    number: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.number < SLOTS:
+            raise LocalClusterError(
+                f"there is no host slot {self.number}: pick one of 0 to {SLOTS - 1}"
+                " (--slot, or $STATEWARD_LOCAL_SLOT)"
+            )
+
+    @property
+    def bridge(self) -> str:
+        return f"stw{self.number}"
+
+    @property
+    def network(self) -> ipaddress.IPv4Network:
+        return ipaddress.IPv4Network(f"10.250.{self.number}.0/24")
+
+    @property
+    def host_ip(self) -> str:
+        """The host's address on the bridge: API server, CoreDNS and the nodes' gateway."""
+        return str(self.network.network_address + 1)
+
+    @property
+    def pod_cidr(self) -> str:
+        return f"10.{244 + self.number}.0.0/16"
+
+    @property
+    def service_cidr(self) -> str:
+        return f"10.{96 + self.number}.0.0/16"
+
+    @property
+    def kubernetes_service_ip(self) -> str:
+        """The ``kubernetes`` Service's ClusterIP: the first address of the Service CIDR."""
+        return str(ipaddress.IPv4Network(self.service_cidr).network_address + 1)
+
+    @property
+    def nft_table(self) -> str:
+        return f"stateward-{self.number}"
+
+    @property
+    def cgroup_parent(self) -> str:
+        return f"stateward-{self.number}"
+
+
+@dataclasses.dataclass(frozen=True)
 class Node:
-    """One real node: its name, index on the bridge and state directory."""
+    """One real node: its name, index on the bridge, state directory and its cluster's slot."""
 
     name: str
     index: int
     directory: Path
+    slot: Slot = dataclasses.field(default_factory=Slot)
 
     @property
     def ip(self) -> str:
-        return str(NETWORK.network_address + 10 + self.index)
+        return str(self.slot.network.network_address + 10 + self.index)
 
     @property
     def veth(self) -> str:
         """The host end of the node's link (the node end is ``eth0``)."""
-        return f"stwv{self.index}"
+        return f"{self.slot.bridge}v{self.index}"
 
     @property
     def net_ns(self) -> Path:
@@ -81,8 +130,8 @@ def node_names(count: int) -> list[str]:
     return [f"node-{index}" for index in range(1, count + 1)]
 
 
-def nodes_in(state_dir: Path, count: int) -> list[Node]:
+def nodes_in(state_dir: Path, count: int, slot: Slot) -> list[Node]:
     return [
-        Node(name, index, state_dir / "nodes" / name)
+        Node(name, index, state_dir / "nodes" / name, slot)
         for index, name in enumerate(node_names(count), start=1)
     ]

@@ -19,14 +19,12 @@ from stateward_local.nodes.host import (
     is_mountpoint,
     kill_cgroup,
     link_exists,
+    peers,
     run,
 )
 from stateward_local.nodes.layout import (
     BIND_TARGETS,
-    BRIDGE,
     CONTAINERD_SOCKET,
-    HOST_IP,
-    NETWORK,
     PATH,
     TMPFS_TARGETS,
 )
@@ -58,12 +56,13 @@ def create_node(journal: Journal, node: Node) -> None:
             "peer", "name", "eth0", "netns", str(node.net_ns),
         ]
     )  # fmt: skip
-    run(["ip", "link", "set", node.veth, "master", BRIDGE, "up"])
+    slot = node.slot
+    run(["ip", "link", "set", node.veth, "master", slot.bridge, "up"])
     for argv in (
         ["ip", "link", "set", "lo", "up"],
-        ["ip", "addr", "add", f"{node.ip}/{NETWORK.prefixlen}", "dev", "eth0"],
+        ["ip", "addr", "add", f"{node.ip}/{slot.network.prefixlen}", "dev", "eth0"],
         ["ip", "link", "set", "eth0", "up"],
-        ["ip", "route", "add", "default", "via", HOST_IP],
+        ["ip", "route", "add", "default", "via", slot.host_ip],
         ["sysctl", "-qw", "net.ipv4.ip_forward=1"],
     ):
         run(["nsenter", f"--net={node.net_ns}", "--", *argv])
@@ -77,10 +76,12 @@ def create_mount_ns(journal: Journal, node: Node) -> None:
     journal.record(kind="mount", target=str(node.mount_ns))
     run(["unshare", f"--mount={node.mount_ns}", "--propagation", "private", "true"])
     nodes_dir = node.directory.parent
+    # The copy of the host's mounts includes every node's namespace files, this cluster's
+    # and any other's on the host; dropping them here keeps one node's namespaces from
+    # pinning another's after it is powered off.
+    others = [p / "nodes" for p in peers(nodes_dir.parent)]
     script = [
-        # The copy of the host's mounts includes every node's namespace files; dropping them
-        # here keeps one node's namespaces from pinning another's after it is powered off.
-        f"umount -l {nodes_dir}",
+        *(f"umount -l {d}" for d in (nodes_dir, *others) if is_mountpoint(d)),
         # The kubelet needs shared propagation for volume mounts; inside this namespace only.
         "mount --make-rshared /",
     ]

@@ -128,7 +128,7 @@ def ruleset(
     namespaces: Sequence[Object],
     policies: Sequence[Object],
     *,
-    always: Iterable[str] = (str(layout.NETWORK),),
+    always: Iterable[str],
 ) -> str:
     """The nftables script for one node: ``local_pods`` are the pods it forwards to."""
     lines = [
@@ -199,9 +199,12 @@ def scripts(
     policies: Sequence[Object],
     *,
     only: Iterable[str] = (),
+    slot: layout.Slot | None = None,
 ) -> dict[str, str]:
     """Each real node's script, from the whole picture; with ``only``, the pods of those
-    namespaces are the only ones guarded."""
+    namespaces are the only ones guarded. The nodes' own network (their ``slot``'s, the
+    default slot's unless given) always passes: kubelet probes come from it."""
+    always = (str((slot or layout.Slot()).network),)
     guarded = set(only)
     running = [
         p
@@ -219,6 +222,7 @@ def scripts(
             running,
             namespaces,
             policies,
+            always=always,
         )
         for name in node_names
     }
@@ -238,11 +242,12 @@ def run(
     count: int,
     stop: threading.Event,
     *,
+    slot: layout.Slot,
     only: Sequence[str] = (),
 ) -> None:
     """Until ``stop``: keep every node's table as the policies say; then remove the tables."""
     client = Client(KubeConfig.from_file(kubeconfig))
-    real = {node.name: node for node in layout.nodes_in(Path(state_dir), count)}
+    real = {node.name: node for node in layout.nodes_in(Path(state_dir), count, slot)}
     applied: dict[str, tuple[int, str]] = {}
     try:
         while not stop.is_set():
@@ -269,6 +274,7 @@ def _round(
             [item.to_dict() for item in client.list(Namespace)],
             _dicts(client, NetworkPolicy),
             only=only,
+            slot=next(iter(real.values())).slot if real else None,
         )
     except Exception as error:  # the API server restarting: try again
         print(f"netpol: listing failed: {error}", file=sys.stderr, flush=True)
@@ -295,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--state-dir", required=True)
     parser.add_argument("--nodes", type=int, required=True)
+    parser.add_argument("--slot", type=int, default=0, help="the host slot of the nodes")
     parser.add_argument(
         "--namespace", action="append", default=[], help="guard only these namespaces' pods"
     )
@@ -302,7 +309,14 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    run(args.kubeconfig, args.state_dir, args.nodes, stop, only=args.namespace)
+    run(
+        args.kubeconfig,
+        args.state_dir,
+        args.nodes,
+        stop,
+        slot=layout.Slot(args.slot),
+        only=args.namespace,
+    )
     return 0
 
 

@@ -45,12 +45,12 @@ def endpoint() -> str:
     return f"{SERVICE_NAME}.{SERVICE_NAMESPACE}.svc"
 
 
-def certificate_hosts() -> tuple[str, ...]:
+def certificate_hosts(slot: layout.Slot) -> tuple[str, ...]:
     return (
         endpoint(),
         f"{endpoint()}.{layout.CLUSTER_DOMAIN}",
         f"{SERVICE_NAME}.{SERVICE_NAMESPACE}",
-        layout.HOST_IP,
+        slot.host_ip,
     )
 
 
@@ -87,11 +87,12 @@ class Credentials:
         }
 
 
-def argv(binary: Path, *, root: Path, cert: Path, key: Path) -> list[str]:
+def argv(binary: Path, *, root: Path, cert: Path, key: Path, slot: layout.Slot) -> list[str]:
+    """versitygw serving on the host's address on the slot's bridge."""
     return [
         str(binary),
         "--port",
-        f"{layout.HOST_IP}:{PORT}",
+        f"{slot.host_ip}:{PORT}",
         "--cert",
         str(cert),
         "--key",
@@ -117,7 +118,7 @@ def service() -> dict[str, Any]:
     }
 
 
-def endpoint_slice() -> dict[str, Any]:
+def endpoint_slice(slot: layout.Slot) -> dict[str, Any]:
     return {
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
@@ -130,7 +131,7 @@ def endpoint_slice() -> dict[str, Any]:
             },
         },
         "addressType": "IPv4",
-        "endpoints": [{"addresses": [layout.HOST_IP], "conditions": {"ready": True}}],
+        "endpoints": [{"addresses": [slot.host_ip], "conditions": {"ready": True}}],
         "ports": [{"name": "https", "port": PORT, "protocol": "TCP"}],
     }
 
