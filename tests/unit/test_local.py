@@ -193,3 +193,23 @@ def test_a_slot_flag_outside_the_range_is_refused_by_the_parser(
     with pytest.raises(SystemExit):
         build_parser().parse_args(["up", "--slot", "4"])
     assert "--slot: invalid choice: 4" in capsys.readouterr().err
+
+
+def test_side_by_side_returns_both_results_and_reraises_the_background_failure() -> None:
+    import threading
+
+    from stateward_local import lanes
+
+    names: list[str] = []
+    result = lanes.side_by_side(
+        lambda: names.append(threading.current_thread().name) or 1, lambda: 2, name="lane"
+    )
+    assert result == (1, 2) and names == ["lane"]
+    finished: list[str] = []
+
+    def broken() -> None:
+        raise LocalClusterError("go build failed")
+
+    with pytest.raises(LocalClusterError, match="go build failed"):
+        lanes.side_by_side(broken, lambda: finished.append("images"), name="lane")
+    assert finished == ["images"]  # the foreground ran to its end first

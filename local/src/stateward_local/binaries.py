@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
-from stateward_local import errors
+from stateward_local import errors, lanes
 
 KUBERNETES_VERSION = "v1.37.2"
 ETCD_VERSION = "v3.6.16"
@@ -323,21 +323,12 @@ def build_all(components: Sequence[Component], *, progress: Progress = _stderr) 
         for component in components:
             build(component, progress=progress)
         return
-    failed: list[BaseException] = []
 
     def lane(batch: Sequence[Component]) -> None:
-        try:
-            for component in batch:
-                build(component, progress=progress)
-        except BaseException as error:  # re-raised by the caller's thread
-            failed.append(error)
+        for component in batch:
+            build(component, progress=progress)
 
-    other = threading.Thread(target=lane, args=(light,), name="go-build", daemon=True)
-    other.start()
-    lane(heavy)
-    other.join()
-    if failed:
-        raise failed[0]
+    lanes.side_by_side(lambda: lane(light), lambda: lane(heavy), name="go-build")
 
 
 def _try_lock(lock: IO[str]) -> bool:

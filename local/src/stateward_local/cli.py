@@ -10,11 +10,10 @@ import argparse
 import dataclasses
 import os
 import sys
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from stateward_local import binaries
+from stateward_local import binaries, lanes
 from stateward_local.cluster import Config, LocalCluster
 from stateward_local.errors import LocalClusterError
 from stateward_local.images import cache, catalog, locks, nodestore
@@ -147,25 +146,12 @@ def _local_build(args: argparse.Namespace) -> int:
         print(f"binaries ready in {paths.kube_apiserver.parent.parent}")
         return 0
     packages.ensure_packages()
-    built: list[binaries.Binaries] = []
-    failed: list[BaseException] = []
-
-    def build_binaries() -> None:
-        try:
-            built.append(binaries.ensure())
-        except BaseException as error:  # re-raised below, in the main thread
-            failed.append(error)
-
     # The Go builds run in a thread: Ctrl-C reaches `go build` through the terminal, and a
     # killed build leaves only a `.partial` directory. The images stay in the main thread,
     # whose cleanup (chroot mounts) must run on any interruption.
-    builder = threading.Thread(target=build_binaries, name="binaries", daemon=True)
-    builder.start()
-    archives = _build_images(None)
-    builder.join()
-    if failed:
-        raise failed[0]
-    paths = built[0]
+    paths, archives = lanes.side_by_side(
+        binaries.ensure, lambda: _build_images(None), name="binaries"
+    )
     print(f"binaries ready in {paths.kube_apiserver.parent.parent}")
     if os.geteuid() == 0:
         nodestore.ensure([a for a in archives if a.spec.on_nodes], paths, progress=_progress)

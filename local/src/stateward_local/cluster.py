@@ -132,7 +132,6 @@ class LocalCluster:
             host.refuse_if_taken(self.config.slot)
         paths = binaries.ensure(progress=progress)
         archives = [a for a in cache.ensure(progress=progress) if a.spec.on_nodes] if real else []
-        store = self._node_store(archives, paths, progress) if real else None
         started = time.monotonic()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         starting = self._hold_starting_lock()
@@ -142,8 +141,8 @@ class LocalCluster:
             self._write_image_pins(archives)
             if real:
                 self._save(records)
+                store = self._node_store(archives, paths, progress)
                 for node in real:  # before prepare_host: links cannot cross its mount
-                    assert store is not None
                     self._seed_node(node, store)
                 host.prepare_host(self.journal, self.state_dir, self.config.slot)
                 for node in real:
