@@ -7,9 +7,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_FLAGS ?=
-# Pytest workers: every test on real nodes runs in one of them, in order (one cluster with
-# real nodes fits a host; tests/conftest.py groups them), the rest beside it: about 32 minutes
-# instead of 43 here (docs/architecture.md). TEST_WORKERS=1 runs them one by one.
+# Pytest workers: the real-node tests make two groups (tests/conftest.py), one per worker,
+# each worker with its cluster with real nodes in a host slot of its own (lab/slots.py); the
+# rest is spread over both (docs/architecture.md). TEST_WORKERS=1 runs them one by one.
 TEST_WORKERS ?= 2
 
 .PHONY: help
