@@ -51,9 +51,8 @@ from lightkube.config.kubeconfig import KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace
 
+from bench.common import say, write_block
 from bench.dataplane import local_cluster
-from bench.nodes import say
-from bench.patroni_lab import replace_block
 from stateward.api import v1alpha1
 from stateward.controllers import core
 from stateward_local import binaries
@@ -317,8 +316,7 @@ def write_doc(result: dict[str, Any]) -> None:
         [f"Measured {result['date']}; load {result['load_seconds']} s per scale.", "",
          *rows(result)]
     ) + "\n"  # fmt: skip
-    current = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
-    DOC.write_text(replace_block(current, block, METHOD, begin=BEGIN, end=END))
+    write_block(DOC, block, METHOD, begin=BEGIN, end=END)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

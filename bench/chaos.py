@@ -28,8 +28,8 @@ from typing import Any
 
 from lab import database_faults, faults
 
+from bench.common import say
 from bench.dataplane import local_cluster
-from bench.nodes import say
 from stateward_local.cluster import LocalCluster
 
 

@@ -58,16 +58,20 @@ from lightkube import Client
 from lightkube.config.kubeconfig import KubeConfig
 
 from bench import pgbench
-from bench.nodes import (
+from bench.common import (
+    DOC,
+    ROOT,
     Interrupted,
     environment,
-    memory_path,
     output_flags,
     pss_kib,
     ready_for_real_nodes,
+    replace_block,
     say,
     status_kib,
+    write_block,
 )
+from bench.nodes import memory_path
 from stateward.api import v1alpha1
 from stateward_local import binaries
 from stateward_local.cluster import Config, LocalCluster
@@ -84,8 +88,6 @@ from stateward_local.run import (
     start_operator,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "benchmarks.md"
 BEGIN = "<!-- dataplane:begin -->"
 END = "<!-- dataplane:end -->"
 SECTION = "## Data plane"
@@ -955,29 +957,19 @@ def markdown(r: dict[str, Any], env: dict[str, str]) -> str:
 
 
 def write_doc(text: str) -> None:
-    block = f"{BEGIN}\n{text}{END}\n"
-    current = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
-    if BEGIN in current and END in current:
-        head, _, rest = current.partition(BEGIN)
-        _, _, tail = rest.partition(END)
-        updated = head + block + tail.removeprefix("\n")
-    else:
-        updated = current.rstrip() + "\n\n" + METHOD + "\n" + block
-    DOC.write_text(updated)
+    write_block(DOC, text, METHOD, begin=BEGIN, end=END)
 
 
 def write_after_dataplane(begin: str, end: str, heading: str, text: str) -> None:
     """``text`` between ``begin`` and ``end`` in docs/benchmarks.md: where it was, or the
     first time as a new ``heading`` section after the data-plane table."""
     current = DOC.read_text()
-    block = f"{begin}\n{text}{end}\n"
     if begin in current and end in current:
-        head, _, rest = current.partition(begin)
-        _, _, tail = rest.partition(end)
-        DOC.write_text(head + block + tail.removeprefix("\n"))
+        DOC.write_text(replace_block(current, text, "", begin=begin, end=end))
     else:
         marker = END + "\n"
         head, _, tail = current.partition(marker)
+        block = f"{begin}\n{text}{end}\n"
         DOC.write_text(head + marker + f"\n### {heading}\n\n" + block + tail)
 
 

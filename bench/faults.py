@@ -32,7 +32,7 @@ from typing import Any
 from lab.faults import FAULTS
 
 from bench import chaos
-from bench.nodes import say
+from bench.common import say
 
 RESULTS = Path("bench/results/faults.json")
 DOC = Path("docs/benchmarks.md")
@@ -50,7 +50,8 @@ def schedule(runs: int, names: list[str]) -> list[str]:
     return [name for _ in range(runs) for name in names]
 
 
-def _pair(values: list[float]) -> str:
+def median_worst(values: list[float]) -> str:
+    """``median / max`` to one decimal, or '-' of nothing."""
     if not values:
         return "-"
     return f"{statistics.median(values):.1f} / {max(values):.1f}"
@@ -75,8 +76,9 @@ def rows(result: dict[str, Any]) -> list[str]:
     ]
     for name, entry in sorted(result["faults"].items()):
         lines.append(
-            f"| {name} | {entry['runs']} | {_pair(entry['downtime'])} |"
-            f" {_pair(entry['promoted_after'])} | {entry['lost']} | {entry['two_primaries']} |"
+            f"| {name} | {entry['runs']} | {median_worst(entry['downtime'])} |"
+            f" {median_worst(entry['promoted_after'])} | {entry['lost']} |"
+            f" {entry['two_primaries']} |"
             f" {ratio(entry, reference, name)} |"
         )
     return lines

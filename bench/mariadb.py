@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -31,10 +30,9 @@ from typing import Any
 from lab.database_faults import FAULTS, POSTGRES_TWIN
 
 from bench import chaos
+from bench.common import say, write_block
 from bench.faults import SECTION as POSTGRES_SECTION
-from bench.faults import schedule, summarize
-from bench.nodes import say
-from bench.patroni_lab import replace_block
+from bench.faults import median_worst, schedule, summarize
 
 RESULTS = Path("bench/results/mariadb.json")
 DOC = Path("docs/benchmarks.md")
@@ -79,12 +77,6 @@ def postgres_medians(text: str) -> tuple[dict[str, float], str]:
     return medians, found.group(1) if found else ""
 
 
-def _pair(values: list[float]) -> str:
-    if not values:
-        return "-"
-    return f"{statistics.median(values):.1f} / {max(values):.1f}"
-
-
 def rows(result: dict[str, Any], postgres: dict[str, float]) -> list[str]:
     """The markdown table: one row per fault."""
     lines = [
@@ -98,8 +90,9 @@ def rows(result: dict[str, Any], postgres: dict[str, float]) -> list[str]:
             f"{postgres[twin]:.1f} s ({twin})" if twin in postgres else "-"
         )  # fmt: skip
         lines.append(
-            f"| {name} | {entry['runs']} | {_pair(entry['downtime'])} |"
-            f" {_pair(entry['promoted_after'])} | {entry['lost']} | {entry['two_primaries']} |"
+            f"| {name} | {entry['runs']} | {median_worst(entry['downtime'])} |"
+            f" {median_worst(entry['promoted_after'])} | {entry['lost']} |"
+            f" {entry['two_primaries']} |"
             f" {theirs} |"
         )
     return lines
@@ -115,8 +108,7 @@ def write_doc(result: dict[str, Any], postgres: dict[str, float], measured: str)
             *lines,
         ]
     ) + "\n"  # fmt: skip
-    current = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
-    DOC.write_text(replace_block(current, block, METHOD, begin=BEGIN, end=END))
+    write_block(DOC, block, METHOD, begin=BEGIN, end=END)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

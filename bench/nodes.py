@@ -27,13 +27,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import datetime
 import json
 import math
 import os
-import platform
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -44,6 +41,20 @@ from typing import Any
 
 import httpx
 
+from bench.common import (
+    DOC,
+    ROOT,
+    Interrupted,
+    children,
+    cpu_seconds,
+    environment,
+    output_flags,
+    pss_kib,
+    ready_for_real_nodes,
+    replace_block,
+    say,
+    status_kib,
+)
 from stateward_local import binaries
 from stateward_local.cluster import NODE_COMPONENTS, Config, LocalCluster, Progress
 from stateward_local.controlplane.components import Ports
@@ -51,8 +62,6 @@ from stateward_local.controlplane.processes import free_port_base
 from stateward_local.images import cache, catalog, nodestore
 from stateward_local.nodes import host, layout
 
-ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "benchmarks.md"
 BEGIN = "<!-- nodes:begin -->"
 END = "<!-- nodes:end -->"
 SECTION = "## Real nodes"
@@ -101,64 +110,9 @@ FAILED_REASONS = frozenset(
         "CrashLoopBackOff",
     }
 )
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def say(message: str) -> None:
-    print(message, flush=True)
-
-
-class Interrupted(Exception):
-    """SIGTERM, turned into an exception so that teardown runs."""
-
-
-def ready_for_real_nodes() -> bool:
-    """As root (real nodes need it), with SIGTERM raising :class:`Interrupted` so that the
-    cluster is torn down; False (and why, said) when not root."""
-    if os.geteuid() != 0:
-        say("real nodes need root: run this as root")
-        return False
-
-    def interrupted(signum: int, _frame: Any) -> None:
-        raise Interrupted(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, interrupted)
-    return True
 
 
 # --- /proc and cgroups ----------------------------------------------------------------------
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """utime + stime of ``pid`` (the process alone, not its reaped children)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
-def status_kib(pid: int, field: str) -> int | None:
-    try:
-        text = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    return 0  # a kernel thread has no VmRSS
-
-
-def pss_kib(pid: int) -> int | None:
-    try:
-        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith("Pss:"):
-            return int(line.split()[1])
-    return None
 
 
 def executable(pid: int) -> str:
@@ -167,15 +121,6 @@ def executable(pid: int) -> str:
     with contextlib.suppress(OSError):
         return Path(f"/proc/{pid}/comm").read_text().strip()
     return "?"
-
-
-def children(pid: int) -> list[int]:
-    found: list[int] = []
-    with contextlib.suppress(OSError):
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            with contextlib.suppress(OSError):
-                found.extend(int(c) for c in (task / "children").read_text().split())
-    return found
 
 
 def resolve(pid: int, name: str) -> int:
@@ -677,25 +622,6 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
 # --- report ---------------------------------------------------------------------------------
 
 
-def environment() -> dict[str, str]:
-    cpu = "?"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    memory = math.nan
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemTotal:"):
-            memory = int(line.split()[1]) / 2**20
-    unified = Path("/sys/fs/cgroup/cgroup.controllers").exists()
-    return {
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": f"{os.cpu_count()} CPUs ({cpu}), {memory:.1f} GiB RAM, Linux"
-        f" {platform.release()}, cgroup {'v2' if unified else 'v1'}",
-    }
-
-
 def _n(value: Any, unit: str = "", digits: int = 1) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "—"
@@ -836,32 +762,20 @@ def markdown(r: dict[str, Any], env: dict[str, str]) -> str:
 
 
 def write_doc(text: str) -> None:
-    block = f"{BEGIN}\n{text}{END}\n"
     current = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
-    if BEGIN in current and END in current:
-        head, _, rest = current.partition(BEGIN)
-        _, _, tail = rest.partition(END)
-        updated = head + block + tail.removeprefix("\n")
-    elif SECTION in current.splitlines():
+    if not (BEGIN in current and END in current) and SECTION in current.splitlines():
         # The hand-written section exists without markers: put them at its end.
+        block = f"{BEGIN}\n{text}{END}\n"
         head, _, rest = current.partition(f"\n{SECTION}\n")
         body, marker, tail = rest.partition("\n## ")
-        updated = f"{head}\n{SECTION}\n{body.rstrip()}\n\n{block}" + (
-            f"\n## {tail}" if marker else ""
+        DOC.write_text(
+            f"{head}\n{SECTION}\n{body.rstrip()}\n\n{block}" + (f"\n## {tail}" if marker else "")
         )
-    else:
-        updated = current.rstrip() + "\n\n" + METHOD + "\n" + block
-    DOC.write_text(updated)
+        return
+    DOC.write_text(replace_block(current, text, METHOD, begin=BEGIN, end=END))
 
 
 # --- entry point --------------------------------------------------------------------------------
-
-
-def output_flags(parser: argparse.ArgumentParser) -> None:
-    """``--keep``, ``--no-doc`` and ``--json``: what every benchmark keeps and writes."""
-    parser.add_argument("--keep", action="store_true", help="keep the state and logs")
-    parser.add_argument("--no-doc", action="store_true", help="do not write docs/benchmarks.md")
-    parser.add_argument("--json", type=Path, help="also write the raw results here")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

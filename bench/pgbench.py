@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.common import percentile
+
 CLIENTS = 4
 THREADS = 2
 SWITCHOVERS = 5
@@ -79,15 +81,6 @@ def parse_summary(stdout: str, stderr: str) -> dict[str, Any]:
         "latency_ms": float(latency.group(1)) if latency else math.nan,
         "aborted_clients": sorted({int(c) for c in _ABORTED.findall(stderr + stdout)}),
     }
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0-100) by the nearest rank; NaN of nothing."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
 
 
 def longest_stall(stamps: Sequence[float], start: float, end: float) -> float:

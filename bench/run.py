@@ -16,7 +16,9 @@ own audit policy records writes only; this benchmark starts the API server with 
 that records every request of the operator's user (reads too) and nothing else.
 
 Results are printed as a table and written into docs/benchmarks.md between the generated
-markers; the hand-written parts of that file are left alone.
+markers; the hand-written parts of that file are left alone. What is observed of the
+operator (audit log, /metrics, CPU) is in :mod:`bench.probes`, the table and the generated
+block in :mod:`bench.scale_report`.
 
     .venv/bin/python -m bench.run --clusters 100 --clusters 1000
     .venv/bin/python -m bench.run --clusters 1000:1     # N:replicas
@@ -28,22 +30,15 @@ import argparse
 import concurrent.futures
 import contextlib
 import dataclasses
-import datetime
-import itertools
 import json
 import math
 import os
-import platform
 import shutil
-import signal
 import ssl
-import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +50,28 @@ from lightkube.config.kubeconfig import KubeConfig
 from lightkube.resources.core_v1 import Secret
 
 from bench import bare
+from bench.common import (
+    DOC,
+    ROOT,
+    Interrupted,
+    cpu_seconds_or_zero,
+    live_status_kib,
+    machine_busy_seconds,
+    percentile,
+    raise_on_sigterm,
+    say,
+)
+from bench.probes import (
+    WRITE_VERBS,
+    component_cpu,
+    leadership_losses,
+    metric,
+    operator_requests,
+    reconcile_mean_ms,
+    scrape,
+    summarize,
+)
+from bench.scale_report import environment, markdown, table, write_doc
 from stateward.api import v1alpha1
 from stateward.runtime import webhook
 from stateward.runtime.operator import Options as RuntimeOptions
@@ -70,19 +87,12 @@ from stateward_local.run import (
     start_operator,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "benchmarks.md"
-BEGIN = "<!-- BEGIN GENERATED RESULTS: written by `make bench` (bench/run.py); edits are lost -->"
-END = "<!-- END GENERATED RESULTS -->"
-
 NAMESPACE = "bench"
 # A schedule that does not fire during a run (midnight on 1 January), so no backup Job
 # disturbs the steady-state window.
 BACKUP_SCHEDULE = "0 0 1 1 *"
 BACKUP_SECRET = "bench-s3"  # noqa: S105 - a name; the keys are dummies (nothing runs on kwok)
 PODS_PER_NODE = 100  # kwok nodes advertise 110; keep some room
-WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
-READ_VERBS = frozenset({"get", "list", "watch"})
 PGC_PATH = f"/apis/{v1alpha1.GROUP}/{v1alpha1.VERSION}/namespaces/{NAMESPACE}/{v1alpha1.PLURAL}"
 CHILD_PATHS = {
     "StatefulSet": f"/apis/apps/v1/namespaces/{NAMESPACE}/statefulsets",
@@ -117,14 +127,6 @@ BARE_NAMESPACE = "bench-bare"
 OPERATOR_WORKERS = RuntimeOptions().workers
 """The operator's concurrent reconciles: the bare client's concurrent writers."""
 WEBHOOK = webhook.CONFIGURATION_NAME
-
-
-def say(message: str) -> None:
-    print(message, flush=True)
-
-
-class Interrupted(Exception):
-    """SIGTERM, turned into an exception so that teardown runs."""
 
 
 # --- the cluster under test ------------------------------------------------------------------
@@ -304,139 +306,7 @@ class Tracker:
         return len(self.ready_at) == len(self.names)
 
 
-# --- observing the operator ------------------------------------------------------------------
-
-
-def proc_status_kib(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    return 0
-
-
-def cpu_seconds(pid: int) -> float:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def machine_busy_seconds() -> float:
-    """CPU time spent by everything on this machine (all CPUs, idle and iowait excluded)."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def scrape(port: int) -> dict[str, float]:
-    """The operator's /metrics as {'name{labels}': value} (empty if unreachable)."""
-    try:
-        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-    except httpx.HTTPError:
-        return {}
-    samples: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            with contextlib.suppress(ValueError):
-                samples[key] = float(value)
-    return samples
-
-
-def metric(samples: dict[str, float], name: str, *labels: str) -> float:
-    total = 0.0
-    for key, value in samples.items():
-        base = key.split("{", 1)[0]
-        if base == name and all(label in key for label in labels):
-            total += value
-    return total
-
-
-def component_cpu(cluster: LocalCluster) -> dict[str, float]:
-    return {record.name: cpu_seconds(record.pid) for record in cluster.status() if record.running}
-
-
-@dataclasses.dataclass(frozen=True)
-class Request:
-    at: float
-    verb: str
-    resource: str
-    code: int
-
-
-def operator_requests(cluster: LocalCluster) -> list[Request]:
-    """Every request of the operator's user in the audit log (rotated files included)."""
-    seen: dict[str, Request] = {}
-    for path in sorted(cluster.audit_log.parent.glob("audit*.log")):
-        with path.open() as lines:
-            for line in lines:
-                try:
-                    entry = json.loads(line)
-                except ValueError:
-                    continue  # a line being written
-                if entry.get("user", {}).get("username") != OPERATOR_USER:
-                    continue
-                if entry["auditID"] in seen:
-                    continue  # watches are logged at ResponseStarted and ResponseComplete
-                ref = entry.get("objectRef") or {}
-                resource = ref.get("resource", "non-resource") + (
-                    f"/{ref['subresource']}" if ref.get("subresource") else ""
-                )
-                at = datetime.datetime.fromisoformat(entry["requestReceivedTimestamp"]).timestamp()
-                code = (entry.get("responseStatus") or {}).get("code", 0)
-                seen[entry["auditID"]] = Request(at, entry["verb"], resource, code)
-    return sorted(seen.values(), key=lambda r: r.at)
-
-
-def summarize(requests: list[Request], start: float, end: float) -> dict[str, Any]:
-    """The operator's requests received in [start, end), leader-election Lease traffic apart."""
-    window = [r for r in requests if start <= r.at < end]
-    lease = [r for r in window if r.resource == "leases"]
-    other = [r for r in window if r.resource != "leases"]
-    writes = [r for r in other if r.verb in WRITE_VERBS]
-    reads = [r for r in other if r.verb in READ_VERBS]
-    return {
-        "writes": len(writes),
-        "writes_by": dict(Counter(f"{r.verb} {r.resource}" for r in writes).most_common()),
-        "write_errors": sum(1 for r in writes if r.code >= 400),
-        "reads": len(reads),
-        "reads_by": dict(Counter(f"{r.verb} {r.resource}" for r in reads).most_common()),
-        "lease_writes": sum(1 for r in lease if r.verb in WRITE_VERBS),
-        "lease_reads": sum(1 for r in lease if r.verb in READ_VERBS),
-        # The renewal runs every 2 s on the operator's event loop: a longer gap between two
-        # Lease requests is a stall of that loop (or of the API server).
-        "lease_max_gap_s": round(
-            max((b.at - a.at for a, b in itertools.pairwise(lease)), default=0.0), 1
-        ),
-    }
-
-
-def leadership_losses(log: Path) -> int:
-    """How often the operator said it lost the leader Lease (it then stops and campaigns)."""
-    try:
-        return log.read_text(errors="replace").count("lost leadership")
-    except OSError:
-        return 0
-
-
 # --- one run -----------------------------------------------------------------------------------
-
-
-def _mean_ms(before: dict[str, float], after: dict[str, float]) -> float:
-    """Mean reconcile duration between two scrapes of /metrics."""
-    name = "stateward_reconcile_duration_seconds"
-    count = metric(after, f"{name}_count") - metric(before, f"{name}_count")
-    total = metric(after, f"{name}_sum") - metric(before, f"{name}_sum")
-    return round(1000 * total / count, 1) if count > 0 else math.nan
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
 
 
 def wait_leading(operator: OperatorProcess, timeout: float = 90) -> None:
@@ -476,9 +346,13 @@ class _Counters:
     @classmethod
     def take(cls, cluster: LocalCluster, pid: int, port: int) -> _Counters:
         metrics = scrape(port)
-        operator_cpu, components = cpu_seconds(pid), component_cpu(cluster)
+        operator_cpu, components = cpu_seconds_or_zero(pid), component_cpu(cluster)
         return cls(
-            metrics, operator_cpu, components, machine_busy_seconds(), cpu_seconds(os.getpid())
+            metrics,
+            operator_cpu,
+            components,
+            machine_busy_seconds(),
+            cpu_seconds_or_zero(os.getpid()),
         )
 
 
@@ -641,19 +515,19 @@ class Run:
         if tracker.all_converged():
             r["converge_seconds"] = round(max(tracker.converged_at.values()) - t0, 1)
         convergence = [tracker.converged_at[c] - created_at[c] for c in tracker.converged_at]
-        r["cluster_latency_p50"] = round(percentile(convergence, 0.5), 1)
-        r["cluster_latency_p95"] = round(percentile(convergence, 0.95), 1)
+        r["cluster_latency_p50"] = round(percentile(convergence, 50), 1)
+        r["cluster_latency_p95"] = round(percentile(convergence, 95), 1)
         r["cluster_latency_max"] = round(max(convergence, default=math.nan), 1)
         r["poll_lists"] = tracker.lists
         samples = scrape(port)
-        r["rss_peak_converged_mib"] = proc_status_kib(pid, "VmHWM") / 1024
-        r["operator_cpu_converge_s"] = round(cpu_seconds(pid) - before.operator_cpu, 1)
+        r["rss_peak_converged_mib"] = live_status_kib(pid, "VmHWM") / 1024
+        r["operator_cpu_converge_s"] = round(cpu_seconds_or_zero(pid) - before.operator_cpu, 1)
         components_after = component_cpu(cluster)
         r["component_cpu_converge_s"] = {
             name: round(components_after.get(name, 0) - value, 1)
             for name, value in before.component_cpu.items()
         }
-        r["bench_cpu_converge_s"] = round(cpu_seconds(os.getpid()) - before.own_cpu, 1)
+        r["bench_cpu_converge_s"] = round(cpu_seconds_or_zero(os.getpid()) - before.own_cpu, 1)
         # What else ran on the machine meanwhile (other test runs share it): all busy CPU
         # time minus that of the processes of this run.
         busy = machine_busy_seconds() - before.machine_busy
@@ -668,7 +542,7 @@ class Run:
             metric(samples, "stateward_reconcile_total")
             - metric(before.metrics, "stateward_reconcile_total")
         )
-        r["reconcile_mean_ms"] = _mean_ms(before.metrics, samples)
+        r["reconcile_mean_ms"] = reconcile_mean_ms(before.metrics, samples)
         r["leadership_losses_converge"] = leadership_losses(operator.log)
         r["max_queue_depth"] = max_depth
         r["operator_writes_metric_converge"] = int(
@@ -713,7 +587,7 @@ class Run:
         r, pid, port = self.result, operator.process.pid, operator.probe_port
         time.sleep(self.args.settle)
         w_before = scrape(port)
-        steady_cpu = cpu_seconds(pid)
+        steady_cpu = cpu_seconds_or_zero(pid)
         losses_before = leadership_losses(operator.log)
         w0 = time.time()
         say(
@@ -728,10 +602,10 @@ class Run:
             metric(w_after, "stateward_reconcile_total")
             - metric(w_before, "stateward_reconcile_total")
         )
-        r["rss_steady_mib"] = proc_status_kib(pid, "VmRSS") / 1024
+        r["rss_steady_mib"] = live_status_kib(pid, "VmRSS") / 1024
 
-        r["steady_reconcile_mean_ms"] = _mean_ms(w_before, w_after)
-        r["operator_cpu_steady_s"] = round(cpu_seconds(pid) - steady_cpu, 1)
+        r["steady_reconcile_mean_ms"] = reconcile_mean_ms(w_before, w_after)
+        r["operator_cpu_steady_s"] = round(cpu_seconds_or_zero(pid) - steady_cpu, 1)
         r["leadership_losses_steady"] = leadership_losses(operator.log) - losses_before
         return w0, w1
 
@@ -758,7 +632,7 @@ class Run:
             if index + 1 < self.args.changes:
                 time.sleep(self.args.change_gap)
         r["change_latencies"] = [None if v is None else round(v, 2) for v in latencies]
-        r["rss_peak_mib"] = proc_status_kib(pid, "VmHWM") / 1024
+        r["rss_peak_mib"] = live_status_kib(pid, "VmHWM") / 1024
         r["leadership_losses"] = leadership_losses(operator.log)
 
     def _wait_for_replicas(self, api: Api, name: str, sent: float) -> float | None:
@@ -872,272 +746,9 @@ class Run:
             f"  ready {len(tracker.ready_at)}"
             f"  queue {metric(samples, 'stateward_workqueue_depth'):.0f}"
             f"  reconciles {metric(samples, 'stateward_reconcile_total'):.0f}"
-            f"  operator RSS {proc_status_kib(pid, 'VmRSS') / 1024:.0f} MiB"
-            f"  cpu {cpu_seconds(pid):.0f}s"
+            f"  operator RSS {live_status_kib(pid, 'VmRSS') / 1024:.0f} MiB"
+            f"  cpu {cpu_seconds_or_zero(pid):.0f}s"
         )
-
-
-# --- report -----------------------------------------------------------------------------------
-
-
-def environment() -> dict[str, str]:
-    cpu = "?"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    memory = proc_meminfo_gib()
-    paths = binaries.ensure()
-    commit = "?"
-    with contextlib.suppress(OSError, subprocess.CalledProcessError):
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    versions = {
-        "kubernetes": paths.kube_apiserver.parent.name.removeprefix("kubernetes-"),
-        "etcd": paths.etcd.parent.name.removeprefix("etcd-"),
-        "kwok": paths.kwok.parent.name.removeprefix("kwok-"),
-    }
-    python_packages = []
-    for package in ("kopf", "lightkube"):
-        with contextlib.suppress(Exception):
-            from importlib.metadata import version
-
-            python_packages.append(f"{package} {version(package)}")
-    return {
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": f"{os.cpu_count()} CPUs ({cpu}), {memory:.0f} GiB RAM, "
-        f"Linux {platform.release()}",
-        "versions": f"Kubernetes {versions['kubernetes']}, etcd {versions['etcd']}, "
-        f"kwok {versions['kwok']}, Python {platform.python_version()}, "
-        + ", ".join(python_packages),
-        "commit": commit,
-    }
-
-
-def proc_meminfo_gib() -> float:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemTotal:"):
-            return int(line.split()[1]) / 1024 / 1024
-    return math.nan
-
-
-def _fmt(value: Any, unit: str = "") -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "—"
-    if isinstance(value, float):
-        text = f"{value:.0f}" if abs(value) >= 100 else f"{value:.1f}".rstrip("0").rstrip(".")
-        if abs(value) < 1 and value:
-            text = f"{value:.2f}"
-        return text + unit
-    return f"{value}{unit}"
-
-
-def _per_cluster(result: dict[str, Any], key: str, field: str) -> float | None:
-    section = result.get(key)
-    return float(section[field]) / int(result["clusters"]) if section else None
-
-
-def _per_minute(result: dict[str, Any], field: str) -> float | None:
-    section = result.get("audit_steady")
-    if not section:
-        return None
-    return float(section[field]) * 60 / float(result["steady_window_s"])
-
-
-def _converged(r: dict[str, Any]) -> str:
-    if r.get("converge_seconds"):
-        return f"**{_fmt(r['converge_seconds'], ' s')}**"
-    return f"{r['converged']}/{r['clusters']} ({r.get('note', '')})"
-
-
-def _cluster_latency(r: dict[str, Any]) -> str:
-    p50, p95, top = r["cluster_latency_p50"], r["cluster_latency_p95"], r["cluster_latency_max"]
-    return f"{_fmt(p50)} / {_fmt(p95)} / {_fmt(top)} s"
-
-
-def _ready(r: dict[str, Any]) -> str:
-    if r.get("ready_seconds"):
-        return _fmt(r["ready_seconds"], " s")
-    return f"{r.get('ready', 0)}/{r['clusters']} Ready"
-
-
-def _reads(r: dict[str, Any]) -> str:
-    if not r.get("audit_ready"):
-        return "—"
-    return f"{r['audit_ready']['reads']} ({_fmt(_per_cluster(r, 'audit_ready', 'reads'))})"
-
-
-def _change_latency(r: dict[str, Any]) -> str:
-    samples = r.get("change_latencies") or []
-    values = [v for v in samples if v is not None]
-    if not values:
-        return f"none of {len(samples)} acted on" if samples else "—"
-    missed = len(samples) - len(values)
-    text = f"{_fmt(statistics.median(values))} s / {_fmt(max(values))} s"
-    return text + (f" ({missed} of {len(samples)} not acted on in time)" if missed else "")
-
-
-def _ratio(r: dict[str, Any], operator: str, limit: str) -> str:
-    if not r.get(operator) or not r.get(limit):
-        return "—"
-    return f"{r[operator] / r[limit]:.2f}"
-
-
-def _leadership(r: dict[str, Any]) -> str:
-    gap = r.get("lease_max_gap_run_s")
-    losses = r.get("leadership_losses", r.get("leadership_losses_converge"))
-    text = f"{losses} ({r.get('leadership_losses_steady', '—')} in the window)"
-    return text + (f"; longest gap {_fmt(gap, ' s')}" if gap is not None else "")
-
-
-ROWS: list[tuple[str, Any]] = [
-    (
-        "PostgresClusters x replicas (pods)",
-        lambda r: f"{r['clusters']} x {r['replicas']} ({r['pods']})",
-    ),
-    ("kwok nodes", lambda r: str(r["nodes"])),
-    ("all create calls returned after", lambda r: _fmt(r.get("created_seconds"), " s")),
-    ("**first create → every cluster converged**", _converged),
-    ("per cluster, its create → converged: p50 / p95 / max", _cluster_latency),
-    ("first create → every cluster Ready (simulated pods)", _ready),
-    (
-        "operator: first create → its last converging write",
-        lambda r: _fmt(r.get("last_write_seconds"), " s"),
-    ),
-    (
-        "bare client, the operator's writes and nothing else: first create → last write",
-        lambda r: _fmt(r.get("bare_last_write_seconds"), " s"),
-    ),
-    (
-        "**operator ÷ bare client: last converging write** (goal ≤ 1.2)",
-        lambda r: f"**{_ratio(r, 'last_write_seconds', 'bare_last_write_seconds')}**",
-    ),
-    (
-        "first create → every StatefulSet ready: operator / bare client",
-        lambda r: (
-            f"{_fmt(r.get('statefulsets_ready_seconds'), ' s')}"
-            f" / {_fmt(r.get('bare_statefulsets_ready_seconds'), ' s')}"
-        ),
-    ),
-    (
-        "**operator ÷ bare client: every StatefulSet ready** (goal ≤ 1.2)",
-        lambda r: (
-            f"**{_ratio(r, 'statefulsets_ready_seconds', 'bare_statefulsets_ready_seconds')}**"
-        ),
-    ),
-    (
-        "**operator peak RSS (VmHWM), until converged**",
-        lambda r: f"**{_fmt(r['rss_peak_converged_mib'], ' MiB')}**",
-    ),
-    ("operator peak RSS (VmHWM), whole run", lambda r: _fmt(r.get("rss_peak_mib"), " MiB")),
-    ("operator RSS at steady state", lambda r: _fmt(r.get("rss_steady_mib"), " MiB")),
-    ("operator CPU until converged", lambda r: _fmt(r["operator_cpu_converge_s"], " s")),
-    (
-        "reconciles until converged (mean duration)",
-        lambda r: f"{r['reconciles_converge']} ({_fmt(r['reconcile_mean_ms'], ' ms')})",
-    ),
-    ("max work-queue depth seen", lambda r: str(r["max_queue_depth"])),
-    (
-        "**writes per cluster, until converged**",
-        lambda r: f"**{_fmt(_per_cluster(r, 'audit_converge', 'writes'))}**",
-    ),
-    ("writes per cluster, until Ready", lambda r: _fmt(_per_cluster(r, "audit_ready", "writes"))),
-    ("reads until Ready, total (per cluster)", _reads),
-    ("**steady state: writes per minute**", lambda r: f"**{_fmt(_per_minute(r, 'writes'))}**"),
-    ("steady state: reads per minute", lambda r: _fmt(_per_minute(r, "reads"))),
-    (
-        "steady state: Lease writes per minute (leader election)",
-        lambda r: _fmt(_per_minute(r, "lease_writes")),
-    ),
-    (
-        "steady state: operator CPU in the window (mean reconcile)",
-        lambda r: (
-            f"{_fmt(r.get('operator_cpu_steady_s'), ' s')}"
-            f" ({_fmt(r.get('steady_reconcile_mean_ms'), ' ms')})"
-        ),
-    ),
-    ("**leader Lease lost, whole run; longest gap between renewals (2 s)**", _leadership),
-    (
-        "steady state: reconciles in the window",
-        lambda r: f"{r.get('steady_reconciles', '—')} in {_fmt(r.get('steady_window_s'), ' s')}",
-    ),
-    ("**one spec change → StatefulSet updated: median / max**", _change_latency),
-    ("whole run (bring-up to teardown)", lambda r: _fmt(r.get("run_seconds"), " s")),
-]
-
-
-def table(results: list[dict[str, Any]]) -> str:
-    header = "| | " + " | ".join(f"N = {r['clusters']}" for r in results) + " |"
-    rule = "|---|" + "---|" * len(results)
-    body = [f"| {label} | " + " | ".join(cell(r) for r in results) + " |" for label, cell in ROWS]
-    return "\n".join([header, rule, *body])
-
-
-def breakdown(result: dict[str, Any]) -> str:
-    lines = [f"**N = {result['clusters']}**, per cluster until converged:"]
-    section = result.get("audit_converge")
-    if section:
-        n = result["clusters"]
-        lines.append(
-            "writes "
-            + ", ".join(f"{k} {v / n:.2f}" for k, v in section["writes_by"].items())
-            + (f" (failed: {section['write_errors']})" if section["write_errors"] else "")
-            + "; reads (whole run until Ready, all clusters): "
-            + ", ".join(
-                f"{k.replace(' ?', ' non-resource')} {v}"
-                for k, v in result["audit_ready"]["reads_by"].items()
-            )
-            + "."
-        )
-        steady = result["audit_steady"]
-        if steady["writes"]:
-            lines.append("Steady-state writes: " + json.dumps(steady["writes_by"]) + ".")
-    lines.append(
-        "CPU seconds of each process until converged: "
-        + ", ".join(f"{k} {v:g}" for k, v in sorted(result["component_cpu_converge_s"].items()))
-        + f", operator {result['operator_cpu_converge_s']:g}"
-        + (
-            f", this script {result['bench_cpu_converge_s']:g}; the machine's CPUs were busy"
-            f" {result['cpus_busy_converge']:g} of {os.cpu_count()} on average, of which"
-            f" {result['other_cpu_converge_s']:g} CPU-s were processes foreign to this run."
-            if "other_cpu_converge_s" in result
-            else "."
-        )
-    )
-    return "\n".join(lines)
-
-
-def markdown(results: list[dict[str, Any]], env: dict[str, str]) -> str:
-    parts = [
-        "## Results",
-        "",
-        f"Run {env['date']} on {env['machine']}; {env['versions']}; HEAD `{env['commit']}`"
-        " (the working tree, as it was).",
-        "",
-        table(results),
-        "",
-        *[breakdown(r) + "\n" for r in results],
-    ]
-    return "\n".join(parts).rstrip() + "\n"
-
-
-def write_doc(text: str) -> None:
-    block = f"{BEGIN}\n{text}{END}\n"
-    current = DOC.read_text() if DOC.exists() else "# Benchmarks\n\n"
-    if BEGIN in current and END in current:
-        head, _, rest = current.partition(BEGIN)
-        _, _, tail = rest.partition(END)
-        updated = head + block + tail.removeprefix("\n")
-    else:
-        updated = current.rstrip() + "\n\n" + block
-    DOC.parent.mkdir(parents=True, exist_ok=True)
-    DOC.write_text(updated)
 
 
 # --- entry point -------------------------------------------------------------------------------
@@ -1210,10 +821,7 @@ def main(argv: list[str] | None = None) -> int:
     # a 2-CPU machine; the 1000 run uses 1 replica unless asked otherwise (see the doc).
     sizes = [(n, r or args.replicas) for n, r in (args.clusters or [(100, None), (1000, 1)])]
 
-    def interrupted(signum: int, _frame: Any) -> None:
-        raise Interrupted(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, interrupted)
+    raise_on_sigterm()
     env = environment()
     say(f"==> Stateward benchmark: {env['machine']}; {env['versions']}")
     results: list[dict[str, Any]] = []

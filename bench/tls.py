@@ -40,7 +40,7 @@ import httpx
 
 from bench import dataplane as dp
 from bench import pgbench
-from bench.nodes import environment, output_flags, ready_for_real_nodes, say
+from bench.common import environment, output_flags, ready_for_real_nodes, say
 from stateward import pki
 from stateward.api import v1alpha1
 from stateward.specs import tls

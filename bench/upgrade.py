@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from bench import dataplane as dp
-from bench.nodes import environment, output_flags, ready_for_real_nodes, say
+from bench.common import environment, output_flags, ready_for_real_nodes, say
 
 BEGIN = "<!-- upgrade:begin -->"
 END = "<!-- upgrade:end -->"

@@ -27,8 +27,9 @@ def _statements(function: ast.AST) -> int:
     return count
 
 
-def test_no_benchmark_function_is_a_wall_of_statements() -> None:
-    tree = ast.parse((BENCH / "run.py").read_text())
+@pytest.mark.parametrize("module", ["run", "probes", "scale_report"])
+def test_no_benchmark_function_is_a_wall_of_statements(module: str) -> None:
+    tree = ast.parse((BENCH / f"{module}.py").read_text())
     sizes = {
         node.name: _statements(node)
         for node in ast.walk(tree)
@@ -46,3 +47,20 @@ def test_the_benchmark_imports_and_parses_its_flags() -> None:
     with pytest.raises(SystemExit) as exit_info:
         run.parse(["--help"])
     assert exit_info.value.code == 0
+
+
+def test_the_results_go_between_their_markers_or_are_appended_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bench import scale_report
+    from bench.scale_report import BEGIN, END, write_doc
+
+    doc = tmp_path / "docs" / "benchmarks.md"
+    monkeypatch.setattr(scale_report, "DOC", doc)
+    write_doc("first\n")  # no file, not even its directory: made, with no method
+    assert doc.read_text() == f"# Benchmarks\n\n{BEGIN}\nfirst\n{END}\n"
+    doc.write_text(f"# Benchmarks\n\nby hand\n\n{BEGIN}\nfirst\n{END}\n\n## Real nodes\n")
+    write_doc("second\n")
+    assert doc.read_text() == (
+        f"# Benchmarks\n\nby hand\n\n{BEGIN}\nsecond\n{END}\n\n## Real nodes\n"
+    )

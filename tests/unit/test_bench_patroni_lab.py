@@ -16,7 +16,8 @@ from tests.unit.test_bench import _statements
 
 pytestmark = pytest.mark.unit
 
-MODULE = Path(__file__).resolve().parents[2] / "bench" / "patroni_lab.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+MODULES = ("patroni_lab", "patroni_model", "patroni_processes", "patroni_faults", "patroni_report")
 MAX_STATEMENTS = 40
 
 # Patroni 4.1's GET /cluster of a healthy 3-member cluster in synchronous mode (trimmed).
@@ -35,8 +36,9 @@ def _cluster(*members: tuple[str, str, str]) -> dict[str, Any]:
     return {"members": [{"name": n, "role": r, "state": s} for n, r, s in members]}
 
 
-def test_no_function_is_a_wall_of_statements() -> None:
-    tree = ast.parse(MODULE.read_text())
+@pytest.mark.parametrize("module", MODULES)
+def test_no_function_is_a_wall_of_statements(module: str) -> None:
+    tree = ast.parse((BENCH / f"{module}.py").read_text())
     sizes = {
         node.name: _statements(node)
         for node in ast.walk(tree)
@@ -47,6 +49,7 @@ def test_no_function_is_a_wall_of_statements() -> None:
 
 def test_it_imports_and_parses_its_flags() -> None:
     from bench import patroni_lab
+    from bench.patroni_model import FAULTS
 
     args = patroni_lab.parse(["--runs", "2", "--faults", "node-loss,switchover", "--no-doc"])
     assert (args.runs, args.faults, args.no_doc, args.keep) == (
@@ -56,7 +59,7 @@ def test_it_imports_and_parses_its_flags() -> None:
         False,
     )
     defaults = patroni_lab.parse([])
-    assert (defaults.runs, defaults.faults, defaults.json) == (5, list(patroni_lab.FAULTS), None)
+    assert (defaults.runs, defaults.faults, defaults.json) == (5, list(FAULTS), None)
     with pytest.raises(SystemExit) as exit_info:
         patroni_lab.parse(["--help"])
     assert exit_info.value.code == 0
@@ -66,7 +69,7 @@ def test_it_imports_and_parses_its_flags() -> None:
 
 
 def test_it_installs_the_patroni_of_the_instance_image_with_the_etcd3_dcs() -> None:
-    from bench.patroni_lab import REQUIREMENTS, lab_requirements
+    from bench.patroni_model import REQUIREMENTS, lab_requirements
 
     from stateward_local.images import catalog
 
@@ -79,7 +82,7 @@ def test_it_installs_the_patroni_of_the_instance_image_with_the_etcd3_dcs() -> N
 
 
 def test_the_cluster_json_gives_the_leader_and_the_synchronous_standby() -> None:
-    from bench.patroni_lab import parse_cluster
+    from bench.patroni_model import parse_cluster
 
     view = parse_cluster(HEALTHY)
     assert (view.leader, view.sync) == ("m1", ("m2",))
@@ -92,7 +95,7 @@ def test_the_cluster_json_gives_the_leader_and_the_synchronous_standby() -> None
 
 
 def test_healthy_means_one_running_leader_one_sync_standby_and_everyone_streaming() -> None:
-    from bench.patroni_lab import healthy, parse_cluster
+    from bench.patroni_model import healthy, parse_cluster
 
     assert healthy(parse_cluster(HEALTHY), NAMES)
     not_yet = [
@@ -130,7 +133,7 @@ def test_healthy_means_one_running_leader_one_sync_standby_and_everyone_streamin
 def _round(t: float, own: dict[str, Any], leaders: dict[str, str | None]) -> Any:
     """A poll round: each member's own report, and the leader each member's view names
     (running), or None where it did not answer."""
-    from bench.patroni_lab import ClusterView, Round
+    from bench.patroni_model import ClusterView, Round
 
     views = {
         name: None if leader is None else ClusterView(leader, (), {leader: ("leader", "running")})
@@ -144,7 +147,7 @@ def _me(role: str, started: str = "t0", state: str = "running") -> dict[str, Any
 
 
 def test_the_new_primary_is_another_leader_in_a_cluster_view() -> None:
-    from bench.patroni_lab import ClusterView, Round, new_primary
+    from bench.patroni_model import ClusterView, Round, new_primary
 
     rounds = [
         _round(0.5, {"m1": _me("primary"), "m2": _me("replica")}, {"m1": "m1", "m2": "m1"}),
@@ -159,7 +162,7 @@ def test_the_new_primary_is_another_leader_in_a_cluster_view() -> None:
 
 
 def test_a_postmaster_restarted_in_place_counts_once_it_runs_as_primary_again() -> None:
-    from bench.patroni_lab import new_primary
+    from bench.patroni_model import new_primary
 
     rounds = [
         # the old postmaster, still reported (the kill not yet noticed)
@@ -172,7 +175,8 @@ def test_a_postmaster_restarted_in_place_counts_once_it_runs_as_primary_again() 
 
 
 def test_two_primaries_are_two_members_each_reporting_itself_a_running_primary() -> None:
-    from bench.patroni_lab import primaries, view_leaders, watched
+    from bench.patroni_faults import watched
+    from bench.patroni_model import primaries, view_leaders
 
     calm = _round(1.0, {"m1": _me("replica"), "m2": _me("primary")}, {"m1": "m2", "m2": "m2"})
     resumed = _round(
@@ -194,7 +198,7 @@ def test_two_primaries_are_two_members_each_reporting_itself_a_running_primary()
 
 
 def test_a_members_processes_are_the_whole_tree_below_it() -> None:
-    from bench.patroni_lab import descendants
+    from bench.patroni_model import descendants
 
     tree = {10: [11, 12], 11: [13], 12: [], 13: [], 20: [21]}
     assert descendants(10, lambda pid: tree.get(pid, [])) == [10, 11, 12, 13]
@@ -221,7 +225,7 @@ def _entry(
 
 
 def test_the_summary_of_one_fault() -> None:
-    from bench.patroni_lab import summarize
+    from bench.patroni_model import summarize
 
     entries = [_entry(2.0, 2.5), _entry(3.0, 3.1, lost=1, twice=True), _entry(2.5, 2.9)]
     assert summarize(entries) == {
@@ -239,7 +243,7 @@ def test_the_summary_of_one_fault() -> None:
 
 
 def test_the_markdown_rows_one_per_fault_in_a_fixed_order() -> None:
-    from bench.patroni_lab import rows
+    from bench.patroni_report import rows
 
     result = {
         "faults": {
@@ -264,20 +268,26 @@ def test_the_markdown_rows_one_per_fault_in_a_fixed_order() -> None:
     assert only[2:] == ["| switchover | 1 | 1.00 / 1.00 s | 1.0 / 1.0 s | **2** of 100 | no |"]
 
 
-def test_the_doc_block_replaces_its_markers_or_is_appended() -> None:
-    from bench.patroni_lab import BEGIN, END, replace_block
+def test_the_doc_block_replaces_its_markers_or_is_appended_with_the_method(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bench import patroni_report
+    from bench.patroni_report import BEGIN, END, METHOD, SECTION, write_doc
 
-    doc = f"# Benchmarks\n\nintro\n\n## Bare\n\nmethod\n\n{BEGIN}\nold\n{END}\n\n## Next\n"
-    assert replace_block(doc, "new\n", "unused") == (
-        f"# Benchmarks\n\nintro\n\n## Bare\n\nmethod\n\n{BEGIN}\nnew\n{END}\n\n## Next\n"
-    )
-    assert replace_block("# Benchmarks\n\nintro\n", "new\n", "## Bare\n\nhow\n") == (
-        f"# Benchmarks\n\nintro\n\n## Bare\n\nhow\n\n{BEGIN}\nnew\n{END}\n"
-    )
+    doc = tmp_path / "benchmarks.md"
+    monkeypatch.setattr(patroni_report, "DOC", doc)
+    write_doc("first\n")
+    assert doc.read_text() == f"# Benchmarks\n\n{METHOD}\n{BEGIN}\nfirst\n{END}\n"
+    assert METHOD.startswith(f"{SECTION}\n")
+    doc.write_text(doc.read_text() + "\n## Next\n")
+    write_doc("second\n")
+    assert doc.read_text() == f"# Benchmarks\n\n{METHOD}\n{BEGIN}\nsecond\n{END}\n\n## Next\n"
 
 
 def test_the_members_listen_on_loopback_only_with_the_recorded_dcs(tmp_path: Path) -> None:
-    from bench.patroni_lab import DCS, Lab, patroni_config, writer_dsn
+    from bench.patroni_faults import writer_dsn
+    from bench.patroni_model import DCS
+    from bench.patroni_processes import Lab, patroni_config
 
     lab = Lab(tmp_path, Path("python"), Path("etcd"), None)
     try:
@@ -314,7 +324,7 @@ def test_the_members_listen_on_loopback_only_with_the_recorded_dcs(tmp_path: Pat
 
 
 def test_pauses_are_the_long_gaps_that_end_after_the_fault() -> None:
-    from bench.patroni_lab import pauses
+    from bench.patroni_faults import pauses
 
     stamps = [0.0, 2.0, 2.1, 10.0, 10.1, 10.2, 13.2, 13.3]
     # The fault at 1.0: 0 → 2 ends after it, then 2.1 → 10.0 and 10.2 → 13.2.

@@ -53,14 +53,6 @@ def test_the_summary_gives_processed_failed_tps_and_aborted_clients() -> None:
     assert math.isnan(pgbench.parse_summary("", "")["latency_ms"])
 
 
-def test_percentile_is_the_nearest_rank() -> None:
-    values = [float(v) for v in range(1, 101)]
-    assert pgbench.percentile(values, 99) == 99.0
-    assert pgbench.percentile(values, 50) == 50.0
-    assert pgbench.percentile([7.0], 99) == 7.0
-    assert math.isnan(pgbench.percentile([], 99))
-
-
 def test_the_longest_stall_includes_the_window_edges() -> None:
     assert pgbench.longest_stall([1.0, 1.5, 4.0], 0.0, 5.0) == 2.5
     assert pgbench.longest_stall([], 10.0, 12.0) == 2.0  # nothing completed at all
