@@ -28,6 +28,7 @@ from stateward.controllers import core
 from stateward.controllers.kube import PatroniAccess, PatroniError, Ref
 from stateward.controllers.postgres import reconcile as postgrescluster
 from stateward.controllers.postgres.dataplane import DataPlane
+from stateward.controllers.postgres.status import write_status
 from stateward.controllers.store import ObjectStore
 from stateward.instance import patroni
 from stateward.specs import meta, tls
@@ -478,6 +479,6 @@ class Operator:
             note = await phase(scope)
             if note:
                 scope.notes.append(note)
-        await postgrescluster.write_status(scope, deleting=False)
+        await write_status(scope, deleting=False)
         self.notes = scope.notes
         return scope.notes

@@ -7,7 +7,8 @@ import pytest
 from lightkube import ApiError
 
 from stateward.controllers.conditions import get_condition, is_true, set_condition
-from stateward.controllers.postgres.reconcile import failure_message, pod_problem
+from stateward.controllers.postgres.reconcile import failure_message
+from stateward.controllers.postgres.status import pod_problem
 
 pytestmark = pytest.mark.unit
 

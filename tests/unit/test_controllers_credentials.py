@@ -6,7 +6,9 @@ from typing import Any
 
 import pytest
 
+from stateward.controllers.postgres import backup_phases
 from stateward.controllers.postgres import reconcile as postgrescluster
+from stateward.controllers.postgres.scope import ROLL_RECHECK
 from stateward.controllers.store import ObjectStore
 from tests.support.clusters import BACKUP, make_cluster
 
@@ -39,7 +41,7 @@ async def check(kube: Kube, memo: dict[Any, Any], generation: int = 2) -> postgr
         conditions=[],
         credentials_checked=memo,
     )
-    await postgrescluster.check_backup_credentials(scope)
+    await backup_phases.check_backup_credentials(scope)
     return scope
 
 
@@ -47,14 +49,14 @@ async def test_complete_credentials_are_read_again_only_after_a_while_or_a_spec_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = [1000.0]
-    monkeypatch.setattr(postgrescluster.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(backup_phases.time, "monotonic", lambda: clock[0])
     kube, memo = Kube(COMPLETE), {}
     for _ in range(5):
         await check(kube, memo)
     assert kube.gets == 1  # reconciles at rest read it once
     await check(kube, memo, generation=3)
     assert kube.gets == 2  # a new spec (another Secret, perhaps) reads it at once
-    clock[0] += postgrescluster.CREDENTIALS_RECHECK
+    clock[0] += backup_phases.CREDENTIALS_RECHECK
     await check(kube, memo, generation=3)
     assert kube.gets == 3  # and a slow timer catches a Secret changed since
 
@@ -126,7 +128,7 @@ async def test_a_cluster_made_again_under_a_deleted_one_s_name_waits_for_its_sec
     monkeypatch.setattr(postgrescluster.certificates, "ca_cert", ca)
     note = await postgrescluster.ensure_secrets(scope)
     assert note == "waiting for the previous cluster's demo-superuser to be garbage-collected"
-    assert scope.halted and scope.requeue_after == postgrescluster.ROLL_RECHECK
+    assert scope.halted and scope.requeue_after == ROLL_RECHECK
 
 
 def claim(name: str, *, deleting: bool) -> dict[str, Any]:

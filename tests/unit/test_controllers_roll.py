@@ -9,6 +9,7 @@ import pytest
 
 from stateward.controllers.kube import Ref
 from stateward.controllers.postgres import reconcile as postgrescluster
+from stateward.controllers.postgres.status import check_instances
 from stateward.controllers.store import ObjectStore
 from tests.support.clusters import make_cluster
 
@@ -182,7 +183,7 @@ async def test_an_instance_the_required_placement_cannot_place_says_how_to_fix_i
     scope = scope_with(
         [pod("demo-0", revision="new", tls=True), unplaced("demo-3", ANTI_AFFINITY)], kube
     )
-    assert await postgrescluster.check_instances(scope) == "instances cannot run: NotEnoughNodes"
+    assert await check_instances(scope) == "instances cannot run: NotEnoughNodes"
     ((reason, message),) = scope.degraded
     assert reason == "NotEnoughNodes"
     assert message.startswith("demo-3 cannot be placed: spec.placement.antiAffinity is Required")
@@ -195,7 +196,7 @@ async def test_an_instance_unplaced_for_another_reason_is_not_blamed_on_the_plac
     scope = scope_with(
         [unplaced("demo-1", "0/3 nodes are available: 3 Insufficient memory.")], Kube()
     )
-    await postgrescluster.check_instances(scope)
+    await check_instances(scope)
     ((reason, message),) = scope.degraded
     assert reason == "InstancesNotRunning" and "Insufficient memory" in message
 

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from stateward.api import validation
+from stateward.controllers.postgres import backup_phases
 from stateward.controllers.postgres import reconcile as postgrescluster
 from stateward.controllers.store import ObjectStore
 from stateward.runtime import webhook
@@ -94,12 +95,12 @@ async def test_a_stored_foreign_path_halts_the_cluster_with_a_condition_and_one_
         )
 
     first = scope([])
-    assert await postgrescluster.check_repository_paths(first) is not None
+    assert await backup_phases.check_repository_paths(first) is not None
     assert first.halted
     ((reason, message),) = first.degraded
     assert reason == "RepositoryPathOutsideNamespace" and "/bank/ledger" in message
     assert kube.events == [("RepositoryPathOutsideNamespace", message, True)]
     # Told once: the next reconcile finds the condition and sends no second Event.
     again = scope([{"type": "Degraded", "status": "True", "reason": reason, "message": message}])
-    await postgrescluster.check_repository_paths(again)
+    await backup_phases.check_repository_paths(again)
     assert again.halted and len(kube.events) == 1

@@ -53,7 +53,8 @@ def allows(
 
 
 def reconciler_writes() -> dict[str, set[str]]:
-    """Kind -> the write verbs the reconciler sends for it (controllers/postgres/reconcile.py)."""
+    """Kind -> the write verbs the reconciler sends for it (controllers/postgres/: reconcile.py,
+    backup_phases.py, deletion.py)."""
     writes: dict[str, set[str]] = {}
     # apply_children: server-side apply, which is a patch that creates when absent.
     for child in postgres_specs.children(CLUSTER, patroni_config=config.patroni_config(CLUSTER)):

@@ -1,10 +1,13 @@
 """The scope of one PostgresCluster reconcile: the cluster, its observed children, and what
-the phases decided. Shared by the reconciler's phases (``postgrescluster``) and the data
-plane's (``dataplane``), which import it from here rather than from each other."""
+the phases decided. Shared by the reconciler (``reconcile``), its phase modules
+(``backup_phases``, ``deletion``, ``status``) and the data plane (``dataplane``), which
+import it from here rather than from each other; so are the helpers and recheck intervals
+that more than one of them uses."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from typing import Any, Final
 
 from stateward.api.v1alpha1 import PostgresCluster
@@ -16,6 +19,12 @@ from stateward.specs import meta, tls
 from stateward.specs.postgres import secrets
 
 JOB_NAME_LABEL: Final = "batch.kubernetes.io/job-name"
+# Seconds after which the phases look again: while pods roll or the cluster's own objects are
+# awaited; while something makes progress (a Job runs, instances start); while only the user
+# can fix what is wrong (a backstop: most changes arrive by watch).
+ROLL_RECHECK = 2.0
+PROGRESS_RECHECK = 5.0
+UNSATISFIABLE_RECHECK = 30.0
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -125,6 +134,15 @@ def instance_pods(scope: Scope, *, including_deleting: bool = False) -> list[Bod
     ]
 
 
+def data_volumes(scope: Scope) -> list[Body]:
+    """The instances' volumes: every claim the cluster owns but the backup repository's."""
+    return [
+        claim
+        for claim in scope.owned("PersistentVolumeClaim")
+        if (claim["metadata"].get("labels") or {}).get(meta.BACKUP_REPOSITORY_LABEL) != "true"
+    ]
+
+
 def pod_role(pod: Body) -> str | None:
     return (pod["metadata"].get("labels") or {}).get(meta.ROLE_LABEL)
 
@@ -162,3 +180,16 @@ async def delete_patroni_state(scope: Scope) -> None:
             "ownerReferences"
         ):
             await scope.kube.delete(Ref.of(config_map))
+
+
+async def delete_observed(scope: Scope, kinds: Iterable[str], name: str) -> list[str]:
+    """Delete the children called ``name`` of each of ``kinds`` that the store holds, and
+    forget them; the kinds it deleted."""
+    deleted = []
+    for kind in kinds:
+        observed = scope.observed(kind, name)
+        if observed is not None:
+            await scope.kube.delete(Ref.of(observed))
+            scope.forget(kind, name)
+            deleted.append(kind)
+    return deleted
