@@ -158,7 +158,10 @@ def test_provision_expand_and_delete_a_local_volume(
     node = running["spec"]["nodeName"]
     annotations = bound["metadata"]["annotations"]
     assert annotations[prov.ANN_SELECTED_NODE] == node
-    assert annotations[prov.ANN_STORAGE_PROVISIONER] == prov.PROVISIONER
+    # Not asserted: kube-controller-manager's storage-provisioner annotation on the claim. The
+    # provisioner serves the claim by its class before that annotation comes (claim_is_ours),
+    # and on a busy machine the claim can bind first, so kube-controller-manager never adds it
+    # (seen in a clean-clone run). That the volume is ours is the PV's annotation, below.
     name = bound["spec"]["volumeName"]
     assert name == f"pvc-{bound['metadata']['uid']}"
     pv = get(control_plane, f"/api/v1/persistentvolumes/{name}")
