@@ -36,7 +36,7 @@ run: binaries ## Main job: local cluster + operator + a sample PostgresCluster, 
 	@$(BIN)/stateward local run
 
 .PHONY: test
-test: binaries ## Every test: unit, integration, e2e (two workers; TEST_WORKERS=1 for one)
+test: binaries ## Every test: unit, integration, e2e (three workers; TEST_WORKERS=1 for one)
 	@$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_FLAGS) tests
 
 .PHONY: test-unit
