@@ -84,6 +84,7 @@ def test_untagged_single_binary_argv(tmp_path: Path) -> None:
     argv = binaries.go_build_argv("/usr/bin/go", binaries.ETCD, tmp_path)
     assert "-tags" not in argv
     assert argv[:2] == ["/usr/bin/go", "build"]
+    assert "-gcflags=all=-dwarf=false" in argv  # stripped at link anyway; faster to compile
     assert argv[argv.index("-o") + 1] == str(tmp_path / "etcd")
     coredns = binaries.go_build_argv("go", binaries.COREDNS, tmp_path)
     assert coredns[coredns.index("-o") + 1] == str(tmp_path / "coredns")
