@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 from stateward_local import binaries
 from stateward_local.errors import LocalClusterError
-from stateward_local.nodes import packages
+from stateward_local.nodes import daemons, layout, packages
 
 pytestmark = pytest.mark.unit
 
@@ -56,7 +57,7 @@ def test_locate_fills_every_field_once_all_are_built(cache: Path) -> None:
     assert found.ctr.parent == found.containerd.parent == cache / "bin" / "containerd-v2.4.2"
     assert found.cni_bin_dir == cache / "bin" / "cni-plugins-v1.9.1"
     assert (found.cni_bin_dir / "host-local").is_file()
-    assert found.coredns == cache / "bin" / "coredns-v1.15.0" / "coredns"
+    assert found.coredns == cache / "bin" / "coredns-v1.15.0-cluster-dns" / "coredns"
     for path in (p for name, p in vars(found).items() if name != "cni_bin_dir"):
         assert path.is_file(), path
 
@@ -88,7 +89,21 @@ def test_untagged_single_binary_argv(tmp_path: Path) -> None:
     assert argv[argv.index("-o") + 1] == str(tmp_path / "etcd")
     coredns = binaries.go_build_argv("go", binaries.COREDNS, tmp_path)
     assert coredns[coredns.index("-o") + 1] == str(tmp_path / "coredns")
-    assert coredns[-1] == "github.com/coredns/coredns"
+    assert coredns[-1] == "stateward.io/tools/coredns"
+
+
+def test_the_coredns_build_links_every_plugin_the_corefile_uses() -> None:
+    """The wrapper's main links a chosen few plugins; a Corefile directive it lacks would stop
+    CoreDNS at start ("unknown directive"), so every one the local cluster writes is there,
+    imported and in the directive order."""
+    main = (binaries.tools_dir() / "coredns" / "main.go").read_text()
+    imported = set(re.findall(r'"github.com/coredns/coredns/plugin/(\w+)"', main))
+    ordered = re.findall(r'"(\w+)"', main.split("var directives = []string{", 1)[1].split("}")[0])
+    corefile = daemons.corefile(Path("/k"), layout.Slot(1))
+    used = set(re.findall(r"^    (\w+)", corefile, re.MULTILINE))
+    assert used == {"bind", "errors", "kubernetes", "cache"}
+    assert used <= imported and used <= set(ordered)
+    assert set(ordered) == imported
 
 
 def test_missing_tools_map_to_debian_packages() -> None:

@@ -157,7 +157,8 @@ def test_a_table_is_written_once_and_again_into_a_node_started_anew(
 ) -> None:
     written: list[tuple[str, str]] = []
     monkeypatch.setattr(netpol, "_nft", lambda node, script: written.append((node.name, script)))
-    (node,) = layout.nodes_in(tmp_path, 1, layout.Slot())
+    slot = layout.Slot(2)
+    (node,) = layout.nodes_in(tmp_path, 1, slot)
     node.net_ns.parent.mkdir(parents=True)
     listing = Listing(
         {
@@ -169,15 +170,17 @@ def test_a_table_is_written_once_and_again_into_a_node_started_anew(
     applied: dict[str, tuple[int, str]] = {}
     real = {node.name: node}
     # A stopped node (no namespace) gets nothing, and nothing is remembered for it.
-    netpol._round(listing, real, applied, ())  # type: ignore[arg-type]
+    netpol._round(listing, real, applied, (), slot)  # type: ignore[arg-type]
     assert written == [] and applied == {}
     node.net_ns.write_text("")
-    netpol._round(listing, real, applied, ())  # type: ignore[arg-type]
-    netpol._round(listing, real, applied, ())  # type: ignore[arg-type]
+    netpol._round(listing, real, applied, (), slot)  # type: ignore[arg-type]
+    netpol._round(listing, real, applied, (), slot)  # type: ignore[arg-type]
     assert len(written) == 1 and "ip daddr 10.244.1.2 drop" in written[0][1]
+    # The round's own slot's node network (kubelet probes) passes, not slot 0's.
+    assert "10.250.2.0/24" in written[0][1] and "10.250.0.0/24" not in written[0][1]
     # Started again, the node has a new namespace without the table: it is written again.
     anew = node.net_ns.with_name("new")
     anew.write_text("")
     anew.replace(node.net_ns)
-    netpol._round(listing, real, applied, ())  # type: ignore[arg-type]
+    netpol._round(listing, real, applied, (), slot)  # type: ignore[arg-type]
     assert len(written) == 2 and written[1] == written[0]

@@ -66,6 +66,9 @@ class Component:
     tags: tuple[str, ...] = ()
     # Files the build writes next to the binaries; a cache directory without them is stale.
     extra_files: tuple[str, ...] = ()
+    # Names a build that differs from upstream's at the same version (fewer plugins), so a
+    # cache of the other build is not taken for it.
+    variant: str = ""
 
     @property
     def binaries(self) -> tuple[str, ...]:
@@ -179,7 +182,9 @@ COREDNS = Component(
     name="coredns",
     version=COREDNS_VERSION,
     module_dir="coredns",
-    packages=("github.com/coredns/coredns",),
+    # The wrapper's own main (tools/coredns/main.go) links only the plugins the Corefile uses.
+    packages=("stateward.io/tools/coredns",),
+    variant="cluster-dns",
     tags=("grpcnotrace",),  # upstream Makefile's default GOTAGS
     ldflags=f"-s -w -X github.com/coredns/coredns/coremain.GitCommit={COREDNS_VERSION}",
 )
@@ -223,7 +228,8 @@ def tools_dir() -> Path:
 
 
 def component_dir(component: Component) -> Path:
-    return cache_dir() / "bin" / f"{component.name}-{component.version}"
+    variant = f"-{component.variant}" if component.variant else ""
+    return cache_dir() / "bin" / f"{component.name}-{component.version}{variant}"
 
 
 @dataclasses.dataclass(frozen=True)

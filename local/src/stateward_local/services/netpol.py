@@ -251,7 +251,7 @@ def run(
     applied: dict[str, tuple[int, str]] = {}
     try:
         while not stop.is_set():
-            _round(client, real, applied, only)
+            _round(client, real, applied, only, slot)
             stop.wait(INTERVAL)
     finally:
         for name in applied:
@@ -266,6 +266,7 @@ def _round(
     real: Mapping[str, layout.Node],
     applied: dict[str, tuple[int, str]],
     only: Sequence[str],
+    slot: layout.Slot,
 ) -> None:
     try:
         wanted = scripts(
@@ -274,7 +275,7 @@ def _round(
             [item.to_dict() for item in client.list(Namespace)],
             _dicts(client, NetworkPolicy),
             only=only,
-            slot=next(iter(real.values())).slot if real else None,
+            slot=slot,
         )
     except Exception as error:  # the API server restarting: try again
         print(f"netpol: listing failed: {error}", file=sys.stderr, flush=True)
