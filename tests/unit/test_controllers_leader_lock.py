@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -59,6 +60,7 @@ def pod(
     ready: bool = True,
     state: dict[str, Any] | None = None,
     last: dict[str, Any] | None = None,
+    stream: str | None = None,
 ) -> dict[str, Any]:
     labels = {
         "app.kubernetes.io/name": "stateward",
@@ -70,6 +72,9 @@ def pod(
     metadata: dict[str, Any] = {"name": name, "namespace": "db", "labels": labels}
     if deleting:
         metadata["deletionTimestamp"] = "2026-12-02T10:00:30Z"
+    if stream is not None:  # Patroni's record of a running replica and its WAL receiver
+        record = {"state": "running", "role": "replica", "replication_state": stream}
+        metadata["annotations"] = {"status": json.dumps(record)}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -102,8 +107,8 @@ def lock(holder: str, renewed: str = "2026-12-02T10:00:03.5+00:00") -> dict[str,
     }
 
 
-def scope(kube: FakeKube, *pods: dict[str, Any]) -> postgrescluster.Scope:
-    cluster = make_cluster()
+def scope(kube: FakeKube, *pods: dict[str, Any], **spec: Any) -> postgrescluster.Scope:
+    cluster = make_cluster(**spec)
     store = ObjectStore()
     for body in pods:
         store.observe(body)
@@ -245,3 +250,137 @@ async def test_no_primary_and_nobody_unwell_reads_nothing() -> None:
     the_scope = scope(kube, pod("demo-0", role="replica", node="node-1"))
     assert await DataPlane().follow_leader_lock(the_scope) is None
     assert kube.gets == []
+
+
+# --- a silent primary: hung or cut off, its pod still Ready --------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def silent_cluster(stream: str, **spec: Any) -> tuple[FakeKube, postgrescluster.Scope]:
+    kube = FakeKube(
+        {
+            ("ConfigMap", "demo-leader"): lock("demo-0"),
+            ("ConfigMap", "demo-sync"): {"metadata": {"annotations": {"sync_standby": "demo-1"}}},
+        }
+    )
+    return kube, scope(
+        kube,
+        pod("demo-0", role="primary", node="node-1"),
+        pod("demo-1", role="replica", node="node-2", stream=stream),
+        pod("demo-2", role="replica", node="node-3", stream="streaming"),
+        **spec,
+    )
+
+
+async def knows_the_sync_standby(plane: DataPlane, **spec: Any) -> None:
+    """A reconcile while every replica streams: the operator has read Patroni's record."""
+    kube, healthy = silent_cluster("streaming", **spec)
+    await plane.observe_sync(healthy)
+    assert await plane.follow_leader_lock(healthy) is None
+    assert ("ConfigMap", "demo-leader") not in kube.gets, "streaming standbys cost no read"
+
+
+async def test_a_silent_primary_loses_its_lock_once_unrenewed_while_its_standby_lost_it() -> None:
+    clock = Clock()
+    plane = DataPlane(clock=clock)
+    await knows_the_sync_standby(plane)
+    kube, lost_stream = silent_cluster("in archive recovery")
+    # First sight: the lock is read and its version remembered; nothing is released yet.
+    assert await plane.follow_leader_lock(lost_stream) is None
+    assert kube.patches == [] and lost_stream.requeue_after is not None
+    assert lost_stream.requeue_after <= 3.0
+    clock.now += 1.0
+    assert await plane.follow_leader_lock(lost_stream) is None and kube.patches == []
+    # The same version a whole loop and more later: no running Patroni renewed it.
+    clock.now += 2.1
+    note = await plane.follow_leader_lock(lost_stream)
+    assert note == "released the leader lock of demo-0 (PrimarySilent)"
+    assert kube.patches == [
+        (
+            "ConfigMap",
+            "demo-leader",
+            {"metadata": {"resourceVersion": "42", "annotations": {"leader": None}}},
+        )
+    ]
+    assert ("ConfigMap", "demo-sync") in kube.gets, "the sync record is confirmed afresh"
+    reason, message = kube.events[-1]
+    assert reason == "LeaderLockReleased" and "demo-1 lost its WAL stream" in message
+    assert await plane.follow_leader_lock(lost_stream) is None and len(kube.patches) == 1
+    # Patroni promotes the standby: the failover report says how and that the lock went.
+    clock.now += 2.0
+    _, promoted = silent_cluster("streaming")
+    promoted.store.observe(pod("demo-0", role="replica", node="node-1", stream="streaming"))
+    promoted.store.observe(pod("demo-1", role="primary", node="node-2"))
+    promoted.body["status"] = {"primaryPod": "demo-0"}
+    assert await plane.report_failover(promoted) == "failover from demo-0 to demo-1"
+    assert promoted.last_failover is not None
+    assert promoted.last_failover["lockReleased"] is True
+    assert promoted.last_failover["seconds"] == 5.1
+    assert "went silent" in promoted.last_failover["cause"]
+
+
+async def test_a_silent_primary_that_renews_its_lock_keeps_it() -> None:
+    clock = Clock()
+    plane = DataPlane(clock=clock)
+    await knows_the_sync_standby(plane)
+    kube, lost_stream = silent_cluster("in archive recovery")
+    assert await plane.follow_leader_lock(lost_stream) is None
+    for version in ("43", "44", "45"):  # Patroni renews every loop: a new version each read
+        clock.now += 3.5
+        kube.objects[("ConfigMap", "demo-leader")]["metadata"]["resourceVersion"] = version
+        assert await plane.follow_leader_lock(lost_stream) is None
+    assert kube.patches == [] and kube.events == []
+
+
+async def test_a_standby_patroni_no_longer_lists_keeps_the_lock() -> None:
+    clock = Clock()
+    plane = DataPlane(clock=clock)
+    await knows_the_sync_standby(plane)
+    kube, lost_stream = silent_cluster("in archive recovery")
+    assert await plane.follow_leader_lock(lost_stream) is None
+    # The primary's Patroni took the standby off its list: it is alive, and may commit alone.
+    kube.objects[("ConfigMap", "demo-sync")]["metadata"]["annotations"]["sync_standby"] = "demo-2"
+    clock.now += 3.5
+    assert await plane.follow_leader_lock(lost_stream) is None
+    assert kube.patches == []
+
+
+async def test_a_silent_primary_whose_lock_is_renewed_at_the_release_keeps_it() -> None:
+    clock = Clock()
+    plane = DataPlane(clock=clock)
+    await knows_the_sync_standby(plane)
+    kube, lost_stream = silent_cluster("in archive recovery")
+    assert await plane.follow_leader_lock(lost_stream) is None
+    clock.now += 3.5
+    kube.conflict = True
+    note = await plane.follow_leader_lock(lost_stream)
+    assert note is not None and "renewed meanwhile" in note and kube.events == []
+
+
+@pytest.mark.parametrize(
+    "synchronous",
+    [{"method": "Quorum"}, {"mode": "Off"}],
+    ids=["quorum-commit", "asynchronous"],
+)
+async def test_without_priority_synchronous_replication_a_silent_primary_waits_for_the_ttl(
+    synchronous: dict[str, str],
+) -> None:
+    # Under quorum commit a second voter could confirm a thawed primary's commit; without
+    # synchronous replication the standby may lack acknowledged commits. Patroni's ttl decides.
+    clock = Clock()
+    plane = DataPlane(clock=clock)
+    kube, healthy = silent_cluster("streaming", synchronous=synchronous)
+    await plane.observe_sync(healthy)
+    _, lost_stream = silent_cluster("in archive recovery", synchronous=synchronous)
+    lost_stream.kube = kube  # type: ignore[assignment]
+    for _ in range(3):
+        assert await plane.follow_leader_lock(lost_stream) is None
+        clock.now += 3.5
+    assert ("ConfigMap", "demo-leader") not in kube.gets and kube.patches == []

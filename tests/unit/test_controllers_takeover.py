@@ -7,6 +7,8 @@ from typing import Any
 import pytest
 
 from stateward.controllers.postgres import takeover
+from stateward.controllers.postgres.members import Member
+from stateward.instance import patroni
 
 C = "postgres"
 
@@ -218,3 +220,42 @@ def test_the_cause_says_what_happened() -> None:
 )
 def test_times_are_read_only_with_a_zone(text: Any, valid: bool) -> None:
     assert (takeover.parse_time(text) is not None) is valid
+
+
+def member(name: str, *, role: str | None = "replica", state: str | None = "running",
+           stream: str | None = None) -> Member:  # fmt: skip
+    return Member(
+        name=name, uid=name, ordinal=int(name.rsplit("-", 1)[1]), label_role=role, ready=True,
+        address=None, state=state, timeline=1, wal_position=0, replication_state=stream,
+        pending_restart=False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("members", "synchronous", "witness"),
+    [
+        # The listed standby's receiver lost the primary: it witnesses.
+        ([member("pg-1", stream="in archive recovery")], {"pg-1"}, "pg-1"),
+        ([member("pg-1", stream=None)], {"pg-1"}, "pg-1"),
+        # Streaming, or not listed as synchronous, or not running, or not a replica: no.
+        ([member("pg-1", stream="streaming")], {"pg-1"}, None),
+        ([member("pg-1", stream="in archive recovery")], {"pg-2"}, None),
+        ([member("pg-1", state="starting")], {"pg-1"}, None),
+        ([member("pg-1", role=None)], {"pg-1"}, None),
+        # The primary itself never witnesses; of two listed, the lower ordinal.
+        ([member("pg-0", role="primary")], {"pg-0"}, None),
+        ([member("pg-2"), member("pg-1")], {"pg-1", "pg-2"}, "pg-1"),
+    ],
+)
+def test_a_stream_witness_is_a_running_listed_standby_that_lost_the_primary(
+    members: list[Member], synchronous: set[str], witness: str | None
+) -> None:
+    found = takeover.stream_witness(members, "pg-0", frozenset(synchronous))
+    assert (found.name if found else None) == witness
+
+
+def test_the_silent_proof_says_who_lost_the_stream_and_for_how_long() -> None:
+    proof = takeover.silent_proof("pg-1", 3.04)
+    assert proof.reason == "PrimarySilent"
+    assert "pg-1 lost its WAL stream" in proof.message and "3.0 s" in proof.message
+    assert takeover.SILENT_SECONDS > patroni.LOOP_WAIT, "a live Patroni renews within it"

@@ -90,6 +90,15 @@ class Lost:
 
 
 @dataclasses.dataclass(frozen=True)
+class Unrenewed:
+    """A silent primary's leader lock: the resourceVersion read, and since when (the
+    operator's monotonic clock) every read found that same version."""
+
+    version: str
+    since: float
+
+
+@dataclasses.dataclass(frozen=True)
 class SyncSeen:
     """Patroni's synchronous standbys as last read, and what the members looked like then.
 
@@ -116,12 +125,14 @@ class DataPlane:
         self._sync_seen: dict[tuple[str, str], SyncSeen] = {}
         self._primaries: dict[tuple[str, str], str] = {}
         self._lost: dict[tuple[str, str], Lost] = {}
+        self._unrenewed: dict[tuple[str, str], Unrenewed] = {}
 
     def forget(self, key: tuple[str, str]) -> None:
         self._applied.pop(key, None)
         self._sync_seen.pop(key, None)
         self._primaries.pop(key, None)
         self._lost.pop(key, None)
+        self._unrenewed.pop(key, None)
 
     # --- dynamic configuration -----------------------------------------------------------
 
@@ -241,10 +252,13 @@ class DataPlane:
         * A primary proven unable to accept writes (``takeover``): its leader lock is
           released, and Patroni promotes a synchronous standby within a loop instead of
           after the lock's ttl.
+        * A primary gone silent (hung, or cut off) whose pod still looks healthy: see
+          :meth:`_silent_primary`.
 
-        Costs nothing while the primary pod looks healthy; while it does not, the lock (and
-        the node) are read every few seconds until the primary is back or replaced. Also
-        remembers when and how the primary was first seen failing, for the failover report.
+        Costs nothing while the primary pod looks healthy and its synchronous standbys
+        stream; while it does not, the lock (and the node) are read every few seconds until
+        the primary is back or replaced. Also remembers when and how the primary was first
+        seen failing, for the failover report.
         """
         key = (scope.cluster.namespace, scope.cluster.name)
         pods = instance_pods(scope, including_deleting=True)  # a dying primary keeps its label
@@ -263,11 +277,11 @@ class DataPlane:
             pod = next((p for p in pods if p["metadata"]["name"] == holder), None)
         else:
             pod = _named_primary(scope, pods)
-        if pod is None or not takeover.suspect(pod, CONTAINER_NAME):
-            lost = self._lost.get(key)
-            if lost is not None and pod is not None and lost.pod == pod["metadata"]["name"]:
-                self._lost.pop(key)  # the same pod is healthy again: restarted in place
+        if pod is None:
             return None
+        if not takeover.suspect(pod, CONTAINER_NAME):
+            return await self._silent_primary(scope, pod)
+        self._unrenewed.pop(key, None)
         name = pod["metadata"]["name"]
         node_name = (pod.get("spec") or {}).get("nodeName")
         node = await scope.kube.get("v1", "Node", "", node_name) if node_name else None
@@ -300,6 +314,69 @@ class DataPlane:
             f" so Patroni promotes a synchronous standby now, not after the {patroni.TTL} s ttl",
             warning=True,
         )
+        return f"released the leader lock of {name} ({found.reason})"
+
+    async def _silent_primary(self, scope: Scope, pod: Body) -> str | None:
+        """A primary whose pod looks healthy while a synchronous standby reports that its WAL
+        receiver lost it: a hung or partitioned primary, which the kubelet cannot report
+        either. Under ``Priority`` synchronous replication its lock is released once it has
+        gone unrenewed for :data:`takeover.SILENT_SECONDS` and Patroni's ``NAME-sync``
+        record, read afresh, still lists that standby (``takeover`` has the argument). Costs
+        nothing while every synchronous standby streams."""
+        key = (scope.cluster.namespace, scope.cluster.name)
+        name = pod["metadata"]["name"]
+        lost = self._lost.get(key)
+        if lost is not None and lost.pod == name and lost.released:
+            scope.requeue(RECHECK)  # released: Patroni promotes the standby
+            return None
+        seen = self._sync_seen.get(key)
+        witness = (
+            takeover.stream_witness(scope.members, name, seen.found)
+            if seen is not None
+            and config_spec.synchronous_settings(scope.cluster)["synchronous_mode"] is True
+            else None
+        )
+        lock = await _read_lock(scope) if witness is not None else None
+        if witness is None or lock is None or _holder(lock) != name:
+            self._unrenewed.pop(key, None)
+            if lost is not None and lost.pod == name:
+                self._lost.pop(key)  # the same pod is healthy again (or restarted in place)
+            return None
+        now = self._clock()
+        if lost is None or lost.pod != name:
+            cause = f"it went silent: its synchronous standby {witness.name} lost its WAL stream"
+            self._lost[key] = lost = Lost(name, now, cause)
+        version = str(lock["metadata"].get("resourceVersion"))
+        unrenewed = self._unrenewed.get(key)
+        if unrenewed is None or unrenewed.version != version:
+            self._unrenewed[key] = Unrenewed(version, now)
+            scope.requeue(takeover.SILENT_SECONDS)
+            return None
+        waited = now - unrenewed.since
+        if waited < takeover.SILENT_SECONDS:
+            scope.requeue(takeover.SILENT_SECONDS - waited)
+            return None
+        synchronous = await read_sync(scope)
+        if synchronous is None or witness.name not in synchronous:
+            self._unrenewed.pop(key, None)  # Patroni chose anew: its primary is alive
+            return None
+        found = takeover.silent_proof(witness.name, waited)
+        try:
+            await scope.kube.patch(Ref.of(lock), takeover.release_patch(lock))
+        except ApiError as error:
+            if error.status.code == 409:
+                self._unrenewed.pop(key, None)
+                return f"the leader lock of {name} was renewed meanwhile: not released"
+            raise
+        lost.released = True
+        self._unrenewed.pop(key, None)
+        await scope.event(
+            "LeaderLockReleased",
+            f"Primary {name} went silent: {found.message}. Released its leader lock so"
+            f" Patroni promotes {witness.name} now, not after the {patroni.TTL} s ttl",
+            warning=True,
+        )
+        scope.requeue(RECHECK)
         return f"released the leader lock of {name} ({found.reason})"
 
     async def _unlabel_stale(self, scope: Scope, labelled: list[Body]) -> str | None:

@@ -14,7 +14,16 @@ by demoting, is safe then):
   container dies with its PID 1 (which ends when Patroni does), PostgreSQL included, so no
   process of that container can hold the primary role; the kubelet's ``finishedAt`` and Patroni's
   ``renewTime`` are both written by the same node's clock, so the comparison needs no
-  clock agreement between machines.
+  clock agreement between machines;
+* **the primary went silent under synchronous replication** (``Priority``): a synchronous
+  standby that Patroni's ``NAME-sync`` record lists reports that its WAL receiver lost the
+  primary (``wal_receiver_timeout``, 5 s, without a word from it), and the lock went
+  unrenewed for :data:`SILENT_SECONDS` by the operator's own clock. This is not proof that
+  the primary is dead: a hung or partitioned primary may wake up. It is proof that it can
+  no longer *acknowledge* a commit the standby lacks: every commit waits for every listed
+  standby, the listed one that is promoted stops confirming, and only the old primary's
+  Patroni could shorten the list, in a loop in which it renewed the lock, which the release
+  makes impossible. Quorum commit (``ANY n``) keeps the ttl.
 
 Releasing the lock is a write conditioned on the lock's resourceVersion: if the holder (or a
 restarted container of it) renewed the lock since it was read, the write fails and nothing
@@ -25,10 +34,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from stateward import rfc3339
+from stateward.controllers.postgres.members import STREAMING, Member
+from stateward.instance import patroni
 from stateward.specs import meta
 
 Body = dict[str, Any]
@@ -39,6 +50,14 @@ RENEW_ANNOTATION: Final = "renewTime"
 
 NODE_OUT_OF_SERVICE: Final = "NodeOutOfService"
 CONTAINER_TERMINATED: Final = "ContainerTerminated"
+PRIMARY_SILENT: Final = "PrimarySilent"
+
+SILENT_SECONDS: Final = patroni.LOOP_WAIT + 1.0
+"""How long the lock must go unchanged, by the operator's clock, before a silent primary's
+lock is released: a live Patroni renews it every loop (``loop_wait``, 2 s), so a lock read
+twice this far apart at the same resourceVersion was not renewed by a running primary.
+(Patroni judges its own ttl the same way: by how long it has seen one version.)"""
+RUNNING_STATE: Final = "running"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +142,33 @@ def proof(pod: Body, node: Body | None, lock: Mapping[str, str], *, container: s
         CONTAINER_TERMINATED,
         f"its container {container} terminated ({_why(ended)}) at {ended['finishedAt']},"
         f" after the leader lock was last renewed",
+    )
+
+
+def stream_witness(
+    members: Iterable[Member], primary: str, synchronous: frozenset[str]
+) -> Member | None:
+    """A synchronous standby whose Patroni, running, reports that its WAL receiver stopped
+    streaming from ``primary``: the sign the primary went silent. ``synchronous`` is
+    Patroni's ``NAME-sync`` record as last read (confirmed afresh before any release)."""
+    for candidate in sorted(members, key=lambda x: (x.ordinal, x.name)):
+        if (
+            candidate.name != primary
+            and candidate.name in synchronous
+            and candidate.label_role == meta.REPLICA_ROLE
+            and candidate.state == RUNNING_STATE
+            and candidate.replication_state != STREAMING
+        ):
+            return candidate
+    return None
+
+
+def silent_proof(witness: str, unrenewed: float) -> Proof:
+    return Proof(
+        PRIMARY_SILENT,
+        f"its synchronous standby {witness} lost its WAL stream from it and its leader lock"
+        f" went unrenewed for {unrenewed:.1f} s; every commit waits for {witness}, so it can"
+        " acknowledge none after the promotion",
     )
 
 
