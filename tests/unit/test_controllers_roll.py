@@ -209,6 +209,7 @@ def scaling(
     observed = scope.store.get("StatefulSet", "db", "demo")
     assert observed is not None
     observed["spec"] = {"replicas": 3}
+    scope.store.observe(observed)  # the store hands out copies: a change is observed anew
     desired = [{"kind": "StatefulSet", "spec": {"replicas": want}}]
     postgrescluster._hold_scale_down(scope, desired, scope.cluster.spec.replicas)
     return scope, desired

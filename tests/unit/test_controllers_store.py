@@ -212,3 +212,24 @@ def test_tombstones_are_dropped_after_a_while() -> None:
                                                    "uid": f"u{n}"}})  # fmt: skip
         clock[0] += 400
     assert list(store._tombstones) == ["u1", "u2"]
+
+
+def test_every_read_is_a_copy_of_its_own() -> None:
+    """Bodies are kept packed and decoded per read: a caller that changes what it read (or
+    what it handed in) changes nothing stored, and nothing another reader sees."""
+    store = ObjectStore()
+    original = {**body("StatefulSet", "pg", "4"), "spec": {"replicas": 3}}
+    store.observe(original)
+    original["spec"]["replicas"] = 9
+    first = store.get("StatefulSet", "ns", "pg")
+    assert first is not None and first["spec"] == {"replicas": 3}
+    first["spec"]["replicas"] = 1
+    (owned,) = store.owned_by("ns", "pg", "StatefulSet")
+    assert owned["spec"] == {"replicas": 3} and owned is not first
+    # A label change moves the object between clusters' indexes.
+    moved = body("StatefulSet", "pg", "5", cluster="other")
+    store.observe(moved)
+    assert store.owned_by("ns", "pg", "StatefulSet") == []
+    assert [
+        b["metadata"]["resourceVersion"] for b in store.owned_by("ns", "other", "StatefulSet")
+    ] == ["5"]

@@ -5,11 +5,17 @@ write's response counts as an observation). Objects are indexed by the cluster t
 through the ``stateward.io/cluster`` label, so a reconcile finds its children without a list
 call. Bodies are slimmed to what reconciles read (see ``_slim``); Secret values are never
 kept.
+
+Each body is kept as compact JSON text and decoded on every read: at a thousand clusters
+(22,000 objects) the bodies took about 120 MiB as Python dicts and take 24 MiB as text, and
+the decoding (tens of microseconds a body) costs a reconcile little. Every read also returns
+a copy of its own, so no caller can change what the store holds.
 """
 
 from __future__ import annotations
 
-import copy
+import dataclasses
+import json
 import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable
@@ -30,9 +36,34 @@ TOMBSTONE_SECONDS = 600.0
 (a watch restarted from an older resourceVersion replays within seconds)."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Entry:
+    """One stored object: what the store itself compares and indexes by, and the packed body."""
+
+    uid: str | None
+    version: str | None
+    owner: str | None
+    packed: str
+
+
+def _pack(body: Body) -> _Entry:
+    metadata = body["metadata"]
+    return _Entry(
+        uid=metadata.get("uid"),
+        version=metadata.get("resourceVersion"),
+        owner=(metadata.get("labels") or {}).get(CLUSTER_LABEL),
+        packed=json.dumps(_slim(body), separators=(",", ":")),
+    )
+
+
+def _unpack(entry: _Entry) -> Body:
+    body: Body = json.loads(entry.packed)
+    return body
+
+
 class ObjectStore:
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self._objects: dict[Key, Body] = {}
+        self._objects: dict[Key, _Entry] = {}
         self._by_cluster: defaultdict[tuple[str, str], set[Key]] = defaultdict(set)
         self._clock = clock
         self._tombstones: OrderedDict[str, float] = OrderedDict()
@@ -49,17 +80,16 @@ class ObjectStore:
         if previous is not None and _older(body, previous):
             return
         self._unindex(key)
-        self._objects[key] = _slim(body)
-        owner = (body["metadata"].get("labels") or {}).get(CLUSTER_LABEL)
-        if owner:
-            self._by_cluster[(key[1], owner)].add(key)
+        entry = self._objects[key] = _pack(body)
+        if entry.owner:
+            self._by_cluster[(key[1], entry.owner)].add(key)
 
     def deleted(self, body: Body) -> None:
         """A DELETED watch event: the object is gone, and stays gone whatever arrives late
         about it (a new object of the same name has another uid)."""
         metadata = body["metadata"]
-        previous = self.get(body["kind"], metadata.get("namespace", ""), metadata["name"])
-        if previous is None or previous["metadata"].get("uid") == metadata.get("uid"):
+        previous = self._objects.get(_key(body))
+        if previous is None or previous.uid == metadata.get("uid"):
             self.forget(body["kind"], metadata.get("namespace", ""), metadata["name"])
         uid = metadata.get("uid")
         if uid:
@@ -80,18 +110,17 @@ class ObjectStore:
 
     def _unindex(self, key: Key) -> None:
         previous = self._objects.get(key)
-        if previous is None:
-            return
-        owner = (previous["metadata"].get("labels") or {}).get(CLUSTER_LABEL)
-        if owner:
-            self._by_cluster[(key[1], owner)].discard(key)
+        if previous is not None and previous.owner:
+            self._by_cluster[(key[1], previous.owner)].discard(key)
 
     def get(self, kind: str, namespace: str, name: str) -> Body | None:
-        return self._objects.get((kind, namespace, name))
+        """A copy of the newest body seen, or None."""
+        entry = self._objects.get((kind, namespace, name))
+        return None if entry is None else _unpack(entry)
 
     def owned_by(self, namespace: str, cluster: str, kind: str) -> list[Body]:
         keys = sorted(k for k in self._by_cluster.get((namespace, cluster), ()) if k[0] == kind)
-        return [self._objects[k] for k in keys]
+        return [_unpack(self._objects[k]) for k in keys]
 
     def names(self, kind: str) -> list[tuple[str, str]]:
         return sorted((ns, name) for (k, ns, name) in self._objects if k == kind)
@@ -109,7 +138,8 @@ def _slim(body: Body) -> Body:
     all (the reconciler only asks whether a Secret exists, and secret values then never sit
     in the operator's memory).
     """
-    metadata = {k: copy.deepcopy(v) for k, v in body["metadata"].items() if k != "managedFields"}
+    # No copies: the result is serialized at once (``_pack``) and never kept.
+    metadata = {k: v for k, v in body["metadata"].items() if k != "managedFields"}
     kind = body.get("kind")
     if kind == "Pod":
         status = body.get("status") or {}
@@ -125,7 +155,7 @@ def _slim(body: Body) -> Body:
                 "containerStatuses": [
                     _slim_container(c) for c in status.get("containerStatuses") or []
                 ],
-                "conditions": copy.deepcopy(status.get("conditions") or []),
+                "conditions": status.get("conditions") or [],
             },
         }
     if kind == "Secret":
@@ -135,12 +165,12 @@ def _slim(body: Body) -> Body:
             "metadata": metadata,
             "type": body.get("type"),
         }
-    slim = {k: copy.deepcopy(v) for k, v in body.items() if k != "metadata"}
+    slim = {k: v for k, v in body.items() if k != "metadata"}
     slim["metadata"] = metadata
     return slim
 
 
-def _older(candidate: Body, current: Body) -> bool:
+def _older(candidate: Body, current: _Entry) -> bool:
     """True when ``candidate`` is an older version than ``current`` of the same object.
 
     Kubernetes made resourceVersions comparable in v1.35 (KEP-5504): a well-formed one is a
@@ -148,10 +178,10 @@ def _older(candidate: Body, current: Body) -> bool:
     newer, then the lexicographically greater. Anything else is compared for equality only,
     so the later arrival wins, as an informer would take it.
     """
-    if candidate["metadata"].get("uid") != current["metadata"].get("uid"):
+    if candidate["metadata"].get("uid") != current.uid:
         return False
     left = candidate["metadata"].get("resourceVersion")
-    right = current["metadata"].get("resourceVersion")
+    right = current.version
     if not (_comparable(left) and _comparable(right)):
         return False
     assert isinstance(left, str) and isinstance(right, str)
@@ -177,7 +207,7 @@ def _slim_container(status: Body) -> Body:
     state = status.get("state") or {}
     kept: Body = {"name": status.get("name"), "restartCount": status.get("restartCount", 0)}
     if "waiting" in state:
-        kept["state"] = {"waiting": copy.deepcopy(state["waiting"])}
+        kept["state"] = {"waiting": state["waiting"]}
     elif "terminated" in state:
         ended = state["terminated"] or {}
         # The message too: a backup pod's report of what pgBackRest did (at most 4 KiB).
