@@ -339,6 +339,33 @@ async def test_a_silent_primary_that_renews_its_lock_keeps_it() -> None:
     assert kube.patches == [] and kube.events == []
 
 
+async def test_a_lock_renewed_moments_ago_by_its_holders_clock_is_kept_a_while() -> None:
+    # The operator read one version for 3.5 s, but the holder stamped it 2 s before now:
+    # its loop may just be slow. The wait goes on until the stamp is two loops old.
+    clock = Clock()
+    plane = DataPlane(clock=clock)
+    await knows_the_sync_standby(plane)
+    kube, lost_stream = silent_cluster("in archive recovery")
+    kube.objects[("ConfigMap", "demo-leader")] = lock("demo-0", "2026-12-02T10:00:29+00:00")
+    assert await plane.follow_leader_lock(lost_stream) is None
+    clock.now += 3.5
+    assert await plane.follow_leader_lock(lost_stream) is None
+    assert kube.patches == []
+    assert lost_stream.requeue_after is not None and lost_stream.requeue_after <= 3.0
+
+
+async def test_a_silent_primary_keeps_its_lock_during_a_planned_switchover() -> None:
+    clock = Clock()
+    plane = DataPlane(clock=clock)
+    await knows_the_sync_standby(plane)
+    kube, lost_stream = silent_cluster("in archive recovery")
+    lost_stream.switchover = {"phase": "Running", "fromPod": "demo-0", "target": "any"}
+    for _ in range(3):
+        assert await plane.follow_leader_lock(lost_stream) is None
+        clock.now += 3.5
+    assert ("ConfigMap", "demo-leader") not in kube.gets and kube.patches == []
+
+
 async def test_a_standby_patroni_no_longer_lists_keeps_the_lock() -> None:
     clock = Clock()
     plane = DataPlane(clock=clock)

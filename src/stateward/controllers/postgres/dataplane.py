@@ -330,9 +330,11 @@ class DataPlane:
             scope.requeue(RECHECK)  # released: Patroni promotes the standby
             return None
         seen = self._sync_seen.get(key)
+        switching = (scope.switchover or {}).get("phase") == RUNNING  # a planned hand-over
         witness = (
             takeover.stream_witness(scope.members, name, seen.found)
             if seen is not None
+            and not switching
             and config_spec.synchronous_settings(scope.cluster)["synchronous_mode"] is True
             else None
         )
@@ -353,14 +355,19 @@ class DataPlane:
             scope.requeue(takeover.SILENT_SECONDS)
             return None
         waited = now - unrenewed.since
-        if waited < takeover.SILENT_SECONDS:
-            scope.requeue(takeover.SILENT_SECONDS - waited)
+        renewed = rfc3339.parse((lock["metadata"].get("annotations") or {}).get("renewTime"))
+        stamped = rfc3339.parse(scope.now)
+        age = (stamped - renewed).total_seconds() if renewed and stamped else 0.0
+        if waited < takeover.SILENT_SECONDS or age < takeover.UNRENEWED_SECONDS:
+            scope.requeue(
+                max(takeover.SILENT_SECONDS - waited, takeover.UNRENEWED_SECONDS - age, 0.2)
+            )
             return None
         synchronous = await read_sync(scope)
         if synchronous is None or witness.name not in synchronous:
             self._unrenewed.pop(key, None)  # Patroni chose anew: its primary is alive
             return None
-        found = takeover.silent_proof(witness.name, waited)
+        found = takeover.silent_proof(witness.name, max(waited, age))
         try:
             await scope.kube.patch(Ref.of(lock), takeover.release_patch(lock))
         except ApiError as error:

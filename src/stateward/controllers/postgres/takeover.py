@@ -18,7 +18,7 @@ by demoting, is safe then):
 * **the primary went silent under synchronous replication** (``Priority``): a synchronous
   standby that Patroni's ``NAME-sync`` record lists reports that its WAL receiver lost the
   primary (``wal_receiver_timeout``, 5 s, without a word from it), and the lock went
-  unrenewed for :data:`SILENT_SECONDS` by the operator's own clock. This is not proof that
+  unrenewed (:data:`SILENT_SECONDS`, :data:`UNRENEWED_SECONDS`). This is not proof that
   the primary is dead: a hung or partitioned primary may wake up. It is proof that it can
   no longer *acknowledge* a commit the standby lacks: every commit waits for every listed
   standby, the listed one that is promoted stops confirming, and only the old primary's
@@ -53,10 +53,16 @@ CONTAINER_TERMINATED: Final = "ContainerTerminated"
 PRIMARY_SILENT: Final = "PrimarySilent"
 
 SILENT_SECONDS: Final = patroni.LOOP_WAIT + 1.0
-"""How long the lock must go unchanged, by the operator's clock, before a silent primary's
-lock is released: a live Patroni renews it every loop (``loop_wait``, 2 s), so a lock read
-twice this far apart at the same resourceVersion was not renewed by a running primary.
-(Patroni judges its own ttl the same way: by how long it has seen one version.)"""
+"""How long the operator must read one and the same version of a silent primary's lock, by
+its own monotonic clock, before it releases it: a live Patroni renews the lock every loop
+(``loop_wait``, 2 s). (Patroni judges its own ttl the same way: by how long it has seen one
+version, not by another machine's timestamps.)"""
+UNRENEWED_SECONDS: Final = 2 * patroni.LOOP_WAIT + 1.0
+"""And the lock's ``renewTime`` must be at least this old by the operator's wall clock: two
+loops missed. The holder's clock wrote it, so a holder whose clock runs behind makes it look
+older; the wait then falls back to :data:`SILENT_SECONDS` of the operator's own, which
+alone already excludes a running Patroni. (The release is safe either way; the waits keep
+it from failing over a primary that was only slow.)"""
 RUNNING_STATE: Final = "running"
 
 
