@@ -7,10 +7,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_FLAGS ?=
-# Pytest workers: the real-node tests make two groups (tests/conftest.py), one per worker,
+# Pytest workers: the real-node tests make three groups (tests/conftest.py), one per worker,
 # each worker with its cluster with real nodes in a host slot of its own (lab/slots.py); the
-# rest is spread over both (docs/architecture.md). TEST_WORKERS=1 runs them one by one.
-TEST_WORKERS ?= 2
+# rest is spread over all (docs/architecture.md). TEST_WORKERS=1 runs them one by one.
+TEST_WORKERS ?= 3
 
 .PHONY: help
 help: ## Show this help
@@ -35,7 +35,7 @@ run: binaries ## Main job: local cluster + operator + a sample PostgresCluster, 
 	@$(BIN)/stateward local run
 
 .PHONY: test
-test: binaries ## Every test: unit, integration, e2e (two workers; TEST_WORKERS=1 for one)
+test: binaries ## Every test: unit, integration, e2e (three workers; TEST_WORKERS=1 for one)
 	@$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_FLAGS) tests
 
 .PHONY: test-unit

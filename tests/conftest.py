@@ -28,39 +28,41 @@ from stateward_local.controlplane.processes import free_port_base
 os.environ.pop("KUBECONFIG", None)
 
 REAL_NODE_FILES = frozenset({"test_make_run.py", "test_real_nodes_cli.py"})
-"""e2e stories that start a cluster with real nodes of their own."""
-SECOND_GROUP = frozenset(
-    {
-        "test_data_plane.py",
-        "test_faults.py",
-        "test_database_servers.py",
-        "test_deploy.py",
-        "test_plugin.py",
-    }
-)
-"""Modules whose real-node tests make the second group. The split is by the durations of a
-clean-clone run (2026-12-06, seconds of setup + call + teardown): the first group, with the
-stories, test_backups (636), test_real_nodes (168), test_database_faults (153) and
-test_chart (44), about 1,190 s; the second about 1,230."""
+"""e2e stories that start a cluster with real nodes of their own (in ``lab.slots.STORY_SLOT``)."""
+GROUPS = {
+    "test_faults.py": "real-nodes-2",
+    "test_database_servers.py": "real-nodes-2",
+    "test_plugin.py": "real-nodes-2",
+    "test_data_plane.py": "real-nodes-3",
+    "test_real_nodes.py": "real-nodes-3",
+    "test_database_faults.py": "real-nodes-3",
+    "test_deploy.py": "real-nodes-3",
+}
+"""The xdist group of each real-node module not in the first ("real-nodes": the stories,
+the tests marked ``host``, test_backups and test_chart). The split is by the durations of a
+clean-clone run (2026-12-06, seconds of setup + call + teardown): the first about 805 s
+(stories 168, backups 596, chart 41), the second about 820 (faults 673, database servers
+107, plugin 42), the third about 830 (data plane 502, real nodes 149, database faults 130,
+deploy 46)."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The real-node tests, the longest of the suite, make two xdist groups of about equal
-    time. ``--dist loadgroup`` gives the two largest groups to ``make test``'s two workers
-    first, and each worker runs its cluster with real nodes in a host slot of its own
-    (``lab.slots``); the rest of the suite is spread over both once a group is done.
-    Within a group tests keep collection order: the e2e stories, which start clusters of
-    their own in the worker's slot, run before that worker's ``real_cluster`` is made.
-    Tests marked ``host`` (they mount or change host-wide state) go with the stories."""
+    """The real-node tests, the longest of the suite, make three xdist groups of about equal
+    time. ``--dist loadgroup`` hands the groups out first (they hold the most tests), one to
+    each of ``make test``'s three workers; each worker runs its shared cluster with real
+    nodes in a host slot of its own (``lab.slots``), and the stories theirs in one more, so
+    a worker may take any group in any order. The rest of the suite is spread over the
+    workers as they finish. Tests marked ``host`` (they mount or change host-wide state) go
+    with the stories, one after another."""
     for item in items:
         if (
             "real_cluster" in getattr(item, "fixturenames", ())
             or item.path.name in REAL_NODE_FILES
             or item.get_closest_marker("host") is not None
         ):
-            second = item.path.name in SECOND_GROUP
-            item.add_marker(pytest.mark.xdist_group("real-nodes-2" if second else "real-nodes"))
+            group = GROUPS.get(item.path.name, "real-nodes")
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -115,10 +117,8 @@ def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster
 def real_cluster(
     tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[LocalCluster]:
-    """Three real nodes (and one tainted kwok node), shared by every test of the worker's
-    real-node group. One cluster with real nodes fits a host slot (its bridge), so the e2e
-    stories that start their own in the worker's slot run before this is first used (pytest
-    runs tests/e2e first)."""
+    """Three real nodes (and one tainted kwok node), shared by every real-node test the
+    worker runs, in the worker's own host slot (the stories use another)."""
     config = Config(
         state_dir=tmp_path_factory.mktemp("real") / "local",
         ports=Ports.from_base(free_port_base()),

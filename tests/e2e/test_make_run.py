@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from lab.slots import worker_slot
+from lab.slots import STORY_SLOT
 from lab.waiting import wait_for
 
 from stateward_local import binaries
@@ -44,7 +44,7 @@ def start_run(
         "STATEWARD_LOCAL_PORT_BASE": str(free_port_base()),
         "STATEWARD_LOCAL_DIR": str(tmp_path / "local"),
         "STATEWARD_LOCAL_NODES": str(real_nodes),
-        "STATEWARD_LOCAL_SLOT": str(worker_slot().number),
+        "STATEWARD_LOCAL_SLOT": str(STORY_SLOT.number),
         "PYTHONFAULTHANDLER": "1",  # a stuck run shows its threads' stacks on SIGABRT
     }
     process = subprocess.Popen(

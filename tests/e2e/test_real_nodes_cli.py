@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lab.slots import worker_slot
+from lab.slots import STORY_SLOT
 from lab.waiting import wait_for
 
 from stateward_local import binaries
@@ -28,15 +28,15 @@ pytestmark = pytest.mark.e2e
 
 
 def host_snapshot() -> dict[str, Any]:
-    """The host as this worker's stories may change it: all of it, less what the clusters
-    with real nodes in other slots hold (the other worker's cluster comes and goes
-    meanwhile). ``shared`` (sysctls, the directories the node components hard-code) belongs
-    to every cluster on the host: see ``assert_restored``."""
+    """The host as the stories may change it: all of it, less what the clusters with real
+    nodes in other slots hold (the workers' shared clusters come and go meanwhile).
+    ``shared`` (sysctls, the directories the node components hard-code) belongs to every
+    cluster on the host: see ``assert_restored``."""
 
     def out(*argv: str) -> str:
         return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
 
-    slot = worker_slot()
+    slot = STORY_SLOT
     foreign = [layout.Slot(n) for n in range(layout.SLOTS) if n != slot.number]
     owners = [str(o) for o in map(host.bridge_owner, foreign) if o is not None]
 
@@ -107,7 +107,7 @@ class Cli:
             **os.environ,
             "STATEWARD_LOCAL_DIR": str(self.state_dir),
             "STATEWARD_LOCAL_PORT_BASE": str(free_port_base()),
-            "STATEWARD_LOCAL_SLOT": str(worker_slot().number),
+            "STATEWARD_LOCAL_SLOT": str(STORY_SLOT.number),
             "KUBECONFIG": str(self.state_dir / "kubeconfig"),
         }
 
@@ -141,7 +141,7 @@ def crash(cli: Cli) -> None:
     state = json.loads((cli.state_dir / "state.json").read_text())
     for process in state["processes"]:
         os.kill(process["pid"], signal.SIGKILL)
-    for node in layout.nodes_in(cli.state_dir, 1, worker_slot()):
+    for node in layout.nodes_in(cli.state_dir, 1, STORY_SLOT):
         for path in host.cgroup_paths(node):
             for pid in host.cgroup_pids(path):
                 os.kill(pid, signal.SIGKILL)
@@ -209,7 +209,7 @@ def test_a_second_cluster_is_refused_while_the_first_runs_and_takes_over_after_i
     try:
         refused = second.stateward("up", "--nodes", "1", "--kwok-nodes", "0")
         assert refused.returncode == 1
-        assert f"the bridge {worker_slot().bridge} already exists" in refused.stderr
+        assert f"the bridge {STORY_SLOT.bridge} already exists" in refused.stderr
         assert "stateward local down" in refused.stderr
         assert not second.state_dir.exists() or not any(
             p.name != "logs" for p in second.state_dir.iterdir()
@@ -220,7 +220,7 @@ def test_a_second_cluster_is_refused_while_the_first_runs_and_takes_over_after_i
         undone = f"a local cluster that crashed left on this host ({first.state_dir})"
         assert undone in up.stderr
         assert not first.state_dir.exists()
-        assert host.bridge_owner(worker_slot()) == second.state_dir.resolve()
+        assert host.bridge_owner(STORY_SLOT) == second.state_dir.resolve()
         crash(second)
         down = second.stateward("down")
         assert down.returncode == 0, down.stderr
