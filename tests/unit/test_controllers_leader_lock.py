@@ -287,11 +287,22 @@ async def knows_the_sync_standby(plane: DataPlane, **spec: Any) -> None:
     assert ("ConfigMap", "demo-leader") not in kube.gets, "streaming standbys cost no read"
 
 
-async def test_a_silent_primary_loses_its_lock_once_unrenewed_while_its_standby_lost_it() -> None:
+async def first_sight(
+    **changes: Any,
+) -> tuple[Clock, DataPlane, FakeKube, postgrescluster.Scope]:
+    """A plane that knows the sync standby, and the scope of a reconcile after that standby
+    lost its stream (``changes`` set on it), with a clock the test moves."""
     clock = Clock()
     plane = DataPlane(clock=clock)
     await knows_the_sync_standby(plane)
     kube, lost_stream = silent_cluster("in archive recovery")
+    for name, value in changes.items():
+        setattr(lost_stream, name, value)
+    return clock, plane, kube, lost_stream
+
+
+async def test_a_silent_primary_loses_its_lock_once_unrenewed_while_its_standby_lost_it() -> None:
+    clock, plane, kube, lost_stream = await first_sight()
     # First sight: the lock is read and its version remembered; nothing is released yet.
     assert await plane.follow_leader_lock(lost_stream) is None
     assert kube.patches == [] and lost_stream.requeue_after is not None
@@ -327,10 +338,7 @@ async def test_a_silent_primary_loses_its_lock_once_unrenewed_while_its_standby_
 
 
 async def test_a_silent_primary_that_renews_its_lock_keeps_it() -> None:
-    clock = Clock()
-    plane = DataPlane(clock=clock)
-    await knows_the_sync_standby(plane)
-    kube, lost_stream = silent_cluster("in archive recovery")
+    clock, plane, kube, lost_stream = await first_sight()
     assert await plane.follow_leader_lock(lost_stream) is None
     for version in ("43", "44", "45"):  # Patroni renews every loop: a new version each read
         clock.now += 3.5
@@ -342,10 +350,7 @@ async def test_a_silent_primary_that_renews_its_lock_keeps_it() -> None:
 async def test_a_lock_renewed_moments_ago_by_its_holders_clock_is_kept_a_while() -> None:
     # The operator read one version for 3.5 s, but the holder stamped it 2 s before now:
     # its loop may just be slow. The wait goes on until the stamp is two loops old.
-    clock = Clock()
-    plane = DataPlane(clock=clock)
-    await knows_the_sync_standby(plane)
-    kube, lost_stream = silent_cluster("in archive recovery")
+    clock, plane, kube, lost_stream = await first_sight()
     kube.objects[("ConfigMap", "demo-leader")] = lock("demo-0", "2026-12-02T10:00:29+00:00")
     assert await plane.follow_leader_lock(lost_stream) is None
     clock.now += 3.5
@@ -355,11 +360,8 @@ async def test_a_lock_renewed_moments_ago_by_its_holders_clock_is_kept_a_while()
 
 
 async def test_a_silent_primary_keeps_its_lock_during_a_planned_switchover() -> None:
-    clock = Clock()
-    plane = DataPlane(clock=clock)
-    await knows_the_sync_standby(plane)
-    kube, lost_stream = silent_cluster("in archive recovery")
-    lost_stream.switchover = {"phase": "Running", "fromPod": "demo-0", "target": "any"}
+    switchover = {"phase": "Running", "fromPod": "demo-0", "target": "any"}
+    clock, plane, kube, lost_stream = await first_sight(switchover=switchover)
     for _ in range(3):
         assert await plane.follow_leader_lock(lost_stream) is None
         clock.now += 3.5
@@ -367,10 +369,7 @@ async def test_a_silent_primary_keeps_its_lock_during_a_planned_switchover() -> 
 
 
 async def test_a_standby_patroni_no_longer_lists_keeps_the_lock() -> None:
-    clock = Clock()
-    plane = DataPlane(clock=clock)
-    await knows_the_sync_standby(plane)
-    kube, lost_stream = silent_cluster("in archive recovery")
+    clock, plane, kube, lost_stream = await first_sight()
     assert await plane.follow_leader_lock(lost_stream) is None
     # The primary's Patroni took the standby off its list: it is alive, and may commit alone.
     kube.objects[("ConfigMap", "demo-sync")]["metadata"]["annotations"]["sync_standby"] = "demo-2"
@@ -380,10 +379,7 @@ async def test_a_standby_patroni_no_longer_lists_keeps_the_lock() -> None:
 
 
 async def test_a_silent_primary_whose_lock_is_renewed_at_the_release_keeps_it() -> None:
-    clock = Clock()
-    plane = DataPlane(clock=clock)
-    await knows_the_sync_standby(plane)
-    kube, lost_stream = silent_cluster("in archive recovery")
+    clock, plane, kube, lost_stream = await first_sight()
     assert await plane.follow_leader_lock(lost_stream) is None
     clock.now += 3.5
     kube.conflict = True
