@@ -61,6 +61,7 @@ def pod(
     state: dict[str, Any] | None = None,
     last: dict[str, Any] | None = None,
     stream: str | None = None,
+    restarts: int = 0,
 ) -> dict[str, Any]:
     labels = {
         "app.kubernetes.io/name": "stateward",
@@ -88,6 +89,7 @@ def pod(
                     "name": "postgres",
                     "state": state or {"running": {}},
                     "lastState": {"terminated": last} if last else {},
+                    "restartCount": restarts,
                 }
             ],
         },
@@ -335,6 +337,64 @@ async def test_a_silent_primary_loses_its_lock_once_unrenewed_while_its_standby_
     assert promoted.last_failover["lockReleased"] is True
     assert promoted.last_failover["seconds"] == 5.1
     assert "went silent" in promoted.last_failover["cause"]
+
+
+def promoted_after(old_primary: dict[str, Any] | None) -> postgrescluster.Scope:
+    """The scope once Patroni promoted demo-1, the old primary's pod as given (or gone)."""
+    _, promoted = silent_cluster("streaming")
+    if old_primary is None:
+        promoted.store.forget("Pod", "db", "demo-0")
+    else:
+        promoted.store.observe(old_primary)
+    promoted.store.observe(pod("demo-1", role="primary", node="node-2"))
+    promoted.body["status"] = {"primaryPod": "demo-0"}
+    return promoted
+
+
+DIED = {"finishedAt": "2026-12-02T10:00:30Z", "reason": "Error", "exitCode": 137}
+
+
+async def test_a_silent_primary_seen_dead_afterwards_is_reported_by_what_killed_it() -> None:
+    # Its standby lost the stream before the kubelet reported the container's end: the
+    # inference ("went silent") gives way to what the API shows once it shows it.
+    clock, plane, _, lost_stream = await first_sight()
+    assert await plane.follow_leader_lock(lost_stream) is None
+    dead = pod("demo-0", role="primary", node="node-1", ready=False, state={"terminated": DIED})
+    lost_stream.store.observe(dead)
+    clock.now += 1.0
+    await plane.follow_leader_lock(lost_stream)
+    clock.now += 2.0
+    promoted = promoted_after(None)  # its pod is being replaced: only the memory tells
+    assert await plane.report_failover(promoted) == "failover from demo-0 to demo-1"
+    assert promoted.last_failover is not None
+    assert promoted.last_failover["cause"] == "its container terminated (Error)"
+    assert promoted.last_failover["seconds"] == 3.0, "first seen failing when it went silent"
+
+
+async def test_a_silent_primary_whose_container_restarted_unseen_is_reported_by_it() -> None:
+    # The container died and came back between two reconciles: running and ready again,
+    # only its restart count (and its last termination) tell.
+    clock, plane, _, lost_stream = await first_sight()
+    assert await plane.follow_leader_lock(lost_stream) is None
+    clock.now += 3.5
+    assert await plane.follow_leader_lock(lost_stream) is not None  # released, as silent
+    back = pod("demo-0", role="replica", node="node-1", last=DIED, restarts=1)
+    promoted = promoted_after(back)
+    assert await plane.report_failover(promoted) == "failover from demo-0 to demo-1"
+    assert promoted.last_failover is not None
+    assert promoted.last_failover["cause"] == "its container terminated (Error)"
+    assert promoted.last_failover["lockReleased"] is True
+
+
+async def test_a_silent_primary_that_only_went_silent_is_reported_as_silent() -> None:
+    clock, plane, _, lost_stream = await first_sight()
+    assert await plane.follow_leader_lock(lost_stream) is None
+    clock.now += 3.5
+    assert await plane.follow_leader_lock(lost_stream) is not None
+    promoted = promoted_after(pod("demo-0", role="replica", node="node-1", stream="streaming"))
+    assert await plane.report_failover(promoted) == "failover from demo-0 to demo-1"
+    assert promoted.last_failover is not None
+    assert promoted.last_failover["cause"].startswith("it went silent")
 
 
 async def test_a_silent_primary_that_renews_its_lock_keeps_it() -> None:

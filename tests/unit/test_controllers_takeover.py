@@ -207,6 +207,54 @@ def test_the_cause_says_what_happened() -> None:
     assert "exit code 1" in takeover.failure_cause(pod(state={"terminated": no_reason}), None, C)
 
 
+def test_a_concrete_cause_is_only_what_the_api_shows_plainly() -> None:
+    assert takeover.concrete_cause(pod(ready=False), None, C) is None
+    assert takeover.concrete_cause(pod(), None, C) is None
+    assert takeover.concrete_cause(pod(state={"terminated": DIED}), None, C) == (
+        "its container terminated (Error)"
+    )
+    # Restarted since it was counted: running and ready again, its last death tells.
+    restarted = pod(last=DIED, restarts=2)
+    assert takeover.concrete_cause(restarted, None, C, restarts=1) == (
+        "its container terminated (Error)"
+    )
+    assert takeover.concrete_cause(restarted, None, C, restarts=2) is None
+    assert takeover.concrete_cause(restarted, None, C) is None, "no count taken: no claim"
+
+
+@pytest.mark.parametrize(
+    ("renewed", "now", "age"),
+    [
+        ("2026-12-02T10:00:03.5+00:00", "2026-12-02T10:00:10Z", 6.5),
+        ("2026-12-02T10:00:12+00:00", "2026-12-02T10:00:10Z", -2.0),  # holder's clock ahead
+        ("2026-12-02T10:00:03", "2026-12-02T10:00:10Z", 0.0),  # no zone: unreadable
+        (None, "2026-12-02T10:00:10Z", 0.0),
+        ("2026-12-02T10:00:03.5+00:00", None, 0.0),
+    ],
+)
+def test_the_lock_age_is_read_from_its_renew_time(
+    renewed: str | None, now: str | None, age: float
+) -> None:
+    annotations = {"leader": "pg-0", **({"renewTime": renewed} if renewed else {})}
+    assert takeover.unrenewed_for(annotations, now) == pytest.approx(age)
+
+
+@pytest.mark.parametrize(
+    ("seen_for", "unrenewed", "remaining"),
+    [
+        (0.0, 0.0, takeover.UNRENEWED_SECONDS),
+        (takeover.SILENT_SECONDS, takeover.UNRENEWED_SECONDS, 0.0),
+        (10.0, 30.0, 0.0),
+        (1.0, 30.0, takeover.SILENT_SECONDS - 1.0),  # one version not seen for long enough
+        (10.0, 2.0, takeover.UNRENEWED_SECONDS - 2.0),  # stamped moments ago
+    ],
+)
+def test_a_silent_lock_waits_for_both_clocks(
+    seen_for: float, unrenewed: float, remaining: float
+) -> None:
+    assert takeover.silent_wait(seen_for, unrenewed) == pytest.approx(remaining)
+
+
 @pytest.mark.parametrize(
     ("text", "valid"),
     [

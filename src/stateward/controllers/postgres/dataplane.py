@@ -81,12 +81,19 @@ def _describe(patch: dict[str, Any]) -> str:
 
 @dataclasses.dataclass
 class Lost:
-    """A primary seen failing: since when (monotonic), how, and whether its lock was released."""
+    """A primary seen failing: since when (monotonic), how, and whether its lock was released.
+
+    ``inferred``: the cause is the operator's inference (it went silent), which what the API
+    shows later (its container terminated) replaces; ``restarts``: its instance container's
+    restart count when first seen, so a container that died and restarted between two
+    reconciles is still named as the cause."""
 
     pod: str
     since: float
     cause: str
     released: bool = False
+    inferred: bool = False
+    restarts: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,6 +296,8 @@ class DataPlane:
         if lost is None or lost.pod != name:
             lost = Lost(name, self._clock(), takeover.failure_cause(pod, node, CONTAINER_NAME))
             self._lost[key] = lost
+        elif lost.inferred and (seen := takeover.concrete_cause(pod, node, CONTAINER_NAME)):
+            lost.cause, lost.inferred = seen, False  # it did not only go silent: it died
         scope.requeue(RECHECK)
         if lost.released:
             return None
@@ -301,20 +310,11 @@ class DataPlane:
         )
         if found is None:
             return None
-        try:
-            await scope.kube.patch(Ref.of(lock), takeover.release_patch(lock))
-        except ApiError as error:
-            if error.status.code == 409:
-                return f"the leader lock of {name} was renewed meanwhile: not released"
-            raise
-        lost.released = True
-        await scope.event(
-            "LeaderLockReleased",
+        message = (
             f"Primary {name} cannot accept writes: {found.message}. Released its leader lock"
-            f" so Patroni promotes a synchronous standby now, not after the {patroni.TTL} s ttl",
-            warning=True,
+            f" so Patroni promotes a synchronous standby now, not after the {patroni.TTL} s ttl"
         )
-        return f"released the leader lock of {name} ({found.reason})"
+        return await _release(scope, lock, lost, found, message)
 
     async def _silent_primary(self, scope: Scope, pod: Body) -> str | None:
         """A primary whose pod looks healthy while a synchronous standby reports that its WAL
@@ -347,7 +347,8 @@ class DataPlane:
         now = self._clock()
         if lost is None or lost.pod != name:
             cause = f"it went silent: its synchronous standby {witness.name} lost its WAL stream"
-            self._lost[key] = lost = Lost(name, now, cause)
+            restarts = takeover.restart_count(pod, CONTAINER_NAME)
+            self._lost[key] = lost = Lost(name, now, cause, inferred=True, restarts=restarts)
         version = str(lock["metadata"].get("resourceVersion"))
         unrenewed = self._unrenewed.get(key)
         if unrenewed is None or unrenewed.version != version:
@@ -355,36 +356,23 @@ class DataPlane:
             scope.requeue(takeover.SILENT_SECONDS)
             return None
         waited = now - unrenewed.since
-        renewed = rfc3339.parse((lock["metadata"].get("annotations") or {}).get("renewTime"))
-        stamped = rfc3339.parse(scope.now)
-        age = (stamped - renewed).total_seconds() if renewed and stamped else 0.0
-        if waited < takeover.SILENT_SECONDS or age < takeover.UNRENEWED_SECONDS:
-            scope.requeue(
-                max(takeover.SILENT_SECONDS - waited, takeover.UNRENEWED_SECONDS - age, 0.2)
-            )
+        age = takeover.unrenewed_for(lock["metadata"].get("annotations") or {}, scope.now)
+        remaining = takeover.silent_wait(waited, age)
+        if remaining > 0:
+            scope.requeue(max(remaining, 0.2))
             return None
         synchronous = await read_sync(scope)
         if synchronous is None or witness.name not in synchronous:
             self._unrenewed.pop(key, None)  # Patroni chose anew: its primary is alive
             return None
-        found = takeover.silent_proof(witness.name, max(waited, age))
-        try:
-            await scope.kube.patch(Ref.of(lock), takeover.release_patch(lock))
-        except ApiError as error:
-            if error.status.code == 409:
-                self._unrenewed.pop(key, None)
-                return f"the leader lock of {name} was renewed meanwhile: not released"
-            raise
-        lost.released = True
         self._unrenewed.pop(key, None)
-        await scope.event(
-            "LeaderLockReleased",
-            f"Primary {name} went silent: {found.message}. Released its leader lock so"
-            f" Patroni promotes {witness.name} now, not after the {patroni.TTL} s ttl",
-            warning=True,
-        )
         scope.requeue(RECHECK)
-        return f"released the leader lock of {name} ({found.reason})"
+        found = takeover.silent_proof(witness.name, max(waited, age))
+        message = (
+            f"Primary {name} went silent: {found.message}. Released its leader lock so"
+            f" Patroni promotes {witness.name} now, not after the {patroni.TTL} s ttl"
+        )
+        return await _release(scope, lock, lost, found, message)
 
     async def _unlabel_stale(self, scope: Scope, labelled: list[Body]) -> str | None:
         lock = await _read_lock(scope)
@@ -437,6 +425,11 @@ class DataPlane:
         how = ""
         if lost is not None and lost.pod == previous:
             seconds = round(self._clock() - lost.since, 1)
+            if lost.inferred and (old := _pod_named(scope, previous)) is not None:
+                # A container that died and restarted between two reconciles looked only
+                # silent: its restart count tells.
+                died = takeover.concrete_cause(old, None, CONTAINER_NAME, lost.restarts)
+                lost.cause = died or lost.cause
             record["cause"] = lost.cause
             record["seconds"] = seconds
             record["lockReleased"] = lost.released
@@ -770,6 +763,27 @@ async def read_sync(scope: Scope) -> frozenset[str] | None:
     if state is None:
         return None
     return m.sync_standbys(state.get("metadata", {}).get("annotations"))
+
+
+async def _release(
+    scope: Scope, lock: Body, lost: Lost, found: takeover.Proof, message: str
+) -> str:
+    """Release ``lost``'s leader lock on ``found``, unless its holder renewed it since it was
+    read (the write is conditioned on that version), and say so in an Event."""
+    try:
+        await scope.kube.patch(Ref.of(lock), takeover.release_patch(lock))
+    except ApiError as error:
+        if error.status.code == 409:
+            return f"the leader lock of {lost.pod} was renewed meanwhile: not released"
+        raise
+    lost.released = True
+    await scope.event("LeaderLockReleased", message, warning=True)
+    return f"released the leader lock of {lost.pod} ({found.reason})"
+
+
+def _pod_named(scope: Scope, name: str) -> Body | None:
+    pods = instance_pods(scope, including_deleting=True)
+    return next((p for p in pods if p["metadata"]["name"] == name), None)
 
 
 async def _read_lock(scope: Scope) -> Body | None:

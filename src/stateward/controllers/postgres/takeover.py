@@ -188,16 +188,49 @@ def release_patch(lock_body: Body) -> Body:
     }
 
 
-def failure_cause(pod: Body, node: Body | None, container: str) -> str:
-    """How a primary :func:`suspect` was lost, in a user's words, from what the API shows."""
+def restart_count(pod: Body, container: str) -> int:
+    return int(container_status(pod, container).get("restartCount") or 0)
+
+
+def concrete_cause(
+    pod: Body, node: Body | None, container: str, restarts: int | None = None
+) -> str | None:
+    """How a primary was lost, when the API shows it plainly: its node out of service, its
+    container terminated (now, or restarted since ``restarts`` was counted), its pod
+    deleted. None when nothing concrete shows (it only stopped being ready, or went
+    silent)."""
     if out_of_service(node) is not None:
         return f"its node {pod['spec'].get('nodeName')} went out of service"
     ended = termination(pod, container)
+    if ended is None and restarts is not None and restart_count(pod, container) > restarts:
+        last = container_status(pod, container).get("lastState") or {}
+        ended = dict(last.get("terminated") or {})
     if ended is not None:
         return f"its container terminated ({_why(ended)})"
     if pod["metadata"].get("deletionTimestamp"):
         return "its pod was deleted"
-    return "its pod stopped being ready"
+    return None
+
+
+def failure_cause(pod: Body, node: Body | None, container: str) -> str:
+    """How a primary :func:`suspect` was lost, in a user's words, from what the API shows."""
+    return concrete_cause(pod, node, container) or "its pod stopped being ready"
+
+
+def unrenewed_for(lock: Mapping[str, str], now: str | None) -> float:
+    """How long, by the operator's wall clock ``now``, the lock (its annotations) has gone
+    unrenewed; 0 when either time is unreadable (the wait then rests on the operator's own
+    monotonic clock alone, :data:`SILENT_SECONDS`)."""
+    renewed = parse_time(lock.get(RENEW_ANNOTATION))
+    stamped = parse_time(now)
+    return (stamped - renewed).total_seconds() if renewed and stamped else 0.0
+
+
+def silent_wait(seen_for: float, unrenewed: float) -> float:
+    """Seconds still to wait before a silent primary's lock may be released: the operator
+    has read one version of it for ``seen_for`` seconds, and its ``renewTime`` is
+    ``unrenewed`` seconds old. 0 once both waits are over."""
+    return max(SILENT_SECONDS - seen_for, UNRENEWED_SECONDS - unrenewed, 0.0)
 
 
 def _why(ended: Body) -> str:
