@@ -96,15 +96,31 @@ def pod(
     }
 
 
-def lock(holder: str, renewed: str = "2026-12-02T10:00:03.5+00:00") -> dict[str, Any]:
+def lock(
+    holder: str, renewed: str = "2026-12-02T10:00:03.5+00:00", written: str | None = None
+) -> dict[str, Any]:
+    """The leader lock; ``written``: when the API server stamped its last change."""
+    metadata: dict[str, Any] = {
+        "name": "demo-leader",
+        "namespace": "db",
+        "resourceVersion": "42",
+        "annotations": {"leader": holder, "renewTime": renewed},
+    }
+    if written is not None:
+        metadata["managedFields"] = stamped(written)["metadata"]["managedFields"]
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata}
+
+
+def stamped(written: str, *, name: str = "x") -> dict[str, Any]:
+    """A body the API server last changed at ``written`` (for Patroni), earlier for others."""
     return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
+        "kind": "Pod",
         "metadata": {
-            "name": "demo-leader",
-            "namespace": "db",
-            "resourceVersion": "42",
-            "annotations": {"leader": holder, "renewTime": renewed},
+            "name": name,
+            "managedFields": [
+                {"manager": "kubelet", "operation": "Update", "time": "2026-12-02T09:00:00Z"},
+                {"manager": "Patroni", "operation": "Update", "time": written},
+            ],
         },
     }
 
@@ -395,6 +411,42 @@ async def test_a_silent_primary_that_only_went_silent_is_reported_as_silent() ->
     assert await plane.report_failover(promoted) == "failover from demo-0 to demo-1"
     assert promoted.last_failover is not None
     assert promoted.last_failover["cause"].startswith("it went silent")
+
+
+async def test_a_lock_the_server_stamped_long_before_the_standby_reported_goes_at_once() -> None:
+    # The API server stamped the lock's last renewal 6 s before it stamped the standby's
+    # report: one clock, so the operator need not watch the lock for its own 3 s.
+    _, plane, kube, lost_stream = await first_sight()
+    # (The holder's own stamp looks 3 s old: its clock may run ahead; the server's decides.)
+    renewed = "2026-12-02T10:00:28+00:00"
+    kube.objects[("ConfigMap", "demo-leader")] = lock(
+        "demo-0", renewed, written="2026-12-02T10:00:24Z"
+    )
+    kube.objects[("Pod", "demo-1")] = stamped("2026-12-02T10:00:30Z", name="demo-1")
+    note = await plane.follow_leader_lock(lost_stream)
+    assert note == "released the leader lock of demo-0 (PrimarySilent)"
+    assert kube.gets.index(("Pod", "demo-1")) < kube.gets.index(("ConfigMap", "demo-leader"))
+    assert "went unrenewed for 5.0 s" in kube.events[-1][1]
+
+
+@pytest.mark.parametrize(
+    ("renewed", "reported"),
+    [
+        ("2026-12-02T10:00:26Z", "2026-12-02T10:00:30Z"),  # 4 s apart: could be a slow loop
+        ("2026-12-02T10:00:31Z", "2026-12-02T10:00:30Z"),  # renewed after the report
+        (None, "2026-12-02T10:00:30Z"),  # no stamp on the lock
+    ],
+)
+async def test_server_stamps_too_close_together_leave_the_operators_own_wait(
+    renewed: str | None, reported: str
+) -> None:
+    clock, plane, kube, lost_stream = await first_sight()
+    kube.objects[("ConfigMap", "demo-leader")] = lock("demo-0", written=renewed)
+    kube.objects[("Pod", "demo-1")] = stamped(reported, name="demo-1")
+    assert await plane.follow_leader_lock(lost_stream) is None
+    assert kube.patches == [] and lost_stream.requeue_after is not None
+    clock.now += 3.5  # the operator's own wait still releases it
+    assert await plane.follow_leader_lock(lost_stream) is not None and len(kube.patches) == 1
 
 
 async def test_a_silent_primary_that_renews_its_lock_keeps_it() -> None:

@@ -255,6 +255,44 @@ def test_a_silent_lock_waits_for_both_clocks(
     assert takeover.silent_wait(seen_for, unrenewed) == pytest.approx(remaining)
 
 
+def written(*times: Any) -> dict[str, Any]:
+    return {"metadata": {"managedFields": [{"manager": "m", "time": t} for t in times]}}
+
+
+def test_the_last_write_is_the_newest_server_stamp() -> None:
+    last = takeover.last_written(written("2026-12-02T10:00:05Z", "2026-12-02T10:00:09Z"))
+    assert last is not None and last.second == 9
+    assert takeover.last_written(written()) is None
+    assert takeover.last_written({"metadata": {}}) is None
+    assert takeover.last_written(written(None, 17, "2026-12-02T10:00:05")) is None
+
+
+@pytest.mark.parametrize(
+    ("lock_written", "reported", "served"),
+    [
+        ("2026-12-02T10:00:24Z", "2026-12-02T10:00:30Z", 5.0),  # whole seconds: one less
+        ("2026-12-02T10:00:30Z", "2026-12-02T10:00:30Z", -1.0),
+        ("2026-12-02T10:00:31Z", "2026-12-02T10:00:30Z", -2.0),
+        (None, "2026-12-02T10:00:30Z", None),
+        ("2026-12-02T10:00:24Z", None, None),
+    ],
+)
+def test_the_server_measures_the_lock_unrenewed_until_the_witness_wrote(
+    lock_written: str | None, reported: str | None, served: float | None
+) -> None:
+    lock = written(*([lock_written] if lock_written else []))
+    witness = written(*([reported] if reported else []))
+    assert takeover.served_unrenewed(lock, witness) == served
+    assert takeover.served_unrenewed(lock, None) is None
+
+
+def test_server_stamps_old_enough_end_the_wait_at_once() -> None:
+    assert takeover.silent_wait(0.0, 0.0, takeover.UNRENEWED_SECONDS) == 0.0
+    below = takeover.UNRENEWED_SECONDS - 0.5
+    assert takeover.silent_wait(0.0, 0.0, below) == takeover.silent_wait(0.0, 0.0)
+    assert takeover.silent_wait(1.0, 30.0, None) == pytest.approx(takeover.SILENT_SECONDS - 1.0)
+
+
 @pytest.mark.parametrize(
     ("text", "valid"),
     [

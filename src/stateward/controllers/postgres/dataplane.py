@@ -338,7 +338,12 @@ class DataPlane:
             and config_spec.synchronous_settings(scope.cluster)["synchronous_mode"] is True
             else None
         )
-        lock = await _read_lock(scope) if witness is not None else None
+        # The witness's pod is read before the lock: its last write then precedes the lock's
+        # read, so the lock as read went unrenewed at least from its last write to that one.
+        reporter = lock = None
+        if witness is not None:
+            reporter = await scope.kube.get("v1", "Pod", scope.cluster.namespace, witness.name)
+            lock = await _read_lock(scope)
         if witness is None or lock is None or _holder(lock) != name:
             self._unrenewed.pop(key, None)
             if lost is not None and lost.pod == name:
@@ -352,12 +357,11 @@ class DataPlane:
         version = str(lock["metadata"].get("resourceVersion"))
         unrenewed = self._unrenewed.get(key)
         if unrenewed is None or unrenewed.version != version:
-            self._unrenewed[key] = Unrenewed(version, now)
-            scope.requeue(takeover.SILENT_SECONDS)
-            return None
+            self._unrenewed[key] = unrenewed = Unrenewed(version, now)
         waited = now - unrenewed.since
         age = takeover.unrenewed_for(lock["metadata"].get("annotations") or {}, scope.now)
-        remaining = takeover.silent_wait(waited, age)
+        served = takeover.served_unrenewed(lock, reporter)
+        remaining = takeover.silent_wait(waited, age, served)
         if remaining > 0:
             scope.requeue(max(remaining, 0.2))
             return None
@@ -367,7 +371,7 @@ class DataPlane:
             return None
         self._unrenewed.pop(key, None)
         scope.requeue(RECHECK)
-        found = takeover.silent_proof(witness.name, max(waited, age))
+        found = takeover.silent_proof(witness.name, max(waited, age, served or 0.0))
         message = (
             f"Primary {name} went silent: {found.message}. Released its leader lock so"
             f" Patroni promotes {witness.name} now, not after the {patroni.TTL} s ttl"

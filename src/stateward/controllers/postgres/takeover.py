@@ -18,7 +18,8 @@ by demoting, is safe then):
 * **the primary went silent under synchronous replication** (``Priority``): a synchronous
   standby that Patroni's ``NAME-sync`` record lists reports that its WAL receiver lost the
   primary (``wal_receiver_timeout``, 5 s, without a word from it), and the lock went
-  unrenewed (:data:`SILENT_SECONDS`, :data:`UNRENEWED_SECONDS`). This is not proof that
+  unrenewed (:data:`SILENT_SECONDS` and :data:`UNRENEWED_SECONDS`, or by the API server's
+  own stamps, :func:`served_unrenewed`). This is not proof that
   the primary is dead: a hung or partitioned primary may wake up. It is proof that it can
   no longer *acknowledge* a commit the standby lacks: every commit waits for every listed
   standby, the listed one that is promoted stops confirming, and only the old primary's
@@ -226,11 +227,43 @@ def unrenewed_for(lock: Mapping[str, str], now: str | None) -> float:
     return (stamped - renewed).total_seconds() if renewed and stamped else 0.0
 
 
-def silent_wait(seen_for: float, unrenewed: float) -> float:
+def last_written(body: Body) -> datetime.datetime | None:
+    """When the API server last changed the object for any writer: the newest ``time`` of
+    its ``managedFields``, stamped by the server's clock (whole seconds) whenever a writer
+    changes a value it owns — for the leader lock, every renewal by Patroni."""
+    entries = body["metadata"].get("managedFields") or []
+    times = [t for e in entries if (t := parse_time(_text(e.get("time")))) is not None]
+    return max(times, default=None)
+
+
+def served_unrenewed(lock: Body, witness: Body | None) -> float | None:
+    """How long, by the API server's clock alone, the lock had gone unrenewed when the
+    stream witness's pod was last written (its Patroni reporting the lost stream, or later):
+    both times are the server's stamps, so no two machines' clocks are compared. Both are
+    whole seconds, so the result is one second less than their difference. None when either
+    is unknown."""
+    renewed = last_written(lock)
+    reported = last_written(witness) if witness is not None else None
+    if renewed is None or reported is None:
+        return None
+    return (reported - renewed).total_seconds() - 1.0
+
+
+def silent_wait(seen_for: float, unrenewed: float, served: float | None = None) -> float:
     """Seconds still to wait before a silent primary's lock may be released: the operator
     has read one version of it for ``seen_for`` seconds, and its ``renewTime`` is
-    ``unrenewed`` seconds old. 0 once both waits are over."""
+    ``unrenewed`` seconds old. 0 once both waits are over — or at once when the API
+    server's own stamps show the lock unrenewed for :data:`UNRENEWED_SECONDS` (``served``,
+    :func:`served_unrenewed`): the server's clock is one clock, so the operator's
+    :data:`SILENT_SECONDS` of watching (which exists only because the holder's clock may
+    run behind) proves nothing more."""
+    if served is not None and served >= UNRENEWED_SECONDS:
+        return 0.0
     return max(SILENT_SECONDS - seen_for, UNRENEWED_SECONDS - unrenewed, 0.0)
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _why(ended: Body) -> str:
