@@ -45,6 +45,11 @@ clean-clone run (2026-12-06, seconds of setup + call + teardown): the first abou
 107, plugin 42), the third about 830 (data plane 502, real nodes 149, database faults 130,
 deploy 46)."""
 
+MODULE_GROUPS = {"test_wheel.py": "wheel"}
+"""Modules whose module-scoped fixtures are slow and must run once, not once per worker that
+takes one of their tests: the wheel tests build both wheels and install them in a fresh
+virtualenv (about 70 s); spread over three workers that was 185 s of setup."""
+
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -54,9 +59,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     nodes in a host slot of its own (``lab.slots``), and the stories theirs in one more, so
     a worker may take any group in any order. The rest of the suite is spread over the
     workers as they finish. Tests marked ``host`` (they mount or change host-wide state) go
-    with the stories, one after another."""
+    with the stories, one after another. A module of :data:`MODULE_GROUPS` stays in one
+    worker."""
     for item in items:
-        if (
+        if item.path.name in MODULE_GROUPS:
+            item.add_marker(pytest.mark.xdist_group(MODULE_GROUPS[item.path.name]))
+        elif (
             "real_cluster" in getattr(item, "fixturenames", ())
             or item.path.name in REAL_NODE_FILES
             or item.get_closest_marker("host") is not None
