@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import threading
 from pathlib import Path
 
@@ -54,12 +55,30 @@ def test_locate_fills_every_field_once_all_are_built(cache: Path) -> None:
     found = binaries.locate()
     assert found.kube_proxy.name == "kube-proxy"
     assert found.containerd_shim.name == "containerd-shim-runc-v2"
-    assert found.ctr.parent == found.containerd.parent == cache / "bin" / "containerd-v2.4.2"
-    assert found.cni_bin_dir == cache / "bin" / "cni-plugins-v1.9.1"
+    assert found.ctr.parent == found.containerd.parent
+    assert found.containerd.parent.name.startswith("containerd-v2.4.2-")
+    assert found.cni_bin_dir.parent == cache / "bin"
+    assert found.cni_bin_dir.name.startswith("cni-plugins-v1.9.1-")
     assert (found.cni_bin_dir / "host-local").is_file()
-    assert found.coredns == cache / "bin" / "coredns-v1.15.0-cluster-dns" / "coredns"
+    assert found.coredns.parent.name.startswith("coredns-v1.15.0-")
     for path in (p for name, p in vars(found).items() if name != "cni_bin_dir"):
         assert path.is_file(), path
+
+
+def test_a_changed_wrapper_module_builds_into_another_cache_dir(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tools = tmp_path / "tools"
+    shutil.copytree(binaries.tools_dir() / "coredns", tools / "coredns")
+    monkeypatch.setenv("STATEWARD_TOOLS_DIR", str(tools))
+    before = binaries.component_dir(binaries.COREDNS)
+    assert before == binaries.component_dir(binaries.COREDNS), "stable"
+    (tools / "coredns" / "README").write_text("not a source")
+    assert binaries.component_dir(binaries.COREDNS) == before
+    main = tools / "coredns" / "main.go"
+    main.write_text(main.read_text() + "\n// one more plugin\n")
+    assert binaries.component_dir(binaries.COREDNS) != before
+    assert binaries.component_dir(binaries.COREDNS).parent == before.parent == cache / "bin"
 
 
 def test_new_components_and_their_binary_names() -> None:
@@ -104,6 +123,42 @@ def test_the_coredns_build_links_every_plugin_the_corefile_uses() -> None:
     assert used == {"bind", "errors", "kubernetes", "cache"}
     assert used <= imported and used <= set(ordered)
     assert set(ordered) == imported
+
+
+def required(go_mod: str) -> dict[str, str]:
+    """The version a go.mod requires of each module (single lines and blocks)."""
+    lines = [
+        line.split()
+        for block in re.findall(r"^require \((.*?)^\)", go_mod, re.MULTILINE | re.DOTALL)
+        for line in block.splitlines()
+    ]
+    lines += [m.split()[1:] for m in re.findall(r"^require [^(\s].*$", go_mod, re.MULTILINE)]
+    return {words[0]: words[1] for words in lines if len(words) >= 2 and words[0] != "//"}
+
+
+def test_required_reads_blocks_and_single_lines() -> None:
+    go_mod = "module m\n\nrequire a.io/x v1.0.0\n\nrequire (\n\tb.io/y v0.2.0 // indirect\n)\n"
+    assert required(go_mod) == {"a.io/x": "v1.0.0", "b.io/y": "v0.2.0"}
+
+
+@pytest.mark.parametrize("component", binaries.SHARES_KUBERNETES, ids=lambda c: c.name)
+def test_a_component_built_on_kubernetes_libraries_selects_kubernetes_versions(
+    component: binaries.Component,
+) -> None:
+    """Go's build cache shares a compiled package only when its module's selected version
+    (and every import's) is the same: one differing x/net recompiles all of client-go."""
+    tools = binaries.tools_dir()
+    leader = required((tools / binaries.KUBERNETES.module_dir / "go.mod").read_text())
+    follower = required((tools / component.module_dir / "go.mod").read_text())
+    shared = leader.keys() & follower.keys()
+    assert {"k8s.io/client-go", "golang.org/x/net", "google.golang.org/protobuf"} <= shared
+    differing = {m: (follower[m], leader[m]) for m in shared if follower[m] != leader[m]}
+    assert differing == {}, "run local/align_go_modules.py"
+
+
+def test_components_sharing_kubernetes_libraries_build_after_the_others() -> None:
+    light = [c for c in binaries.COMPONENTS if c is not binaries.KUBERNETES]
+    assert light[-len(binaries.SHARES_KUBERNETES) :] == list(binaries.SHARES_KUBERNETES)
 
 
 def test_missing_tools_map_to_debian_packages() -> None:
