@@ -221,6 +221,7 @@ def test_every_read_is_a_copy_of_its_own() -> None:
     original = {**body("StatefulSet", "pg", "4"), "spec": {"replicas": 3}}
     store.observe(original)
     original["spec"]["replicas"] = 9
+    assert store.has("StatefulSet", "ns", "pg") and not store.has("StatefulSet", "ns", "other")
     first = store.get("StatefulSet", "ns", "pg")
     assert first is not None and first["spec"] == {"replicas": 3}
     first["spec"]["replicas"] = 1

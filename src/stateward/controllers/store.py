@@ -118,6 +118,11 @@ class ObjectStore:
         entry = self._objects.get((kind, namespace, name))
         return None if entry is None else _unpack(entry)
 
+    def has(self, kind: str, namespace: str, name: str) -> bool:
+        """Whether a body is stored, without decoding it (the watch path asks this for every
+        child event)."""
+        return (kind, namespace, name) in self._objects
+
     def owned_by(self, namespace: str, cluster: str, kind: str) -> list[Body]:
         keys = sorted(k for k in self._by_cluster.get((namespace, cluster), ()) if k[0] == kind)
         return [_unpack(self._objects[k]) for k in keys]

@@ -213,7 +213,7 @@ class Operator:
             return
         namespace = metadata.get("namespace", "")
         for kind in PRIMARY_KINDS:
-            if kind != exclude and self.store.get(kind, namespace, cluster) is not None:
+            if kind != exclude and self.store.has(kind, namespace, cluster):
                 self.queue.add((kind, namespace, cluster))
 
     async def _reclaim_signals(self, stop: asyncio.Event) -> None:
