@@ -246,8 +246,9 @@ def source_digest(component: Component) -> str:
     digest = hashlib.sha256()
     for path in sorted(module.iterdir()):
         if path.name in ("go.mod", "go.sum") or path.suffix == ".go":
-            digest.update(f"{path.name}\0{len(path.read_bytes())}\0".encode())
-            digest.update(path.read_bytes())
+            content = path.read_bytes()
+            digest.update(f"{path.name}\0{len(content)}\0".encode())
+            digest.update(content)
     return digest.hexdigest()[:10]
 
 

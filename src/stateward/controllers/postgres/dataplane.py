@@ -429,7 +429,7 @@ class DataPlane:
         how = ""
         if lost is not None and lost.pod == previous:
             seconds = round(self._clock() - lost.since, 1)
-            if lost.inferred and (old := _pod_named(scope, previous)) is not None:
+            if lost.inferred and (old := scope.observed("Pod", previous)) is not None:
                 # A container that died and restarted between two reconciles looked only
                 # silent: its restart count tells.
                 died = takeover.concrete_cause(old, None, CONTAINER_NAME, lost.restarts)
@@ -783,11 +783,6 @@ async def _release(
     lost.released = True
     await scope.event("LeaderLockReleased", message, warning=True)
     return f"released the leader lock of {lost.pod} ({found.reason})"
-
-
-def _pod_named(scope: Scope, name: str) -> Body | None:
-    pods = instance_pods(scope, including_deleting=True)
-    return next((p for p in pods if p["metadata"]["name"] == name), None)
 
 
 async def _read_lock(scope: Scope) -> Body | None:

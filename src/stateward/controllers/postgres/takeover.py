@@ -232,7 +232,7 @@ def last_written(body: Body) -> datetime.datetime | None:
     its ``managedFields``, stamped by the server's clock (whole seconds) whenever a writer
     changes a value it owns — for the leader lock, every renewal by Patroni."""
     entries = body["metadata"].get("managedFields") or []
-    times = [t for e in entries if (t := parse_time(_text(e.get("time")))) is not None]
+    times = [t for e in entries if (t := parse_time(e.get("time"))) is not None]
     return max(times, default=None)
 
 
@@ -260,10 +260,6 @@ def silent_wait(seen_for: float, unrenewed: float, served: float | None = None) 
     if served is not None and served >= UNRENEWED_SECONDS:
         return 0.0
     return max(SILENT_SECONDS - seen_for, UNRENEWED_SECONDS - unrenewed, 0.0)
-
-
-def _text(value: object) -> str | None:
-    return value if isinstance(value, str) else None
 
 
 def _why(ended: Body) -> str:
