@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from lightkube import Client
+from lightkube import ApiError, Client
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod, Secret
@@ -330,8 +330,27 @@ def verdict(lab: Lab, writer: Writer, fault: str) -> str:
         )
     servers = writer.servers()
     assert len(servers) == len(set(servers)), f"{fault}: writes acknowledged by {servers}"
+    # A failover record the operator wrote is Patroni's to clear once the standby took the
+    # lock: one left behind would hand the cluster over again later.
+    wait_for(
+        lambda: not _failover_request(lab),
+        what=f"Patroni to clear its failover record after {fault}",
+        timeout=30,
+    )
     print(f"{fault}: write downtime {writer.longest_gap():.2f}s; acknowledged by {servers}")
     return primary
+
+
+def _failover_request(lab: Lab) -> dict[str, str]:
+    """The from and to of a failover Patroni's ``NAME-failover`` record still asks for."""
+    try:
+        record = lab.client.get(ConfigMap, f"{NAME}-failover", namespace=lab.ns)
+    except ApiError as error:
+        if error.status.code == 404:
+            return {}  # never written
+        raise
+    found = (record.metadata.annotations if record.metadata else None) or {}
+    return {k: v for k, v in found.items() if k in ("leader", "member") and v}
 
 
 Heal = Callable[[], None]

@@ -15,6 +15,8 @@ from tests.support.clusters import make_cluster
 
 pytestmark = pytest.mark.unit
 
+PATRONI_LABELS = {"stateward.io/cluster": "demo", "app.kubernetes.io/component": "instance"}
+"""What Patroni labels its records with (and lists them by)."""
 OUT = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}
 
 
@@ -26,14 +28,21 @@ class FakeKube:
         self.gets: list[tuple[str, str]] = []
         self.patches: list[tuple[str, str, dict[str, Any]]] = []
         self.events: list[tuple[str, str]] = []
+        self.creates: list[dict[str, Any]] = []
         self.conflict = False
+        """The leader lock was renewed since it was read: its conditional patch fails."""
 
     async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Any:
         self.gets.append((kind, name))
         return self.objects.get((kind, name))
 
+    async def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.creates.append(body)
+        self.objects[(body["kind"], body["metadata"]["name"])] = body
+        return body
+
     async def patch(self, ref: Any, patch: dict[str, Any], **_: Any) -> dict[str, Any]:
-        if self.conflict:
+        if self.conflict and ref.name == "demo-leader":
             raise ApiError(
                 status=type("S", (), {"code": 409, "message": "conflict", "reason": "Conflict"})()
             )  # type: ignore[call-arg]
@@ -104,6 +113,7 @@ def lock(
         "name": "demo-leader",
         "namespace": "db",
         "resourceVersion": "42",
+        "labels": PATRONI_LABELS,
         "annotations": {"leader": holder, "renewTime": renewed},
     }
     if written is not None:
@@ -273,6 +283,20 @@ async def test_no_primary_and_nobody_unwell_reads_nothing() -> None:
 # --- a silent primary: hung or cut off, its pod still Ready --------------------------------
 
 
+HANDOVER = {
+    "apiVersion": "v1",
+    "kind": "ConfigMap",
+    "metadata": {
+        "name": "demo-failover",
+        "namespace": "db",
+        "labels": PATRONI_LABELS,
+        "annotations": {"leader": "demo-0", "member": "demo-1"},
+    },
+}
+"""Patroni's failover record from the lost primary demo-0 to its synchronous standby."""
+WITHDRAWN = {"metadata": {"annotations": {"leader": None, "member": None}}}
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 100.0
@@ -331,6 +355,9 @@ async def test_a_silent_primary_loses_its_lock_once_unrenewed_while_its_standby_
     clock.now += 2.1
     note = await plane.follow_leader_lock(lost_stream)
     assert note == "released the leader lock of demo-0 (PrimarySilent)"
+    # Patroni's failover record names the standby first, so that it takes the lock at once
+    # instead of waiting 2 s on the silent primary's REST API in its leader race.
+    assert kube.creates == [HANDOVER]
     assert kube.patches == [
         (
             "ConfigMap",
@@ -497,6 +524,72 @@ async def test_a_silent_primary_whose_lock_is_renewed_at_the_release_keeps_it() 
     kube.conflict = True
     note = await plane.follow_leader_lock(lost_stream)
     assert note is not None and "renewed meanwhile" in note and kube.events == []
+    # The failover record named the standby: emptied again, or the primary, alive after
+    # all, would take it for a request to hand over.
+    assert kube.creates == [HANDOVER]
+    assert kube.patches == [("ConfigMap", "demo-failover", WITHDRAWN)]
+
+
+async def test_an_existing_failover_record_is_rewritten_not_created() -> None:
+    clock, plane, kube, lost_stream = await first_sight()
+    kube.objects[("ConfigMap", "demo-failover")] = {"metadata": {"name": "demo-failover"}}
+    assert await plane.follow_leader_lock(lost_stream) is None
+    clock.now += 3.5
+    assert await plane.follow_leader_lock(lost_stream) is not None
+    assert kube.creates == []
+    handover = {"leader": "demo-0", "member": "demo-1", "scheduled_at": None}
+    assert [p[:2] for p in kube.patches] == [
+        ("ConfigMap", "demo-failover"),
+        ("ConfigMap", "demo-leader"),
+    ]
+    assert kube.patches[0][2] == {"metadata": {"annotations": handover}}
+
+
+async def test_a_primary_on_an_out_of_service_node_is_handed_to_its_sync_standby() -> None:
+    kube = FakeKube(
+        {
+            ("Node", "node-1"): {"metadata": {"name": "node-1"}, "spec": {"taints": [OUT]}},
+            ("ConfigMap", "demo-leader"): lock("demo-0"),
+            ("ConfigMap", "demo-sync"): {"metadata": {"annotations": {"sync_standby": "demo-1"}}},
+        }
+    )
+    the_scope = scope(
+        kube,
+        pod("demo-0", role="primary", node="node-1", deleting=True),
+        pod("demo-1", role="replica", node="node-2", stream="streaming"),
+        pod("demo-2", role="replica", node="node-3", stream="streaming"),
+    )
+    note = await DataPlane().follow_leader_lock(the_scope)
+    assert note == "released the leader lock of demo-0 (NodeOutOfService)"
+    assert kube.creates == [HANDOVER]
+    assert "Patroni promotes demo-1 now" in kube.events[-1][1]
+
+
+@pytest.mark.parametrize(
+    "synchronous",
+    [{"method": "Quorum"}, {"mode": "Off"}],
+    ids=["quorum-commit", "asynchronous"],
+)
+async def test_without_priority_replication_a_released_lock_names_no_candidate(
+    synchronous: dict[str, str],
+) -> None:
+    # Patroni's leader race must ask the members who is most advanced: nobody is named.
+    kube = FakeKube(
+        {
+            ("Node", "node-1"): {"metadata": {"name": "node-1"}, "spec": {"taints": [OUT]}},
+            ("ConfigMap", "demo-leader"): lock("demo-0"),
+            ("ConfigMap", "demo-sync"): {"metadata": {"annotations": {"sync_standby": "demo-1"}}},
+        }
+    )
+    the_scope = scope(
+        kube,
+        pod("demo-0", role="primary", node="node-1", deleting=True),
+        pod("demo-1", role="replica", node="node-2", stream="streaming"),
+        synchronous=synchronous,
+    )
+    note = await DataPlane().follow_leader_lock(the_scope)
+    assert note == "released the leader lock of demo-0 (NodeOutOfService)"
+    assert kube.creates == [] and [p[1] for p in kube.patches] == ["demo-leader"]
 
 
 @pytest.mark.parametrize(

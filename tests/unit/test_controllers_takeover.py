@@ -345,3 +345,42 @@ def test_the_silent_proof_says_who_lost_the_stream_and_for_how_long() -> None:
     assert proof.reason == "PrimarySilent"
     assert "pg-1 lost its WAL stream" in proof.message and "3.0 s" in proof.message
     assert takeover.SILENT_SECONDS > patroni.LOOP_WAIT, "a live Patroni renews within it"
+
+
+@pytest.mark.parametrize(
+    ("members", "synchronous", "candidate"),
+    [
+        # A running standby Patroni's record lists: it holds every acknowledged commit.
+        ([member("pg-1"), member("pg-2")], {"pg-1"}, "pg-1"),
+        ([member("pg-1"), member("pg-2")], {"pg-2"}, "pg-2"),
+        # Streaming or not does not matter (a dead primary streams to nobody).
+        ([member("pg-1", stream="in archive recovery")], {"pg-1"}, "pg-1"),
+        # Of two listed, the lower ordinal.
+        ([member("pg-2"), member("pg-1")], {"pg-1", "pg-2"}, "pg-1"),
+        # Not listed, not running, the primary itself, or no record: nobody.
+        ([member("pg-1"), member("pg-2")], {"pg-3"}, None),
+        ([member("pg-1", state="starting")], {"pg-1"}, None),
+        ([member("pg-0", role="primary")], {"pg-0"}, None),
+        ([member("pg-1")], None, None),
+    ],
+)
+def test_the_handover_candidate_is_a_running_member_of_the_sync_record(
+    members: list[Member], synchronous: set[str] | None, candidate: str | None
+) -> None:
+    listed = frozenset(synchronous) if synchronous is not None else None
+    assert takeover.handover_candidate(members, "pg-0", listed) == candidate
+
+
+def test_the_handover_is_patronis_failover_record_with_the_locks_labels() -> None:
+    lock = {"metadata": {"name": "pg-leader", "namespace": "db", "labels": {"cluster": "pg"}}}
+    record = takeover.handover(lock, "pg-failover", "pg-0", "pg-1")
+    assert record["metadata"] == {
+        "name": "pg-failover",
+        "namespace": "db",
+        "labels": {"cluster": "pg"},  # Patroni lists its records by these
+        "annotations": {"leader": "pg-0", "member": "pg-1"},
+    }
+    patch = takeover.handover_patch("pg-0", "pg-1")["metadata"]["annotations"]
+    assert patch == {"leader": "pg-0", "member": "pg-1", "scheduled_at": None}
+    withdrawn = takeover.WITHDRAW_HANDOVER["metadata"]["annotations"]
+    assert withdrawn == {"leader": None, "member": None}

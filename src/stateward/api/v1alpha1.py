@@ -990,6 +990,11 @@ class PostgresCluster(_Resource):
         return f"{self.name}-leader"
 
     @property
+    def failover_config_map_name(self) -> str:
+        """Patroni's failover record: a requested failover's from and to."""
+        return f"{self.name}-failover"
+
+    @property
     def image(self) -> str:
         return self.spec.image or f"{DEFAULT_IMAGE_REPOSITORY}:{self.spec.version}"
 

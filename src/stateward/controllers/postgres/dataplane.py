@@ -5,8 +5,9 @@ The operator never runs SQL. It asks Patroni, over its REST API on the pods' add
 what Patroni does safely (``PATCH /config``, ``POST /switchover``, ``POST /failover``,
 ``POST /restart``), and observes the outcome in the pods' labels and member records. A
 switchover in progress lives in ``status.switchover``, so a restarted operator continues it
-instead of starting another. The one DCS object it ever writes is a dead primary's leader
-lock, released only on proof that the holder cannot accept writes (``takeover``).
+instead of starting another. The DCS objects it ever writes are a dead primary's leader
+lock, released only on proof that the holder cannot accept writes, and, just before that,
+the failover record naming the synchronous standby to promote (``takeover``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +43,8 @@ SYNC_CONFIRM = 10.0
 this long after, once Patroni has had a loop to choose anew."""
 SYNC_MAX_AGE = 60.0
 """The longest a settled synchronous-standby record is believed without a read."""
+
+logger = logging.getLogger(__name__)
 
 RUNNING = v1alpha1.SwitchoverPhase.RUNNING.value
 SUCCEEDED = v1alpha1.SwitchoverPhase.SUCCEEDED.value
@@ -310,11 +314,13 @@ class DataPlane:
         )
         if found is None:
             return None
+        candidate = await _handover_candidate(scope, name)
         message = (
             f"Primary {name} cannot accept writes: {found.message}. Released its leader lock"
-            f" so Patroni promotes a synchronous standby now, not after the {patroni.TTL} s ttl"
+            f" so Patroni promotes {candidate or 'a synchronous standby'} now, not after the"
+            f" {patroni.TTL} s ttl"
         )
-        return await _release(scope, lock, lost, found, message)
+        return await _release(scope, lock, lost, found, message, candidate)
 
     async def _silent_primary(self, scope: Scope, pod: Body) -> str | None:
         """A primary whose pod looks healthy while a synchronous standby reports that its WAL
@@ -376,7 +382,7 @@ class DataPlane:
             f"Primary {name} went silent: {found.message}. Released its leader lock so"
             f" Patroni promotes {witness.name} now, not after the {patroni.TTL} s ttl"
         )
-        return await _release(scope, lock, lost, found, message)
+        return await _release(scope, lock, lost, found, message, witness.name)
 
     async def _unlabel_stale(self, scope: Scope, labelled: list[Body]) -> str | None:
         lock = await _read_lock(scope)
@@ -769,14 +775,63 @@ async def read_sync(scope: Scope) -> frozenset[str] | None:
     return m.sync_standbys(state.get("metadata", {}).get("annotations"))
 
 
+async def _handover_candidate(scope: Scope, primary: str) -> str | None:
+    """The synchronous standby to name in Patroni's failover record when ``primary``'s lock
+    is released: only under ``Priority`` replication (under quorum commit a candidate must
+    first learn from the other voters that it is the most advanced; without synchronous
+    replication, from every member), and not while a planned switchover owns the record."""
+    if (scope.switchover or {}).get("phase") == RUNNING:
+        return None
+    if config_spec.synchronous_settings(scope.cluster)["synchronous_mode"] is not True:
+        return None
+    return takeover.handover_candidate(scope.members, primary, await read_sync(scope))
+
+
+async def _hand_over(scope: Scope, lock: Body, primary: str, candidate: str) -> bool:
+    """Write Patroni's failover record from ``primary`` to ``candidate``; False when it could
+    not be written (the release goes on: Patroni's leader race then decides, 2 s slower)."""
+    name = scope.cluster.failover_config_map_name
+    try:
+        if await scope.kube.get("v1", "ConfigMap", scope.namespace, name) is None:
+            await scope.kube.create(takeover.handover(lock, name, primary, candidate))
+        else:
+            ref = Ref("v1", "ConfigMap", scope.namespace, name)
+            await scope.kube.patch(ref, takeover.handover_patch(primary, candidate))
+    except ApiError as error:
+        logger.warning("could not name %s in %s (%s): %s", candidate, name, error.status.code,
+                       error.status.message)  # fmt: skip
+        return False
+    return True
+
+
+async def _withdraw_handover(scope: Scope) -> None:
+    """Empty the failover record again after a release that did not happen, so that a
+    primary that renewed its lock meanwhile does not take it for a request to hand over."""
+    ref = Ref("v1", "ConfigMap", scope.namespace, scope.cluster.failover_config_map_name)
+    try:
+        await scope.kube.patch(ref, takeover.WITHDRAW_HANDOVER)
+    except ApiError as error:
+        logger.warning("could not empty %s (%s)", ref.name, error.status.code)
+
+
 async def _release(
-    scope: Scope, lock: Body, lost: Lost, found: takeover.Proof, message: str
+    scope: Scope,
+    lock: Body,
+    lost: Lost,
+    found: takeover.Proof,
+    message: str,
+    candidate: str | None = None,
 ) -> str:
     """Release ``lost``'s leader lock on ``found``, unless its holder renewed it since it was
-    read (the write is conditioned on that version), and say so in an Event."""
+    read (the write is conditioned on that version), and say so in an Event. ``candidate``,
+    a synchronous standby, is named in Patroni's failover record first, so that it takes the
+    lock in its first loop without waiting on the dead primary's REST API."""
+    handed = candidate is not None and await _hand_over(scope, lock, lost.pod, candidate)
     try:
         await scope.kube.patch(Ref.of(lock), takeover.release_patch(lock))
     except ApiError as error:
+        if handed:
+            await _withdraw_handover(scope)
         if error.status.code == 409:
             return f"the leader lock of {lost.pod} was renewed meanwhile: not released"
         raise

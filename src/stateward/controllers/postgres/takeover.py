@@ -28,7 +28,15 @@ by demoting, is safe then):
 
 Releasing the lock is a write conditioned on the lock's resourceVersion: if the holder (or a
 restarted container of it) renewed the lock since it was read, the write fails and nothing
-is released. Pure code; the safety argument is in docs/architecture.md.
+is released.
+
+Under ``Priority`` synchronous replication the release is preceded by Patroni's own
+failover record (``NAME-failover``) naming a synchronous standby (:func:`handover`): the
+standby then takes the lock in its first loop, as in a ``patronictl failover``, instead of
+first asking every member's REST API for its WAL position — 2 s lost to the dead primary's,
+which cannot answer. A member Patroni's ``NAME-sync`` record lists holds every acknowledged
+commit, which is all that question would establish. Pure code; the safety argument is in
+docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -65,6 +73,13 @@ older; the wait then falls back to :data:`SILENT_SECONDS` of the operator's own,
 alone already excludes a running Patroni. (The release is safe either way; the waits keep
 it from failing over a primary that was only slow.)"""
 RUNNING_STATE: Final = "running"
+FAILOVER_LEADER: Final = "leader"
+FAILOVER_CANDIDATE: Final = "member"
+"""The annotations of Patroni's failover record (``NAME-failover``): from whom, to whom."""
+WITHDRAW_HANDOVER: Final[Body] = {
+    "metadata": {"annotations": {FAILOVER_LEADER: None, FAILOVER_CANDIDATE: None}}
+}
+"""The merge patch that empties the failover record again (as Patroni itself does)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,6 +183,52 @@ def stream_witness(
         ):
             return candidate
     return None
+
+
+def handover_candidate(
+    members: Iterable[Member], primary: str, synchronous: frozenset[str] | None
+) -> str | None:
+    """The member Patroni may promote at once when ``primary``'s lock is released: one that
+    Patroni's ``NAME-sync`` record, read afresh (``synchronous``), lists — so it holds every
+    commit the primary acknowledged — and whose Patroni runs; the lowest ordinal first.
+    None when there is none (no record, or only the primary in it)."""
+    for candidate in sorted(members, key=lambda x: (x.ordinal, x.name)):
+        if (
+            candidate.name != primary
+            and candidate.name in (synchronous or ())
+            and candidate.state == RUNNING_STATE
+        ):
+            return candidate.name
+    return None
+
+
+def handover(lock: Body, name: str, primary: str, candidate: str) -> Body:
+    """Patroni's failover record ``name``, from ``primary`` to ``candidate``, as a ConfigMap
+    to create: it carries the leader lock's labels, by which Patroni lists its records."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": name,
+            "namespace": lock["metadata"].get("namespace", ""),
+            "labels": dict(lock["metadata"].get("labels") or {}),
+            "annotations": {FAILOVER_LEADER: primary, FAILOVER_CANDIDATE: candidate},
+        },
+    }
+
+
+def handover_patch(primary: str, candidate: str) -> Body:
+    """The merge patch that writes :func:`handover` into an existing record (clearing a
+    scheduled switchover's time: a dead primary is failed over now)."""
+    return {
+        "metadata": {
+            "annotations": {
+                FAILOVER_LEADER: primary,
+                FAILOVER_CANDIDATE: candidate,
+                "scheduled_at": None,
+            }
+        }
+    }
 
 
 def silent_proof(witness: str, unrenewed: float) -> Proof:
