@@ -74,7 +74,10 @@ async def test_missing_credentials_are_read_at_every_look_until_they_are_there()
 def test_a_deleted_cluster_leaves_nothing_in_memory() -> None:
     reconciler = postgrescluster.Reconciler(None, ObjectStore())  # type: ignore[arg-type]
     reconciler.credentials_checked[("db", "demo")] = (2, 1.0)
-    reconciler.secret_cache._data[("db", "demo", "demo-patroni-api")] = ("1", {"password": "x"})
+    reconciler.secret_cache._data[("db", "demo", "demo-patroni-api", None)] = (
+        "1",
+        {"password": "x"},
+    )
     reconciler.data_plane._primaries[("db", "demo")] = "demo-0"
     reconciler.forget("db", "demo")
     assert reconciler.credentials_checked == {}

@@ -75,3 +75,26 @@ def test_credentials_never_show_in_a_repr() -> None:
     assert "s3cret" not in repr(auth) and "s3cret" not in str(auth)
     assert "CERTIFICATE" not in repr(auth)
     assert auth.httpx()._auth_header.startswith("Basic ")
+
+
+def test_a_secret_the_operator_just_wrote_is_not_read_back_and_keys_are_kept_apart() -> None:
+    kube, store, cache = FakeKube(), ObjectStore(), core.SecretCache()
+    written = secret("demo-tls", "5", "pem")
+    written["data"]["tls.key"] = base64.b64encode(b"private").decode()
+    store.observe(written)
+    the_scope = scope(kube, store, cache)
+    # What the write's response carried, as a reader of only "password" keeps it.
+    assert cache.remember(the_scope, written, keys=frozenset({"password"})) == {"password": "pem"}
+
+    async def read(keys: frozenset[str] | None) -> dict[str, str] | None:
+        return await cache.read(the_scope, "demo-tls", keys=keys)
+
+    assert asyncio.run(read(frozenset({"password"}))) == {"password": "pem"}
+    assert kube.reads == 0, "the operator's own write is not read back"
+    # A reader that wants other keys is not handed the narrower copy: it reads them.
+    kube.secrets["demo-tls"] = written
+    assert asyncio.run(read(frozenset({"password", "tls.key"}))) == {
+        "password": "pem",
+        "tls.key": "private",
+    }
+    assert kube.reads == 1

@@ -53,3 +53,38 @@ def test_each_cluster_reports_readiness_instances_and_its_last_backup() -> None:
 def test_a_replica_that_does_not_lead_reports_no_cluster() -> None:
     assert scrape(None) == {}
     assert scrape(ObjectStore()) == {}
+
+
+class CountingStore(ObjectStore):
+    """Counts the bodies decoded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.decoded = 0
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        self.decoded += 1
+        return super().get(kind, namespace, name)
+
+
+def test_a_scrape_decodes_only_the_clusters_that_changed_since_the_last() -> None:
+    store = CountingStore()
+    store.observe(cluster("orders", phase="Creating"))
+    store.observe(cluster("fresh", phase="Creating"))
+    collector = metrics.ClusterCollector()
+    collector.source = lambda: store
+    registry = CollectorRegistry()
+    registry.register(collector)
+    generate_latest(registry)
+    assert store.decoded == 2
+    generate_latest(registry)
+    assert store.decoded == 2, "nothing changed: nothing decoded"
+    changed = cluster("orders", phase="Ready", readyReplicas=2)
+    changed["metadata"]["resourceVersion"] = "2"
+    store.observe(changed)
+    text = generate_latest(registry).decode()
+    assert store.decoded == 3
+    assert 'stateward_cluster_ready{cluster="orders",namespace="shop"} 1.0' in text
+    # A deleted cluster's series go with it.
+    store.forget("PostgresCluster", "shop", "fresh")
+    assert 'cluster="fresh"' not in generate_latest(registry).decode()

@@ -18,6 +18,8 @@ from stateward.controllers import core
 from stateward.controllers.kube import Body, Ref
 from stateward.specs import tls
 
+CA_ONLY: Final = frozenset({tls.CA_CERT_KEY})
+"""What the operator keeps of a Secret that also holds a private key: the CA certificate."""
 RECHECK: Final = 2.0
 """A CA Secret made a moment ago by another reconcile: look again this soon."""
 
@@ -50,6 +52,7 @@ async def ensure(scope: core.Scope, cluster: tls.Served) -> str | None:
             scope.requeue(RECHECK)  # made a moment ago: the store sees it shortly
             return None
         scope.store.observe(ca)
+        scope.secrets.remember(scope, ca, keys=CA_ONLY)  # as ca_cert reads it
         notes.append(f"{'replaced' if replacing else 'created'} {cluster.ca_secret_name}")
         if replacing:
             await scope.event(
@@ -123,6 +126,7 @@ async def ensure(scope: core.Scope, cluster: tls.Served) -> str | None:
             )
         )
         scope.store.observe(applied)
+        scope.secrets.remember(scope, applied, keys=CA_ONLY)  # as the REST API's clients read it
         reloaded, served = served, applied
         until = rfc3339.format(pki.not_after(cert))
         what = (
@@ -283,7 +287,7 @@ async def ca_cert(scope: core.Scope, cluster: tls.Served) -> str | None:
     name = cluster.ca_secret_name
     if cluster.user_server_secret_name is not None:
         name = cluster.tls_secret_name
-    data = await scope.secrets.read(scope, name, keys=frozenset({tls.CA_CERT_KEY}))
+    data = await scope.secrets.read(scope, name, keys=CA_ONLY)
     return (data or {}).get(tls.CA_CERT_KEY) or None
 
 
@@ -322,9 +326,7 @@ async def console_context(
     cluster's CA issues now (valid an hour, held in memory, never stored), verifying the
     pooler's serving chain against ``NAME-tls``'s ``ca.crt`` (pooler pods are addressed by
     IP: the chain, not the name). None while the CA or that Secret is not usable."""
-    served = await scope.secrets.read(
-        scope, cluster.tls_secret_name, keys=frozenset({tls.CA_CERT_KEY})
-    )
+    served = await scope.secrets.read(scope, cluster.tls_secret_name, keys=CA_ONLY)
     trusted = (served or {}).get(tls.CA_CERT_KEY)
     if not trusted:
         return None

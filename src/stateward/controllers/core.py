@@ -46,35 +46,52 @@ class SecretCache:
     only, per owning object, and dropped when that object is gone (:meth:`forget`)."""
 
     def __init__(self) -> None:
-        self._data: dict[tuple[str, str, str], tuple[str, dict[str, str]]] = {}
+        self._data: dict[
+            tuple[str, str, str, frozenset[str] | None], tuple[str, dict[str, str]]
+        ] = {}
+        """(namespace, owner, Secret, the keys kept) -> (resourceVersion, data)."""
 
     async def read(
         self, scope: Scope, name: str, *, keys: frozenset[str] | None = None
     ) -> dict[str, str] | None:
         """The decoded data of the Secret ``name`` beside ``scope``'s object, or None while it
         does not exist. With ``keys``, only those are kept (a CA certificate read from a
-        Secret that also holds a private key keeps no copy of the key); read one Secret with
-        one ``keys`` only."""
+        Secret that also holds a private key keeps no copy of the key); each ``keys`` is
+        kept apart."""
         observed = scope.observed("Secret", name)
         if observed is None:
             return None
         version = str(observed["metadata"].get("resourceVersion", ""))
-        key = (scope.namespace, scope.name, name)
-        cached = self._data.get(key)
+        cached = self._data.get((scope.namespace, scope.name, name, keys))
         if cached is not None and cached[0] == version:
             return cached[1]
         found = await scope.kube.get("v1", "Secret", scope.namespace, name)
         if found is None:
             return None
+        return self._keep(scope, name, version, found, keys)
+
+    def remember(
+        self, scope: Scope, secret: Body, *, keys: frozenset[str] | None = None
+    ) -> dict[str, str]:
+        """Keep the data of a Secret this reconcile just wrote (the API server's response
+        carries it), as :meth:`read` would after a GET: a Secret the operator made is not
+        read back. ``keys`` as :meth:`read` is called with for that Secret."""
+        metadata = secret["metadata"]
+        version = str(metadata.get("resourceVersion", ""))
+        return self._keep(scope, metadata["name"], version, secret, keys)
+
+    def _keep(
+        self, scope: Scope, name: str, version: str, secret: Body, keys: frozenset[str] | None
+    ) -> dict[str, str]:
         data: dict[str, str] = {}
-        for field, value in (found.get("data") or {}).items():
+        for field, value in (secret.get("data") or {}).items():
             if keys is not None and field not in keys:
                 continue
             try:
                 data[field] = base64.b64decode(value).decode()
             except ValueError:
                 continue  # not text: no credential of ours
-        self._data[key] = (version, data)
+        self._data[(scope.namespace, scope.name, name, keys)] = (version, data)
         return data
 
     def forget(self, namespace: str, owner: str) -> None:

@@ -123,6 +123,12 @@ class ObjectStore:
         child event)."""
         return (kind, namespace, name) in self._objects
 
+    def version(self, kind: str, namespace: str, name: str) -> str | None:
+        """The stored body's resourceVersion, without decoding it (None: none stored, or
+        it had none): a reader that keeps what it derived from a body knows when it is stale."""
+        entry = self._objects.get((kind, namespace, name))
+        return None if entry is None else entry.version
+
     def owned_by(self, namespace: str, cluster: str, kind: str) -> list[Body]:
         keys = sorted(k for k in self._by_cluster.get((namespace, cluster), ()) if k[0] == kind)
         return [_unpack(self._objects[k]) for k in keys]

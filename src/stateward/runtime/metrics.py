@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -94,6 +95,10 @@ class ClusterCollector(Collector):
 
     def __init__(self) -> None:
         self.source: Callable[[], ObjectStore | None] = lambda: None
+        self._seen: dict[tuple[str, str], tuple[str | None, ClusterSeries]] = {}
+        """Per cluster: the resourceVersion its series were derived from, and them. A
+        scrape decodes only the clusters that changed since the last (at a thousand
+        clusters, decoding every body at every scrape cost a fifth of the operator's reads)."""
 
     def describe(self) -> Iterable[Metric]:
         return cluster_families([])
@@ -101,12 +106,52 @@ class ClusterCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         store = self.source()
         if store is None:
+            self._seen.clear()
             return cluster_families([])
-        bodies = (store.get(KIND, ns, name) for ns, name in store.names(KIND))
-        return cluster_families([b for b in bodies if b is not None])
+        seen: dict[tuple[str, str], tuple[str | None, ClusterSeries]] = {}
+        for ns, name in store.names(KIND):
+            version = store.version(KIND, ns, name)
+            known = self._seen.get((ns, name))
+            if known is not None and version is not None and known[0] == version:
+                seen[(ns, name)] = known
+                continue
+            body = store.get(KIND, ns, name)
+            if body is not None:
+                seen[(ns, name)] = (version, series(body))
+        self._seen = seen
+        return families([s for _, s in seen.values()])
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterSeries:
+    """What one PostgresCluster contributes to the per-cluster families."""
+
+    namespace: str
+    name: str
+    ready: bool
+    ready_instances: int
+    last_backup: float | None
+
+
+def series(body: Mapping[str, Any]) -> ClusterSeries:
+    """A PostgresCluster's values for :func:`families` (pure)."""
+    status = body.get("status") or {}
+    finished = rfc3339.parse(status.get("lastBackupTime"))
+    return ClusterSeries(
+        namespace=str(body["metadata"].get("namespace", "")),
+        name=str(body["metadata"]["name"]),
+        ready=status.get("phase") == "Ready",
+        ready_instances=int(status.get("readyReplicas") or 0),
+        last_backup=None if finished is None else finished.timestamp(),
+    )
 
 
 def cluster_families(clusters: Iterable[Mapping[str, Any]]) -> list[Metric]:
+    """The per-cluster families of :class:`ClusterCollector` from cluster bodies (pure)."""
+    return families([series(body) for body in clusters])
+
+
+def families(clusters: Iterable[ClusterSeries]) -> list[Metric]:
     """The per-cluster families of :class:`ClusterCollector` (pure)."""
     labels = ["namespace", "cluster"]
     ready = GaugeMetricFamily(
@@ -120,16 +165,12 @@ def cluster_families(clusters: Iterable[Mapping[str, Any]]) -> list[Metric]:
         "When the PostgresCluster's last successful backup finished (Unix time)",
         labels=labels,
     )
-    for body in sorted(
-        clusters, key=lambda b: (b["metadata"].get("namespace", ""), b["metadata"]["name"])
-    ):
-        key = [str(body["metadata"].get("namespace", "")), str(body["metadata"]["name"])]
-        status = body.get("status") or {}
-        ready.add_metric(key, 1 if status.get("phase") == "Ready" else 0)
-        instances.add_metric(key, int(status.get("readyReplicas") or 0))
-        finished = rfc3339.parse(status.get("lastBackupTime"))
-        if finished is not None:
-            backup.add_metric(key, finished.timestamp())
+    for cluster in sorted(clusters, key=lambda c: (c.namespace, c.name)):
+        key = [cluster.namespace, cluster.name]
+        ready.add_metric(key, 1 if cluster.ready else 0)
+        instances.add_metric(key, cluster.ready_instances)
+        if cluster.last_backup is not None:
+            backup.add_metric(key, cluster.last_backup)
     return [ready, instances, backup]
 
 

@@ -75,6 +75,23 @@ CHILD_RESOURCES = (
 )
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """Kopf's per-event "essence" of a body, turned off. Kopf builds one for every event of
+    every watched resource (a deep copy of the body, another to strip its progress, and a
+    diff against the last) for its change-detecting handlers; this operator registers only
+    event handlers and compares what it observes itself, so nothing ever read it, and it
+    cost about a tenth of the operator's CPU while a thousand clusters were created."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> Any:
+        return None
+
+    def fetch(self, *, body: kopf.Body) -> None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: Any) -> None:
+        return None
+
+
 class StartupError(Exception):
     """The operator cannot start as configured; the message says what to change."""
 
@@ -359,6 +376,7 @@ class Operator:
         @kopf.on.startup(registry=registry)
         def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
             settings.posting.enabled = False
+            settings.persistence.diffbase_storage = NoDiffBase()
             settings.peering.standalone = True
             settings.scanning.disabled = True
             # Watches are restarted by the server every minute at most; a stream that has
