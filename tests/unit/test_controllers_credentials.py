@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
+from lightkube import ApiError
 
 from stateward.controllers.postgres import backup_phases
 from stateward.controllers.postgres import reconcile as postgrescluster
@@ -228,3 +230,36 @@ async def test_a_volume_whose_deletion_the_watch_missed_is_asked_about_not_waite
     await postgrescluster.ensure_secrets(scope)
     assert not scope.halted and "demo-superuser" in kube.created
     assert store.get("PersistentVolumeClaim", "db", "data-demo-0") is None
+
+
+class Concurrent(Creating):
+    """Each create waits until every one of ``expected`` has been sent: a reconcile that
+    made them one after another would never get past the first."""
+
+    def __init__(self, expected: int) -> None:
+        super().__init__(None)
+        self.expected = expected
+        self.all_sent = asyncio.Event()
+        self.conflicted = "demo-app"
+
+    async def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.created.append(body["metadata"]["name"])
+        if len(self.created) == self.expected:
+            self.all_sent.set()
+        await asyncio.wait_for(self.all_sent.wait(), 5)
+        if body["metadata"]["name"] == self.conflicted:
+            status = type("S", (), {"code": 409, "message": "exists", "reason": "AlreadyExists"})
+            raise ApiError(status=status())  # type: ignore[call-arg]
+        return body
+
+
+async def test_a_new_clusters_credentials_are_made_in_one_round_trip(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = ObjectStore()
+    kube = Concurrent(expected=4)
+    scope = secrets_scope(monkeypatch, kube, store)
+    note = await postgrescluster.ensure_secrets(scope)
+    # One was made a moment ago by another reconcile (409): the rest count as made here.
+    assert note == "created demo-superuser, demo-replication, demo-patroni-api"
+    assert store.get("Secret", "db", "demo-superuser") is not None

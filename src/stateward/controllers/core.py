@@ -395,6 +395,7 @@ async def ensure_credentials(
         scope.progressing.append(("PreviousVolumesGoing", message))
         return Credentials([], message)
     result = Credentials([])
+    making: list[Credential] = []
     for credential in wanted:
         if scope.observed("Secret", credential.name) is not None:
             continue
@@ -407,14 +408,23 @@ async def ensure_credentials(
             )
             result.unrecoverable.append(credential.name)
             continue
-        try:
-            created = await scope.kube.create(credential.build())
-        except ApiError as error:
-            if error.status.code != 409:
-                raise
+        making.append(credential)
+    # Independent of each other: made together, one round trip instead of one each. What
+    # was made is kept even when another create failed (the store must not miss a write).
+    outcomes = await asyncio.gather(
+        *(scope.kube.create(c.build()) for c in making), return_exceptions=True
+    )
+    failures: list[BaseException] = []
+    for credential, created in zip(making, outcomes, strict=True):
+        if isinstance(created, ApiError) and created.status.code == 409:
+            continue  # made a moment ago by another reconcile: the store sees it shortly
+        if isinstance(created, BaseException):
+            failures.append(created)
             continue
         scope.observe(created)
         result.made.append(credential.name)
+    if failures:
+        raise failures[0]
     if result.made:
         await scope.event("SecretCreated", f"Generated credentials in {', '.join(result.made)}")
     return result
