@@ -376,6 +376,9 @@ class FakePatroni:
     async def event(self, body: Any, *, reason: str, message: str, warning: bool = False) -> None:
         self.events.append((reason, message, warning))
 
+    async def settle_events(self) -> None:
+        """Events are recorded as they are sent: none is ever pending."""
+
     def body(self) -> dict[str, Any]:
         return {
             "apiVersion": f"{v1alpha1.GROUP}/{v1alpha1.VERSION}",

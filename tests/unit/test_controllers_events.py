@@ -43,9 +43,43 @@ def test_an_event_refused_in_a_terminating_namespace_does_not_fail_the_caller() 
     client = RefusingClient()
     counted: list[tuple[str, str]] = []
     kube = Kube(client, on_event=lambda reason, kind: counted.append((reason, kind)))  # type: ignore[arg-type]
-    asyncio.run(kube.event(CLUSTER, reason="FinalBackupImpossible", message="m", warning=True))
+
+    async def send() -> None:
+        await kube.event(CLUSTER, reason="FinalBackupImpossible", message="m", warning=True)
+        await kube.settle_events()
+
+    asyncio.run(send())
     assert client.creates == 1  # it was tried
     assert counted == []  # and not counted as recorded
+
+
+class SlowClient:
+    """Answers a create only when told to: an Event whose round trip takes long."""
+
+    def __init__(self) -> None:
+        self.answer = asyncio.Event()
+        self.created: list[str] = []
+
+    async def create(self, obj: Any, **_: Any) -> Any:
+        await self.answer.wait()
+        self.created.append(obj.reason)
+        return obj
+
+
+def test_an_event_does_not_hold_the_reconcile_and_is_recorded_before_settling() -> None:
+    client = SlowClient()
+    counted: list[tuple[str, str]] = []
+    kube = Kube(client, on_event=lambda reason, kind: counted.append((reason, kind)))  # type: ignore[arg-type]
+
+    async def reconcile() -> None:
+        # Returns at once although the API server has not answered yet.
+        await asyncio.wait_for(kube.event(CLUSTER, reason="Created", message="m"), 1)
+        assert client.created == []
+        client.answer.set()
+        await kube.settle_events()  # as a status write does before it patches
+        assert client.created == ["Created"] and counted == [("Created", "Normal")]
+
+    asyncio.run(reconcile())
 
 
 def test_a_replica_that_lost_leadership_still_writes_no_event() -> None:

@@ -18,6 +18,9 @@ class StatusKube:
     def __init__(self) -> None:
         self.patches: list[dict[str, Any]] = []
 
+    async def settle_events(self) -> None:
+        """No Event is sent here."""
+
     async def patch(self, ref: Any, patch: dict[str, Any], *, status: bool = False) -> Any:
         assert status
         self.patches.append(patch["status"])

@@ -8,6 +8,7 @@ Objects are plain dicts on both sides. Two guarantees live in this one place:
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import ssl
@@ -123,6 +124,7 @@ class Kube:
         self.on_write = on_write
         self.on_event = on_event
         self.component = component
+        self._events: set[asyncio.Task[None]] = set()
 
     def _guard(self, verb: str, kind: str) -> None:
         if not self.may_write():
@@ -255,22 +257,44 @@ class Kube:
 
         Best effort: an Event the API server refuses is logged and dropped. A terminating
         namespace refuses new Events (403), and a reconcile that failed on one could never
-        remove its finalizer, so the namespace stayed Terminating forever."""
+        remove its finalizer, so the namespace stayed Terminating forever.
+
+        Sent in the background: the reconcile goes on without waiting for the round trip
+        (three of them were on the path of every new cluster). :meth:`settle_events` waits
+        for those sent so far; a status write does, so that what a status reports was told
+        in its Event first. A replica that does not lead refuses at once (NotLeader)."""
+        if not self.may_write():
+            raise NotLeader("not the leader: refusing to create Event")
         body = event_body(
             involved, reason=reason, message=message, warning=warning, component=self.component
         )
+        task = asyncio.create_task(self._record(body, reason, warning=warning))
+        self._events.add(task)
+        task.add_done_callback(self._events.discard)
+
+    async def _record(self, body: Body, reason: str, *, warning: bool) -> None:
+        metadata = body["metadata"]
         try:
             await self.create(body)
-        except ApiError as error:
+        except (ApiError, NotLeader) as error:
+            why = error.status.message if isinstance(error, ApiError) else str(error)
             logger.info(
                 "Event %s on %s/%s not recorded: %s",
                 reason,
-                body["metadata"]["namespace"],
-                involved["metadata"]["name"],
-                error.status.message,
+                metadata["namespace"],
+                body["involvedObject"]["name"],
+                why,
             )
             return
+        except Exception:
+            logger.exception("Event %s in %s not recorded", reason, metadata["namespace"])
+            return
         self.on_event(reason, "Warning" if warning else "Normal")
+
+    async def settle_events(self) -> None:
+        """Wait until every Event sent so far is recorded (or dropped)."""
+        while self._events:
+            await asyncio.gather(*self._events, return_exceptions=True)
 
 
 def event_body(
