@@ -545,7 +545,8 @@ async def test_an_existing_failover_record_is_rewritten_not_created() -> None:
     assert kube.patches[0][2] == {"metadata": {"annotations": handover}}
 
 
-async def test_a_primary_on_an_out_of_service_node_is_handed_to_its_sync_standby() -> None:
+def out_of_service_primary(**spec: Any) -> tuple[FakeKube, postgrescluster.Scope]:
+    """demo-0, the primary, on a node marked out of service; demo-1 its sync standby."""
     kube = FakeKube(
         {
             ("Node", "node-1"): {"metadata": {"name": "node-1"}, "spec": {"taints": [OUT]}},
@@ -558,7 +559,13 @@ async def test_a_primary_on_an_out_of_service_node_is_handed_to_its_sync_standby
         pod("demo-0", role="primary", node="node-1", deleting=True),
         pod("demo-1", role="replica", node="node-2", stream="streaming"),
         pod("demo-2", role="replica", node="node-3", stream="streaming"),
+        **spec,
     )
+    return kube, the_scope
+
+
+async def test_a_primary_on_an_out_of_service_node_is_handed_to_its_sync_standby() -> None:
+    kube, the_scope = out_of_service_primary()
     note = await DataPlane().follow_leader_lock(the_scope)
     assert note == "released the leader lock of demo-0 (NodeOutOfService)"
     assert kube.creates == [HANDOVER]
@@ -574,19 +581,7 @@ async def test_without_priority_replication_a_released_lock_names_no_candidate(
     synchronous: dict[str, str],
 ) -> None:
     # Patroni's leader race must ask the members who is most advanced: nobody is named.
-    kube = FakeKube(
-        {
-            ("Node", "node-1"): {"metadata": {"name": "node-1"}, "spec": {"taints": [OUT]}},
-            ("ConfigMap", "demo-leader"): lock("demo-0"),
-            ("ConfigMap", "demo-sync"): {"metadata": {"annotations": {"sync_standby": "demo-1"}}},
-        }
-    )
-    the_scope = scope(
-        kube,
-        pod("demo-0", role="primary", node="node-1", deleting=True),
-        pod("demo-1", role="replica", node="node-2", stream="streaming"),
-        synchronous=synchronous,
-    )
+    kube, the_scope = out_of_service_primary(synchronous=synchronous)
     note = await DataPlane().follow_leader_lock(the_scope)
     assert note == "released the leader lock of demo-0 (NodeOutOfService)"
     assert kube.creates == [] and [p[1] for p in kube.patches] == ["demo-leader"]
