@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
+import httpx2
 import pytest
 from lightkube import ApiError
 from lightkube.models.meta_v1 import Status
@@ -116,3 +118,25 @@ def test_a_reconciled_object_found_gone_is_no_failure() -> None:
         status=Status(code=404, reason="NotFound", message='pods "doomed-0" not found')
     )
     assert not core.object_gone(child, "postgresclusters", "doomed")
+
+
+class UnreachableClient:
+    """The API server is down: every request fails to connect."""
+
+    async def create(self, obj: Any, **_: Any) -> Any:
+        raise httpx2.ConnectError("All connection attempts failed")
+
+
+def test_an_event_lost_to_an_api_server_outage_is_no_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    kube = Kube(UnreachableClient())  # type: ignore[arg-type]
+
+    async def send() -> None:
+        await kube.event(CLUSTER, reason="Created", message="m")
+        await kube.settle_events()
+
+    with caplog.at_level(logging.INFO, logger="stateward.controllers.kube"):
+        asyncio.run(send())
+    levels = [r.levelname for r in caplog.records if "Created" in r.getMessage()]
+    assert levels == ["INFO"], "an outage is ridden out: logged, never as an error"

@@ -276,18 +276,19 @@ class Kube:
         metadata = body["metadata"]
         try:
             await self.create(body)
-        except (ApiError, NotLeader) as error:
+        except Exception as error:
+            if not isinstance(error, ApiError | NotLeader) and not transient(error):
+                logger.exception("Event %s in %s not recorded", reason, metadata["namespace"])
+                return
+            # Refused, or the API server unreachable (an outage is ridden out, not a defect).
             why = error.status.message if isinstance(error, ApiError) else str(error)
             logger.info(
                 "Event %s on %s/%s not recorded: %s",
                 reason,
                 metadata["namespace"],
                 body["involvedObject"]["name"],
-                why,
+                why or type(error).__name__,
             )
-            return
-        except Exception:
-            logger.exception("Event %s in %s not recorded", reason, metadata["namespace"])
             return
         self.on_event(reason, "Warning" if warning else "Normal")
 

@@ -78,10 +78,13 @@ def create_mount_ns(journal: Journal, node: Node) -> None:
     nodes_dir = node.directory.parent
     # The copy of the host's mounts includes every node's namespace files, this cluster's
     # and any other's on the host; dropping them here keeps one node's namespaces from
-    # pinning another's after it is powered off.
+    # pinning another's after it is powered off. Whether each is mounted is asked inside
+    # the namespace: another cluster on the host (a parallel test worker) may mount or
+    # unmount its directory between the copy and a look from the host, and an unmount of
+    # what the copy lacks failed this node's start (a clean-clone CI run).
     others = [p / "nodes" for p in peers(nodes_dir.parent)]
     script = [
-        *(f"umount -l {d}" for d in (nodes_dir, *others) if is_mountpoint(d)),
+        *(f"if mountpoint -q {d}; then umount -l {d}; fi" for d in (nodes_dir, *others)),
         # The kubelet needs shared propagation for volume mounts; inside this namespace only.
         "mount --make-rshared /",
     ]
