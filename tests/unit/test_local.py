@@ -44,11 +44,33 @@ def test_ports_are_consecutive_from_the_base() -> None:
     assert ports.apiserver == 20000
 
 
-def test_free_port_base_gives_ports_that_can_be_bound() -> None:
+def test_free_port_base_gives_ports_a_server_can_listen_on() -> None:
     base = processes.free_port_base()
+    assert base + 6 <= processes.ephemeral_ports().start, "outgoing connections could take it"
     for offset in range(6):
+        # As the control plane's servers bind: Go's net.Listen and asyncio both set
+        # SO_REUSEADDR, so a port left in TIME_WAIT by a stopped server is free to them.
         with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind(("127.0.0.1", base + offset))
+            probe.listen()
+
+
+def test_a_taken_port_is_never_part_of_a_free_base() -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert processes.port_taken(port)
+        base = processes.free_port_base(start=port - 3, stop=port + 40)
+        assert not base <= port < base + 6
+
+
+def test_the_ephemeral_range_is_read_from_the_kernel(tmp_path: Path) -> None:
+    setting = tmp_path / "ip_local_port_range"
+    setting.write_text("40000\t50000\n")
+    assert processes.ephemeral_ports(setting) == range(40000, 50001)
+    assert processes.ephemeral_ports(tmp_path / "missing") == range(32768, 61000)
 
 
 def test_a_process_is_known_by_its_start_time() -> None:

@@ -62,9 +62,30 @@ def port_taken(port: int) -> bool:
     return False
 
 
+def ephemeral_ports(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> range:
+    """The kernel's range of ports for outgoing connections: any process's client socket may
+    take one of these at any moment, so a server port chosen there can be gone before it binds."""
+    try:
+        low, high = (int(field) for field in path.read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999  # Linux's default
+    return range(low, high + 1)
+
+
 def free_port_base(count: int = 6, start: int = 20000, stop: int = 60000) -> int:
-    """A base port whose ``count`` successors are all free now (for tests and parallel runs)."""
-    for base in range(start + (os.getpid() % 500) * 16, stop, count + 1):
+    """A base port whose ``count`` successors are all free now (for tests and parallel runs).
+
+    Free means a server binding with SO_REUSEADDR (as Go's and Python's servers do) gets it;
+    a port a closed server left in TIME_WAIT counts as free. Bases stay below the ephemeral
+    range when there is room, so an outgoing connection cannot take a port in between."""
+    ephemeral = ephemeral_ports()
+    if ephemeral.start - start > 500 * 16 + count:
+        stop = min(stop, ephemeral.start)
+    bases = range(start, stop - count + 1, count + 1)
+    # Parallel runs start their search at different bases (by pid) and wrap around.
+    first = (os.getpid() % 500) * 16 // (count + 1) % max(len(bases), 1)
+    for index in range(len(bases)):
+        base: int = bases[(first + index) % len(bases)]
         if not any(port_taken(base + offset) for offset in range(count)):
             return base
     raise LocalClusterError(f"no {count} consecutive free ports between {start} and {stop}")
