@@ -376,7 +376,7 @@ class FakePatroni:
     async def event(self, body: Any, *, reason: str, message: str, warning: bool = False) -> None:
         self.events.append((reason, message, warning))
 
-    async def settle_events(self) -> None:
+    async def settle_events(self, involved: Any = None) -> None:
         """Events are recorded as they are sent: none is ever pending."""
 
     def body(self) -> dict[str, Any]:

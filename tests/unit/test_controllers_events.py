@@ -84,6 +84,27 @@ def test_an_event_does_not_hold_the_reconcile_and_is_recorded_before_settling() 
     asyncio.run(reconcile())
 
 
+def test_a_status_write_waits_for_its_own_clusters_events_not_anothers() -> None:
+    client = SlowClient()
+    kube = Kube(client)  # type: ignore[arg-type]
+    other = {**CLUSTER, "metadata": {**CLUSTER["metadata"], "name": "other"}}
+
+    async def reconciles() -> None:
+        await kube.event(CLUSTER, reason="Slow", message="m")
+        # Another cluster's status write does not wait for this one's slow Event ...
+        await asyncio.wait_for(kube.settle_events(other), 1)
+        # ... while this cluster's does, until it is answered.
+        settling = asyncio.create_task(kube.settle_events(CLUSTER))
+        await asyncio.sleep(0)
+        assert not settling.done()
+        client.answer.set()
+        await asyncio.wait_for(settling, 1)
+        assert client.created == ["Slow"]
+        await asyncio.wait_for(kube.settle_events(), 1)  # nothing left anywhere
+
+    asyncio.run(reconciles())
+
+
 def test_a_replica_that_lost_leadership_still_writes_no_event() -> None:
     client = RefusingClient()
     kube = Kube(client, may_write=lambda: False)  # type: ignore[arg-type]

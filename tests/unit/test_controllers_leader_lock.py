@@ -46,6 +46,10 @@ class FakeKube:
             raise ApiError(
                 status=type("S", (), {"code": 409, "message": "conflict", "reason": "Conflict"})()
             )  # type: ignore[call-arg]
+        if ref.kind == "ConfigMap" and (ref.kind, ref.name) not in self.objects:
+            raise ApiError(
+                status=type("S", (), {"code": 404, "message": "not found", "reason": "NotFound"})()
+            )  # type: ignore[call-arg]
         self.patches.append((ref.kind, ref.name, patch))
         body = self.objects.get((ref.kind, ref.name), {"metadata": {"name": ref.name}})
         labels = dict(body["metadata"].get("labels") or {})
@@ -536,7 +540,7 @@ async def test_an_existing_failover_record_is_rewritten_not_created() -> None:
     assert await plane.follow_leader_lock(lost_stream) is None
     clock.now += 3.5
     assert await plane.follow_leader_lock(lost_stream) is not None
-    assert kube.creates == []
+    assert kube.creates == [] and ("ConfigMap", "demo-failover") not in kube.gets, "one write"
     handover = {"leader": "demo-0", "member": "demo-1", "scheduled_at": None}
     assert [p[:2] for p in kube.patches] == [
         ("ConfigMap", "demo-failover"),

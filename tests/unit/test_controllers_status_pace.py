@@ -18,7 +18,7 @@ class StatusKube:
     def __init__(self) -> None:
         self.patches: list[dict[str, Any]] = []
 
-    async def settle_events(self) -> None:
+    async def settle_events(self, involved: Any = None) -> None:
         """No Event is sent here."""
 
     async def patch(self, ref: Any, patch: dict[str, Any], *, status: bool = False) -> Any:

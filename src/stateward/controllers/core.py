@@ -583,7 +583,7 @@ async def patch_status(scope: Scope, status: dict[str, Any]) -> None:
             scope.requeue(wait)
             return
     patch = {"status": replacing_patch(current, status)}
-    await scope.kube.settle_events()  # what the status says was told in an Event first
+    await scope.kube.settle_events(scope.body)  # what a status says was told in an Event first
     patched = await scope.kube.patch(Ref.of(scope.body), patch, status=True)
     scope.store.observe(patched)
     scope.status_pacer.wrote(scope.namespace, scope.name)

@@ -124,7 +124,8 @@ class Kube:
         self.on_write = on_write
         self.on_event = on_event
         self.component = component
-        self._events: set[asyncio.Task[None]] = set()
+        self._events: dict[tuple[str, str, str], set[asyncio.Task[None]]] = {}
+        """Events sent and not yet answered, by the object they are about."""
 
     def _guard(self, verb: str, kind: str) -> None:
         if not self.may_write():
@@ -261,16 +262,25 @@ class Kube:
 
         Sent in the background: the reconcile goes on without waiting for the round trip
         (three of them were on the path of every new cluster). :meth:`settle_events` waits
-        for those sent so far; a status write does, so that what a status reports was told
-        in its Event first. A replica that does not lead refuses at once (NotLeader)."""
+        for those sent so far about an object; a status write does, so that what a status
+        reports was told in its Event first. A replica that does not lead refuses at once
+        (NotLeader)."""
         if not self.may_write():
             raise NotLeader("not the leader: refusing to create Event")
         body = event_body(
             involved, reason=reason, message=message, warning=warning, component=self.component
         )
         task = asyncio.create_task(self._record(body, reason, warning=warning))
-        self._events.add(task)
-        task.add_done_callback(self._events.discard)
+        key = _about(involved)
+        pending = self._events.setdefault(key, set())
+        pending.add(task)
+
+        def done(finished: asyncio.Task[None]) -> None:
+            pending.discard(finished)
+            if not pending and self._events.get(key) is pending:
+                del self._events[key]
+
+        task.add_done_callback(done)
 
     async def _record(self, body: Body, reason: str, *, warning: bool) -> None:
         metadata = body["metadata"]
@@ -292,10 +302,21 @@ class Kube:
             return
         self.on_event(reason, "Warning" if warning else "Normal")
 
-    async def settle_events(self) -> None:
-        """Wait until every Event sent so far is recorded (or dropped)."""
-        while self._events:
-            await asyncio.gather(*self._events, return_exceptions=True)
+    async def settle_events(self, involved: Body | None = None) -> None:
+        """Wait until every Event sent so far about ``involved`` (about anything, when None)
+        is recorded or dropped: a status write waits for its own object's, not for another
+        cluster's slow one."""
+        while True:
+            keys = [_about(involved)] if involved is not None else list(self._events)
+            pending = [task for key in keys for task in self._events.get(key, ())]
+            if not pending:
+                return
+            await asyncio.gather(*pending, return_exceptions=True)
+
+
+def _about(involved: Body) -> tuple[str, str, str]:
+    metadata = involved["metadata"]
+    return (str(metadata.get("namespace")), str(involved.get("kind")), str(metadata["name"]))
 
 
 def event_body(

@@ -336,12 +336,9 @@ class DataPlane:
             scope.requeue(RECHECK)  # released: Patroni promotes the standby
             return None
         seen = self._sync_seen.get(key)
-        switching = (scope.switchover or {}).get("phase") == RUNNING  # a planned hand-over
         witness = (
             takeover.stream_witness(scope.members, name, seen.found)
-            if seen is not None
-            and not switching
-            and config_spec.synchronous_settings(scope.cluster)["synchronous_mode"] is True
+            if seen is not None and _priority_unplanned(scope)
             else None
         )
         # The witness's pod is read before the lock: its last write then precedes the lock's
@@ -775,28 +772,38 @@ async def read_sync(scope: Scope) -> frozenset[str] | None:
     return m.sync_standbys(state.get("metadata", {}).get("annotations"))
 
 
+def _priority_unplanned(scope: Scope) -> bool:
+    """Whether a synchronous standby Patroni lists is known to hold every acknowledged commit
+    and nothing planned is moving the primary: ``Priority`` synchronous replication (under
+    quorum commit a candidate must first learn from the other voters that it is the most
+    advanced; without synchronous replication, from every member) and no switchover running
+    (a planned hand-over stops the stream on purpose, and owns Patroni's failover record)."""
+    if (scope.switchover or {}).get("phase") == RUNNING:
+        return False
+    return config_spec.synchronous_settings(scope.cluster)["synchronous_mode"] is True
+
+
 async def _handover_candidate(scope: Scope, primary: str) -> str | None:
     """The synchronous standby to name in Patroni's failover record when ``primary``'s lock
-    is released: only under ``Priority`` replication (under quorum commit a candidate must
-    first learn from the other voters that it is the most advanced; without synchronous
-    replication, from every member), and not while a planned switchover owns the record."""
-    if (scope.switchover or {}).get("phase") == RUNNING:
-        return None
-    if config_spec.synchronous_settings(scope.cluster)["synchronous_mode"] is not True:
+    is released, when one is known to hold every acknowledged commit."""
+    if not _priority_unplanned(scope):
         return None
     return takeover.handover_candidate(scope.members, primary, await read_sync(scope))
 
 
 async def _hand_over(scope: Scope, lock: Body, primary: str, candidate: str) -> bool:
     """Write Patroni's failover record from ``primary`` to ``candidate``; False when it could
-    not be written (the release goes on: Patroni's leader race then decides, 2 s slower)."""
+    not be written (the release goes on: Patroni's leader race then decides, 2 s slower).
+    Patroni keeps the record once it made it, so it is patched, and created only if absent."""
     name = scope.cluster.failover_config_map_name
     try:
-        if await scope.kube.get("v1", "ConfigMap", scope.namespace, name) is None:
-            await scope.kube.create(takeover.handover(lock, name, primary, candidate))
-        else:
+        try:
             ref = Ref("v1", "ConfigMap", scope.namespace, name)
             await scope.kube.patch(ref, takeover.handover_patch(primary, candidate))
+        except ApiError as missing:
+            if missing.status.code != 404:
+                raise
+            await scope.kube.create(takeover.handover(lock, name, primary, candidate))
     except ApiError as error:
         logger.warning("could not name %s in %s (%s): %s", candidate, name, error.status.code,
                        error.status.message)  # fmt: skip
