@@ -8,6 +8,7 @@ import hmac
 import os
 import pwd
 import re
+import subprocess as sp
 from pathlib import Path
 
 import pytest
@@ -96,7 +97,8 @@ def pod(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Exec:
     monkeypatch.setattr(
         cli.run, "__kwdefaults__",
         {**(cli.run.__kwdefaults__ or {}), "credentials_dir": str(tmp_path / "credentials"),
-         "runtime_config": str(tmp_path / "runtime.yaml")},
+         "runtime_config": str(tmp_path / "runtime.yaml"),
+         "postgres_wrapper": str(tmp_path / "stateward-postgres")},
     )  # fmt: skip
     return recorder
 
@@ -177,6 +179,34 @@ def test_a_missing_certificate_file_is_named(
     err = capsys.readouterr().err
     assert f"serving certificate's {name} is missing at {tmp_path / 'tls' / name}" in err
     assert "NAME-tls" in err and pod.calls == []
+
+
+def test_patroni_starts_postgres_with_a_one_second_ack_timeout_for_its_upstream(
+    pod: Exec, tmp_path: Path
+) -> None:
+    assert run(tmp_path) == 0
+    document = yaml.safe_load((tmp_path / "runtime.yaml").read_text())
+    wrapper = tmp_path / "stateward-postgres"
+    assert document["postgresql"]["bin_name"] == {"postgres": str(wrapper)}
+    assert document["postgresql"]["bin_dir"] == str(tmp_path / "bin"), "the rest unchanged"
+    assert wrapper.stat().st_mode & 0o777 == 0o700
+    # The wrapper execs the configured postgres with the option in PGOPTIONS: what the
+    # server gets (argv and environment) is checked by running it against a stand-in.
+    (tmp_path / "bin" / "postgres").write_text('#!/bin/sh\necho "$PGOPTIONS|$*"\n')
+    (tmp_path / "bin" / "postgres").chmod(0o755)
+
+    def started(*argv: str, **env: str) -> str:
+        return sp.run(
+            [str(wrapper), *argv],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PATH": "/usr/bin:/bin", **env},
+        ).stdout
+
+    assert started("-D", "/data dir") == "-c tcp_user_timeout=1000|-D /data dir\n"
+    theirs = started("--version", PGOPTIONS="-c tcp_user_timeout=5000")
+    assert theirs == "-c tcp_user_timeout=1000 -c tcp_user_timeout=5000|--version\n"
 
 
 def test_run_defaults_to_the_mounted_config_file() -> None:
@@ -419,7 +449,6 @@ def test_patroni_runs_the_hook_after_initdb() -> None:
 
 
 def test_the_stanza_is_created_at_bootstrap_only_with_a_repository() -> None:
-    import subprocess as sp
 
     from stateward.instance import cli
 
@@ -436,7 +465,6 @@ def test_the_stanza_is_created_at_bootstrap_only_with_a_repository() -> None:
 
 
 def test_an_unreachable_repository_does_not_fail_the_bootstrap() -> None:
-    import subprocess as sp
 
     from stateward.instance import cli
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -224,6 +225,7 @@ def test_managed_parameters_without_user_parameters() -> None:
         "wal_keep_size": "128MB",
         "wal_level": "replica",
         "wal_log_hints": "on",
+        "wal_receiver_status_interval": "1s",
         "wal_receiver_timeout": "5s",
         "wal_sender_timeout": "5s",
     }
@@ -365,3 +367,23 @@ def test_a_restore_bootstraps_with_pgbackrest_and_keeps_its_recovery_settings() 
     # The hook still runs: the restored role gets this cluster's password.
     assert bootstrap["post_bootstrap"] == "stateward-instance post-bootstrap"
     assert "method" not in rendered(make_cluster())["bootstrap"]
+
+
+def test_the_postgres_wrapper_execs_postgres_with_the_ack_timeout_first() -> None:
+    script = patroni.postgres_wrapper("/usr/lib/postgresql/17/bin/postgres", ack_timeout_ms=750)
+    assert script.startswith("#!/bin/sh\n")
+    assert 'PGOPTIONS="-c tcp_user_timeout=750${PGOPTIONS:+ $PGOPTIONS}"' in script
+    assert script.endswith('exec /usr/lib/postgresql/17/bin/postgres "$@"\n')
+    assert "'/odd dir/postgres'" in patroni.postgres_wrapper("/odd dir/postgres"), "quoted"
+
+
+def test_the_wrapper_replaces_only_postgres_among_patronis_binaries() -> None:
+    document = {"postgresql": {"bin_dir": "/b", "bin_name": {"pg_ctl": "pg_ctl15"}}}
+    wrapped = patroni.with_postgres_wrapper(document, "/tmp/w")
+    assert wrapped["postgresql"] == {
+        "bin_dir": "/b",
+        "bin_name": {"pg_ctl": "pg_ctl15", "postgres": "/tmp/w"},
+    }
+    assert document["postgresql"]["bin_name"] == {"pg_ctl": "pg_ctl15"}, "a copy"
+    # Patroni joins bin_dir and bin_name: an absolute name stands alone.
+    assert os.path.join("/b", "/tmp/w") == "/tmp/w"

@@ -132,8 +132,9 @@ class Synchronous(_Model):
     method: SynchronousMethod = SynchronousMethod.PRIORITY
     """Which standbys a commit may wait for. Priority (the default): Patroni names ``number``
     replicas synchronous and the others replicate asynchronously (PostgreSQL's ``FIRST n``);
-    when a synchronous standby is lost, commits wait until PostgreSQL notices (its
-    wal_sender_timeout, 5 s) and Patroni names another. Quorum: every streaming replica may
+    when a synchronous standby is lost, commits wait until PostgreSQL notices (1 s without a
+    TCP acknowledgement from a node that is off or cut off; wal_sender_timeout, 5 s, for a
+    hung one) and Patroni names another, about 3 s. Quorum: every streaming replica may
     acknowledge, and a commit waits for any ``number`` of them (``ANY n (...)``), so losing
     one standby of several costs commits no wait at all; a failover then promotes only a
     replica that enough of the others confirm holds every acknowledged commit (Patroni's

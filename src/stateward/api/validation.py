@@ -102,6 +102,11 @@ DEFAULT_PARAMETERS: Mapping[str, str] = {
     # likewise notices a dead primary connection in 5 s.
     "wal_sender_timeout": "5s",
     "wal_receiver_timeout": "5s",
+    # A commit held for a lost synchronous standby is released when the standby Patroni
+    # names instead next reports its flush position, which an idle one does only every
+    # wal_receiver_status_interval (10 s by default) or when the walsender asks (every
+    # wal_sender_timeout / 2). Every second, one small message per standby.
+    "wal_receiver_status_interval": "1s",
 }
 """Parameters the operator sets unless the spec sets them (``spec.postgresql.parameters``)."""
 

@@ -207,11 +207,11 @@ def read_credentials(directory: str = patroni.CREDENTIALS_DIR) -> dict[str, tupl
     return found
 
 
-def write_private(path: str, text: str) -> None:
+def write_private(path: str, text: str, mode: int = 0o600) -> None:
     """``text`` into ``path``, readable by this user only, from its first byte."""
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     with os.fdopen(descriptor, "w") as target:
-        os.fchmod(target.fileno(), 0o600)  # an older file of another mode
+        os.fchmod(target.fileno(), mode)  # an older file of another mode
         target.write(text)
 
 
@@ -240,6 +240,7 @@ def run(
     supervise: Callable[..., int] | None = None,
     credentials_dir: str = patroni.CREDENTIALS_DIR,
     runtime_config: str = patroni.RUNTIME_CONFIG_FILE,
+    postgres_wrapper: str = patroni.POSTGRES_WRAPPER,
 ) -> int:
     """Check, then run Patroni under the supervisor until it ends; Patroni's exit status.
     Patroni reads ``config`` with the credentials merged in, from ``runtime_config``."""
@@ -248,6 +249,12 @@ def run(
     check_configuration(document, config, os.environ)
     cert, key = certificate_files(document)
     runtime = patroni.with_credentials(document, read_credentials(credentials_dir))
+    postgresql = document.get("postgresql")
+    bin_dir = postgresql.get("bin_dir") if isinstance(postgresql, dict) else None
+    if isinstance(bin_dir, str) and bin_dir:
+        script = patroni.postgres_wrapper(f"{bin_dir}/postgres")
+        write_private(postgres_wrapper, script, mode=0o700)
+        runtime = patroni.with_postgres_wrapper(runtime, postgres_wrapper)
     write_private(runtime_config, yaml.safe_dump(runtime, sort_keys=False))
     write_backup_keys()
     os.environ.update(passwd_environment(os.getuid(), os.getgid(), directory=patroni.TMP_DIR))

@@ -14,6 +14,7 @@ the pods run on what the ConfigMap says, not on the PostgresCluster model.
 from __future__ import annotations
 
 import copy
+import shlex
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -109,6 +110,20 @@ RETRY_TIMEOUT: Final = 5
 PRIMARY_START_TIMEOUT: Final = 10
 """A crashed primary gets this long to come back before a failover (default 300 s)."""
 
+STANDBY_ACK_TIMEOUT_MS: Final = 1000
+"""How long a primary's walsender waits for the TCP acknowledgement of WAL it sent to a
+standby before it drops the connection (``tcp_user_timeout`` of the walsender's socket). A
+standby whose node lost power or its network acknowledges nothing, and every commit waits for
+it while it is a synchronous standby; this ends the wait after 1 s of unacknowledged data
+instead of ``wal_sender_timeout`` (5 s), and Patroni names another standby in its next loop.
+A live standby's kernel acknowledges within milliseconds however busy its process is; only a
+standby that stops reading for this long while its receive buffer is full (megabytes behind)
+is dropped, and it reconnects. A hung (frozen) node's kernel still acknowledges: that case
+keeps ``wal_sender_timeout``."""
+POSTGRES_WRAPPER: Final = f"{TMP_DIR}/stateward-postgres"
+"""What Patroni starts as ``postgres`` (``postgresql.bin_name.postgres``): the image's
+``postgres`` with :data:`STANDBY_ACK_TIMEOUT_MS` in ``PGOPTIONS``."""
+
 # --- running Patroni ---------------------------------------------------------------------
 
 
@@ -132,6 +147,36 @@ def dump(document: Mapping[str, Any]) -> str:
 
 
 _DUMPER: type[yaml.SafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+def postgres_wrapper(postgres: str, ack_timeout_ms: int = STANDBY_ACK_TIMEOUT_MS) -> str:
+    """The script Patroni runs as ``postgres``: ``postgres`` itself (``exec``, so the pid
+    Patroni records is the postmaster's), with ``tcp_user_timeout`` put in ``PGOPTIONS``.
+
+    A standby's WAL receiver is a child of the postmaster and connects with libpq, which sends
+    ``PGOPTIONS`` to the primary in the startup packet; a physical walsender applies only those
+    options (not the role's settings, and Patroni's ``primary_conninfo`` takes no ``options``).
+    So only connections this server's processes open to other servers carry the timeout: not
+    Patroni's base backups and ``pg_rewind`` (a full disk buffer for a second must not end a
+    copy of hours) and not the server's own clients. A ``PGOPTIONS`` of the pod comes after,
+    and so wins."""
+    options = f"-c tcp_user_timeout={ack_timeout_ms}"
+    return (
+        "#!/bin/sh\n"
+        "# Written by stateward-instance run; see stateward.instance.patroni.postgres_wrapper.\n"
+        f'PGOPTIONS="{options}${{PGOPTIONS:+ $PGOPTIONS}}"\n'
+        "export PGOPTIONS\n"
+        f'exec {shlex.quote(postgres)} "$@"\n'
+    )
+
+
+def with_postgres_wrapper(document: Mapping[str, Any], wrapper: str) -> dict[str, Any]:
+    """``document`` with Patroni told to start ``wrapper`` as ``postgres`` (an absolute
+    ``bin_name`` replaces ``bin_dir``'s, as Patroni joins the two paths); a deep copy."""
+    merged: dict[str, Any] = copy.deepcopy(dict(document))
+    postgresql = merged.setdefault("postgresql", {})
+    postgresql["bin_name"] = {**(postgresql.get("bin_name") or {}), "postgres": wrapper}
+    return merged
 
 
 def with_credentials(
