@@ -57,7 +57,32 @@ def operator_on(real: LocalCluster, client: Client, name: str) -> Iterator[Opera
         wait_leading(handle)
         yield handle
     finally:
-        handle.stop()
+        try:
+            wait_namespaces_gone(client)
+        finally:
+            handle.stop()
+
+
+def wait_namespaces_gone(client: Client, timeout: float = 300) -> None:
+    """Every namespace being deleted is gone. Call it before stopping an operator: the
+    PostgresClusters and Databases in a deleted namespace keep it until their finalizer ran,
+    which needs a running operator, and a CRD cannot be deleted (``make undeploy``) while
+    objects of it wait for one that no longer runs. The shared real-node cluster runs one
+    test at a time, so every namespace being deleted is ours."""
+
+    def terminating() -> list[str]:
+        return [
+            str(n.metadata.name)
+            for n in client.list(Namespace)
+            if n.metadata is not None and n.metadata.deletionTimestamp is not None
+        ]
+
+    wait_for(
+        lambda: not terminating(),
+        what="the deleted namespaces to be gone (finalizers run by the operator)",
+        timeout=timeout,
+        interval=1,
+    )
 
 
 @contextlib.contextmanager

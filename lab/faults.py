@@ -25,7 +25,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod, Secret
 from lightkube.types import PatchType
 
-from lab.dataplane import Writer, create_cluster, sql, status_of
+from lab.dataplane import Writer, create_cluster, sql, status_of, wait_namespaces_gone
 from lab.operator import RESYNC_SECONDS, get_pgc, wait_leading
 from lab.waiting import Timeout, wait_for
 from stateward_local import binaries
@@ -233,8 +233,11 @@ def lab_on(real: LocalCluster, prefix: str) -> Iterator[Lab]:
         for node, state in real.node_states():
             if state != "running":  # a failed fault must not leave a dead node behind
                 real.node_start(node.name)
-        lab.operator.stop()
         client.delete(Namespace, ns)
+        try:
+            wait_namespaces_gone(client)  # the cluster's finalizer needs the operator
+        finally:
+            lab.operator.stop()
 
 
 HEALTHY_ROLES = {

@@ -57,7 +57,7 @@ def kubectl(
     return result
 
 
-def make(cluster: LocalCluster, target: str) -> str:
+def make(cluster: LocalCluster, target: str, *, timeout: float = 300) -> str:
     """``make TARGET`` as a user runs it, with KUBECONFIG naming ``cluster``."""
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     env["KUBECONFIG"] = str(cluster.kubeconfig)
@@ -69,10 +69,22 @@ def make(cluster: LocalCluster, target: str) -> str:
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
     assert result.returncode == 0, f"make {target}:\n{result.stdout}{result.stderr}"
     return result.stdout
+
+
+def undeploy(cluster: LocalCluster) -> None:
+    """``make undeploy``; if it does not finish, what it waits for (a CRD cannot go while an
+    object of it waits for a finalizer, a namespace while a pod in it terminates)."""
+    try:
+        make(cluster, "undeploy", timeout=150)
+    except (AssertionError, subprocess.TimeoutExpired):
+        what = "namespaces,pods,postgresclusters.stateward.io,databases.stateward.io"
+        left = kubectl(cluster, "get", what, "-A", "-o", "wide", check=False)
+        print(f"make undeploy did not finish; the cluster holds:\n{left.stdout}{left.stderr}")
+        raise
 
 
 def crd_established(kube: Client) -> bool:
@@ -220,7 +232,7 @@ def test_make_deploy_runs_the_operator_in_the_cluster_and_undeploy_removes_it(
         assert records, logs.stdout[-2000:]
         assert {r["level"] for r in records} <= {"INFO", "WARNING", "ERROR"}, records[-5:]
     finally:
-        make(real_cluster, "undeploy")
+        undeploy(real_cluster)
     wait_for(
         lambda: absent(kube, Namespace, rbac.NAMESPACE),
         what=f"namespace {rbac.NAMESPACE} removed by make undeploy",
