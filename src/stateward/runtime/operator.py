@@ -22,11 +22,13 @@ import signal
 import socket
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
+import httpx2
 import kopf
 from aiohttp import web
 from lightkube import ApiError, AsyncClient
+from lightkube.config.client_adapter import verify_cluster
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Pod
@@ -702,8 +704,7 @@ def run(options: Options) -> int:
     quiet_chatty_loggers()
 
     async def main() -> int:
-        config = KubeConfig.from_env()
-        client = AsyncClient(config, field_manager=FIELD_MANAGER)
+        client = api_client(KubeConfig.from_env())
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -714,3 +715,27 @@ def run(options: Options) -> int:
             await client.close()
 
     return asyncio.run(main())
+
+
+API_CONNECTIONS: Final = 100
+"""Connections to the API server the operator keeps open for its requests (Kopf's watches
+have their own). httpx keeps at most 20 idle: with 8 reconciles fanning their writes out, the
+connections above 20 were closed after every burst and opened again, each with a TLS
+handshake, about 8 % of the operator's CPU while 300 clusters were created, and the API
+server paid its half of each."""
+
+
+def api_client(config: KubeConfig) -> AsyncClient:
+    """The operator's API client: lightkube's, with a connection pool that keeps
+    :data:`API_CONNECTIONS` open. The transport verifies the server and presents the client
+    certificate exactly as lightkube would (its own ``verify_cluster``); the credentials of
+    the kubeconfig (token, exec plugin) stay lightkube's."""
+    single = config.get()
+    if single is None or single.user is None:
+        raise RuntimeError("the kubeconfig names no current context with a user")
+    limits = httpx2.Limits(
+        max_connections=API_CONNECTIONS, max_keepalive_connections=API_CONNECTIONS
+    )
+    verify = verify_cluster(single.cluster, single.user, single.abs_file)
+    transport = httpx2.AsyncHTTPTransport(verify=verify, limits=limits)
+    return AsyncClient(single, field_manager=FIELD_MANAGER, transport=transport)
