@@ -168,3 +168,46 @@ def test_a_server_without_a_node_of_its_own_is_named_with_the_scheduler_s_reason
     assert message.startswith("shop-2: 0/2 nodes are available")
     assert "a node of its own" in message and "spec.replicas" in message
     assert mariadb._unschedulable([pod("shop-0"), pod("shop-1", ready=False)]) is None
+
+
+class SeenByTheServer(Kube):
+    """The API server knows a PostgresCluster ``shop`` that the watch has not delivered."""
+
+    def __init__(self, owner_uid: str | None) -> None:
+        super().__init__()
+        self.owner_uid = owner_uid
+        self.gets: list[tuple[str, str]] = []
+
+    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Any:
+        self.gets.append((kind, name))
+        owners = [{"uid": self.owner_uid, "controller": True}] if self.owner_uid else []
+        return {"metadata": {"name": name, "namespace": namespace, "ownerReferences": owners}}
+
+
+def postgres_scope(kube: Kube) -> database.Scope:
+    return database.Scope(
+        database=make_database("postgres"),
+        body={"metadata": {"name": "shop", "namespace": "apps"}},
+        kube=kube,  # type: ignore[arg-type]
+        store=ObjectStore(),
+        now="2026-12-04T00:00:00Z",
+        conditions=[],
+    )
+
+
+async def test_a_name_taken_that_the_watch_has_not_delivered_is_still_never_taken_over() -> None:
+    kube = SeenByTheServer(owner_uid=None)  # a PostgresCluster a user created just before
+    the_scope = postgres_scope(kube)
+    with pytest.raises(database.Stop):
+        await database.check_name(the_scope)
+    assert kube.gets == [("PostgresCluster", "shop")], "asked the API server, not the store"
+    assert [reason for reason, _ in the_scope.degraded] == ["NameTaken"]
+
+
+async def test_a_child_of_its_own_or_none_at_all_lets_the_database_go_on() -> None:
+    the_scope = postgres_scope(Kube())
+    mine = SeenByTheServer(owner_uid=the_scope.database.uid)
+    the_scope.kube = mine  # type: ignore[assignment]
+    assert await database.check_name(the_scope) is None
+    assert the_scope.observed("PostgresCluster", "shop") is not None, "kept for later phases"
+    assert the_scope.degraded == []

@@ -153,7 +153,16 @@ async def check_name(scope: Scope) -> str | None:
     kind, name = _main_child(scope)
     observed = scope.observed(kind, name)
     if observed is None:
-        return None
+        # Not seen yet is not absent: a PostgresCluster created just before this Database
+        # may not have come through its watch yet, and the next phase's apply would take it
+        # over (an apply creates or updates). So ask the API server, once per reconcile
+        # until the child is seen. (A child created by someone else in the milliseconds
+        # between this read and the apply is the one window left.)
+        api_version = v1alpha1.API_VERSION if kind == v1alpha1.KIND else "apps/v1"
+        observed = await scope.kube.get(api_version, kind, scope.namespace, name)
+        if observed is None:
+            return None
+        scope.observe({**observed, "apiVersion": api_version, "kind": kind})
     owners = [r for r in observed["metadata"].get("ownerReferences") or [] if r.get("controller")]
     if any(r.get("uid") == scope.database.uid for r in owners):
         return None
