@@ -669,6 +669,10 @@ class Run:
         if converging:
             r["last_write_seconds"] = round(max(converging) - t0, 1)
         r["audit_ready"] = summarize(requests, t0, t_ready)
+        writes = bare.recorded_writes(
+            bare.audit_lines(cluster.audit_log.parent), OPERATOR_USER, NAMESPACE, t0, t_ready
+        )
+        r["status_patches_until_ready"] = bare.status_patches_until_ready(writes)
         r["audit_steady"] = summarize(requests, w0, w1)
         r["lease_max_gap_run_s"] = summarize(requests, t0, time.time())["lease_max_gap_s"]
         r["steady_window_s"] = round(w1 - w0, 1)

@@ -98,6 +98,13 @@ def _ready(r: dict[str, Any]) -> str:
     return f"{r.get('ready', 0)}/{r['clusters']} Ready"
 
 
+def _status_patches(r: dict[str, Any]) -> str:
+    found = r.get("status_patches_until_ready")
+    if not found:
+        return "—"
+    return f"**{_fmt(found['mean'])} / {found['max']}**"
+
+
 def _reads(r: dict[str, Any]) -> str:
     if not r.get("audit_ready"):
         return "—"
@@ -179,6 +186,7 @@ ROWS: list[tuple[str, Any]] = [
         lambda r: f"**{_fmt(_per_cluster(r, 'audit_converge', 'writes'))}**",
     ),
     ("writes per cluster, until Ready", lambda r: _fmt(_per_cluster(r, "audit_ready", "writes"))),
+    ("**status patches per cluster until its Ready: mean / max** (goal ≤ 2)", _status_patches),
     ("reads until Ready, total (per cluster)", _reads),
     ("**steady state: writes per minute**", lambda r: f"**{_fmt(_per_minute(r, 'writes'))}**"),
     ("steady state: reads per minute", lambda r: _fmt(_per_minute(r, "reads"))),

@@ -171,3 +171,22 @@ def test_a_statefulset_counts_once_every_replica_is_ready() -> None:
     items = [sts("pg-0000", 3, 3), sts("pg-0001", 3, 2), sts("pg-0002", 1, None),
              sts("other", 1, 1)]  # fmt: skip
     assert bare.statefulsets_ready(items, ["pg-0000", "pg-0001", "pg-0002"]) == 1
+
+
+def test_status_patches_are_counted_per_cluster_up_to_the_one_that_says_ready() -> None:
+    status = "/apis/stateward.io/v1alpha1/namespaces/bench/postgresclusters/pg-000{}/status"
+
+    def patch(cluster: int, phase: str) -> bare.Write:
+        return bare.Write(0.0, "patch", status.format(cluster), {"status": {"phase": phase}})
+
+    other = bare.Write(0.0, "patch", "/apis/apps/v1/namespaces/bench/statefulsets/pg-0001", {})
+    found = bare.status_patches_until_ready(
+        {
+            "pg-0001": [patch(1, "Creating"), other, patch(1, "Ready"), patch(1, "Updating")],
+            "pg-0002": [patch(2, "Ready")],
+            "pg-0003": [patch(3, "Creating"), patch(3, "Failing"), patch(3, "Creating")],
+        }
+    )
+    # After Ready nothing counts; a cluster never Ready counts all it had.
+    assert found == {"mean": 2.0, "max": 3}
+    assert bare.status_patches_until_ready({}) == {"mean": 0.0, "max": 0}

@@ -201,6 +201,35 @@ async def test_an_instance_unplaced_for_another_reason_is_not_blamed_on_the_plac
     assert reason == "InstancesNotRunning" and "Insufficient memory" in message
 
 
+UNBOUND = "0/7 nodes are available: pod has unbound immediate PersistentVolumeClaims. not found"
+
+
+@pytest.mark.parametrize(
+    ("since", "problem"), [("2026-12-03T23:59:30Z", False), ("2026-12-03T23:57:30Z", True)]
+)
+async def test_an_instance_waiting_for_its_new_volume_is_starting_until_the_wait_is_long(
+    since: str, problem: bool
+) -> None:
+    """Every new instance waits for a provisioner to make its volume, and the scheduler says
+    so as "unschedulable": for two minutes that is starting, not failing; after, Degraded
+    names the wait (a StorageClass whose provisioner does nothing)."""
+    waiting = unplaced("demo-0", UNBOUND)
+    waiting["status"]["conditions"][-1]["lastTransitionTime"] = since
+    kube = Kube()
+    scope = scope_with([waiting], kube)
+    note = await check_instances(scope)
+    if problem:
+        assert note == "instances cannot run: InstancesNotRunning"
+        ((reason, message),) = scope.degraded
+        assert reason == "InstancesNotRunning"
+        assert "unbound immediate PersistentVolumeClaims" in message
+        assert [said for said, _ in kube.events] == ["InstancesNotRunning"]
+    else:
+        assert note is None and scope.degraded == [] and kube.events == []
+        assert scope.progressing == [("InstancesStarting", "demo-0 waiting for volumes to bind")]
+        assert scope.requeue_after == 91  # and looked at again when the grace is over
+
+
 def scaling(
     pods: list[dict[str, Any]], want: int
 ) -> tuple[postgrescluster.Scope, list[dict[str, Any]]]:

@@ -70,6 +70,29 @@ def test_what_counts_as_progress(change: dict[str, Any], progress: bool) -> None
     assert core.only_progress(STARTING, {**STARTING, **change}) is progress
 
 
+def progressing(status: str, reason: str) -> dict[str, Any]:
+    return {"type": "Progressing", "status": status, "reason": reason, "message": reason,
+            "lastTransitionTime": "t"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "progress"),
+    [
+        # One step of bringing instances up to the next: progress, paced.
+        (progressing("True", "Scaling"), progressing("True", "InstancesStarting"), True),
+        # Something starts or stops being under way: users act on that, written at once.
+        (progressing("False", "Stable"), progressing("True", "Scaling"), False),
+        (progressing("True", "InstancesStarting"), progressing("False", "Stable"), False),
+    ],
+)
+def test_the_step_under_way_changing_is_progress_but_starting_or_ending_is_not(
+    before: dict[str, Any], after: dict[str, Any], progress: bool
+) -> None:
+    current = {**STARTING, "conditions": [*STARTING["conditions"], before]}
+    desired = {**STARTING, "conditions": [*STARTING["conditions"], after]}
+    assert core.only_progress(current, desired) is progress
+
+
 def test_a_field_that_goes_away_is_not_progress_unless_it_is_a_progress_field() -> None:
     assert not core.only_progress({**STARTING, "switchover": {"phase": "Running"}}, STARTING)
     assert core.only_progress({**STARTING, "instances": [{"name": "pg-0"}]}, STARTING)

@@ -115,19 +115,14 @@ async def ensure(scope: core.Scope, cluster: tls.Served) -> str | None:
             for stem, user in tls.clients_of(cluster).items()
             for client in (authority.issue(common_name=user, validity=validity),)
         }
-        applied = await scope.kube.apply(
-            tls.server_secret(
-                cluster,
-                cert=cert,
-                key=key,
-                ca_cert=authority.trusted_pem,
-                clients=clients,
-                server=server,
-            )
+        secret = tls.server_secret(
+            cluster,
+            cert=cert,
+            key=key,
+            ca_cert=authority.trusted_pem,
+            clients=clients,
+            server=server,
         )
-        scope.store.observe(applied)
-        scope.secrets.remember(scope, applied, keys=CA_ONLY)  # as the REST API's clients read it
-        reloaded, served = served, applied
         until = rfc3339.format(pki.not_after(cert))
         what = (
             "Issued the serving certificate"
@@ -135,17 +130,30 @@ async def ensure(scope: core.Scope, cluster: tls.Served) -> str | None:
             else f"Serving the certificate of Secret {cluster.user_server_secret_name}"
             " (spec.tls.serverSecretName) from"
         )
-        await scope.event(
-            "CertificateIssued",
-            f"{what} Secret {cluster.tls_secret_name} ({reason}); valid until {until}"
-            + ("" if reloaded is None else "; the instances reload it without a restart"),
+        message = f"{what} Secret {cluster.tls_secret_name} ({reason}); valid until {until}" + (
+            "" if served is None else "; the instances reload it without a restart"
         )
+        if server is None and served is None:
+            # The first: nothing runs that could read it yet. The Secrets are made meanwhile,
+            # and the children wait for it (Scope.defer).
+            scope.defer(_serve(scope, secret, message))
+        else:
+            served = await _serve(scope, secret, message)
         notes.append(f"issued {cluster.tls_secret_name}")
     if cluster.user_server_secret_name is not None:
         expiring = tls.server_expiry_problem(cluster.user_server_secret_name, served, now)
         if expiring is not None:
             await scope.degrade("ServerCertificateExpiring", expiring)
     return "; ".join(notes) or None
+
+
+async def _serve(scope: core.Scope, secret: Body, message: str) -> Body:
+    """Write the serving certificate's Secret and say so in an Event."""
+    applied = await scope.kube.apply(secret)
+    scope.store.observe(applied)
+    scope.secrets.remember(scope, applied, keys=CA_ONLY)  # as the REST API's clients read it
+    await scope.event("CertificateIssued", message)
+    return applied
 
 
 SERVER_SECRET_MISSING: Final = {

@@ -181,18 +181,27 @@ class StatusPacer:
 
 
 def only_progress(current: Body, desired: Body) -> bool:
-    """Whether ``desired`` differs from ``current`` in :data:`PROGRESS_FIELDS` and condition
-    messages alone (a condition's time moves only with its status)."""
+    """Whether ``desired`` differs from ``current`` in :data:`PROGRESS_FIELDS`, condition
+    messages, and the reason of a ``Progressing`` that stays True alone (a condition's time
+    moves only with its status). What is under way changing from one step to the next
+    (Scaling, InstancesStarting, ...) is progress: a new cluster took a status write for
+    each step it passed through on its way to Ready."""
 
     def decisive(status: Body) -> Body:
         kept = {k: v for k, v in status.items() if k not in PROGRESS_FIELDS and v is not None}
         kept["conditions"] = sorted(
-            (str(c.get("type")), str(c.get("status")), str(c.get("reason")))
+            (str(c.get("type")), str(c.get("status")), _decisive_reason(c))
             for c in status.get("conditions") or []
         )
         return kept
 
     return decisive(current) == decisive(desired)
+
+
+def _decisive_reason(condition: Body) -> str:
+    if (condition.get("type"), condition.get("status")) == ("Progressing", "True"):
+        return ""
+    return str(condition.get("reason"))
 
 
 def controlled_by_another(body: Body | None, uid: str | None) -> bool:
@@ -226,6 +235,8 @@ class Scope:
     """Where the operator runs: its namespace may reach the database pods (NetworkPolicy)."""
     image_pins: pinning.Pins = dataclasses.field(default_factory=dict)
     """The digests images run by (``--pin-image``): see :meth:`pinned`."""
+    deferred: list[asyncio.Task[Any]] = dataclasses.field(default_factory=list)
+    """Writes under way that no later phase reads (:meth:`defer`)."""
 
     @property
     def name(self) -> str:
@@ -257,6 +268,31 @@ class Scope:
     def observe(self, body: Body) -> None:
         """A child this reconcile changed: the store holds the new body for later phases."""
         self.store.observe(body)
+
+    def defer(self, write: Awaitable[Any]) -> None:
+        """Start ``write`` and go on: a write whose result no later phase reads (the
+        finalizer, a serving certificate) overlaps the next phases' round trips instead of
+        adding its own. :func:`converge` waits for every deferred write before it makes a
+        child (no StatefulSet before the finalizer that guards its data, no pod before its
+        certificate), and the reconcile before its status (:meth:`settle`)."""
+        self.deferred.append(asyncio.ensure_future(write))
+
+    async def settle(self) -> None:
+        """Wait for every deferred write; when one failed, raise the first failure, once all
+        have ended (each that succeeded has updated the store)."""
+        pending, self.deferred = self.deferred, []
+        results = await asyncio.gather(*pending, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def abandon(self) -> None:
+        """Wait for every deferred write after a phase failed; their own failures are left
+        to the retry, which observes afresh."""
+        pending, self.deferred = self.deferred, []
+        for result in await asyncio.gather(*pending, return_exceptions=True):
+            if isinstance(result, Exception):
+                logger.debug("a deferred write failed too: %s", result)
 
     def requeue(self, seconds: float) -> None:
         if self.requeue_after is None or seconds < self.requeue_after:
@@ -431,22 +467,29 @@ async def ensure_credentials(
 
 
 async def ensure_finalizer(scope: Scope, finalizer: str) -> str | None:
+    """Add ``finalizer``, deferred (:meth:`Scope.defer`): it guards data, so it only has to
+    be in place before the first child is made, and a new object's first writes (its CA,
+    its Secrets) go out meanwhile."""
     finalizers = list(scope.body["metadata"].get("finalizers") or [])
     if finalizer in finalizers:
         return None
-    # resourceVersion makes this an optimistic write: a concurrent change to the list fails
-    # with a conflict and is retried from fresh observations instead of being overwritten.
-    patched = await scope.kube.patch(
-        Ref.of(scope.body),
-        {
-            "metadata": {
-                "finalizers": [*finalizers, finalizer],
-                "resourceVersion": scope.body["metadata"]["resourceVersion"],
-            }
-        },
-    )
-    scope.store.observe(patched)
-    scope.body = patched
+
+    async def add() -> None:
+        # resourceVersion makes this an optimistic write: a concurrent change to the list
+        # fails with a conflict and is retried from fresh observations, not overwritten.
+        patched = await scope.kube.patch(
+            Ref.of(scope.body),
+            {
+                "metadata": {
+                    "finalizers": [*finalizers, finalizer],
+                    "resourceVersion": scope.body["metadata"]["resourceVersion"],
+                }
+            },
+        )
+        scope.store.observe(patched)
+        scope.body = patched
+
+    scope.defer(add())
     return "added the finalizer"
 
 
@@ -477,6 +520,7 @@ async def converge(scope: Scope, desired: Iterable[Body]) -> str | None:
     applying it anew. The applies go out concurrently; one Event names
     everything created and one everything repaired.
     """
+    await scope.settle()  # the finalizer and the certificates come before any child
     created: list[str] = []
     updated: list[str] = []
     pending: list[Body] = []
@@ -506,18 +550,19 @@ async def converge(scope: Scope, desired: Iterable[Body]) -> str | None:
         updated.append(f"{kind} {name} ({', '.join(drift[:5])})")
         pending.append(child)
     # Keep what succeeded even when one apply fails: the store must not forget a write that
-    # happened, or the next reconcile would see drift that is not there. RoleBindings go
-    # second: the API server lets a user without `bind` create one only after checking it
-    # holds every right of the bound Role, so the Role must exist first.
-    waves = (
-        [child for child in pending if child["kind"] != "RoleBinding"],
-        [child for child in pending if child["kind"] == "RoleBinding"],
+    # happened, or the next reconcile would see drift that is not there.
+    applying: dict[tuple[str, str], asyncio.Task[Body]] = {}
+    for child in pending:
+        if child["kind"] != "RoleBinding":
+            key = (child["kind"], child["metadata"]["name"])
+            applying[key] = asyncio.ensure_future(scope.kube.apply(child))
+    for child in pending:
+        if child["kind"] == "RoleBinding":
+            key = (child["kind"], child["metadata"]["name"])
+            applying[key] = asyncio.ensure_future(_apply_binding(scope, child, applying))
+    results: list[Body | BaseException] = await asyncio.gather(
+        *applying.values(), return_exceptions=True
     )
-    results: list[Body | BaseException] = []
-    for wave in waves:
-        results += await asyncio.gather(
-            *(scope.kube.apply(child) for child in wave), return_exceptions=True
-        )
     failures = [r for r in results if isinstance(r, BaseException)]
     for applied in results:
         if not isinstance(applied, BaseException):
@@ -531,6 +576,20 @@ async def converge(scope: Scope, desired: Iterable[Body]) -> str | None:
     notes = [f"created {', '.join(created)}"] if created else []
     notes += [f"updated {'; '.join(updated)}"] if updated else []
     return "; ".join(notes) or None
+
+
+async def _apply_binding(
+    scope: Scope, binding: Body, applying: dict[tuple[str, str], asyncio.Task[Body]]
+) -> Body:
+    """Apply a RoleBinding once the Role it binds, when that is being applied too, has been:
+    the API server lets a user without ``bind`` create a RoleBinding only after checking that
+    it holds every right of the bound Role, so the Role must exist first. Each binding waits
+    for its own Role only, not for the slowest child."""
+    ref = binding.get("roleRef") or {}
+    role = applying.get(("Role", str(ref.get("name")))) if ref.get("kind") == "Role" else None
+    if role is not None:
+        await asyncio.wait([role])  # its failure is reported by the caller, not twice
+    return await scope.kube.apply(binding)
 
 
 def quantity(text: str) -> Decimal:

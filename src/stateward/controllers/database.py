@@ -102,10 +102,13 @@ class DatabaseReconciler:
                 if note == FINALIZER_REMOVED:
                     logger.info("%s/%s: %s", namespace, name, "; ".join(scope.notes))
                     return Outcome()
+            await scope.settle()
         except Stop as stop:
+            await scope.abandon()  # a failed one is made again by the next reconcile
             scope.notes.append(str(stop))
             scope.requeue(UNSATISFIABLE_RECHECK)
         except Exception as error:
+            await scope.abandon()
             self._remember_primary(key, scope)
             ended = core.expected_end(error, v1alpha1.DATABASE_PLURAL, namespace, name)
             if ended is not None:
@@ -140,17 +143,17 @@ async def ensure_finalizer(scope: Scope) -> str | None:
     return await core.ensure_finalizer(scope, FINALIZER)
 
 
-def _main_child(scope: Scope) -> tuple[str, str]:
-    """The child that holds the data: its kind and name."""
+def _main_child(scope: Scope) -> tuple[str, str, str]:
+    """The child that holds the data: its apiVersion, kind and name."""
     if scope.database.spec.engine is Engine.POSTGRES:
-        return v1alpha1.KIND, scope.name
-    return "StatefulSet", scope.name
+        return v1alpha1.API_VERSION, v1alpha1.KIND, scope.name
+    return "apps/v1", "StatefulSet", scope.name
 
 
 async def check_name(scope: Scope) -> str | None:
     """The Database's children take its name; one that exists and belongs to another owner
     (a PostgresCluster a user created, say) is never taken over."""
-    kind, name = _main_child(scope)
+    api_version, kind, name = _main_child(scope)
     observed = scope.observed(kind, name)
     if observed is None:
         # Not seen yet is not absent: a PostgresCluster created just before this Database
@@ -158,7 +161,6 @@ async def check_name(scope: Scope) -> str | None:
         # over (an apply creates or updates). So ask the API server, once per reconcile
         # until the child is seen. (A child created by someone else in the milliseconds
         # between this read and the apply is the one window left.)
-        api_version = v1alpha1.API_VERSION if kind == v1alpha1.KIND else "apps/v1"
         observed = await scope.kube.get(api_version, kind, scope.namespace, name)
         if observed is None:
             return None
@@ -184,7 +186,7 @@ async def finalize(scope: Scope) -> str | None:
     nothing of it is left."""
     if FINALIZER not in (scope.body["metadata"].get("finalizers") or []):
         return None
-    kind, name = _main_child(scope)
+    _, kind, name = _main_child(scope)
     child = scope.observed(kind, name)
     owned = child is not None and any(
         r.get("uid") == scope.database.uid for r in child["metadata"].get("ownerReferences") or []

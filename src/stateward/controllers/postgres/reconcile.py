@@ -175,7 +175,9 @@ class Reconciler:
                     scope.notes.append(note)
                 if scope.halted:
                     break
+            await scope.settle()
         except Exception as error:
+            await scope.abandon()
             ended = core.expected_end(error, v1alpha1.PLURAL, namespace, name)
             if ended is not None:
                 return ended

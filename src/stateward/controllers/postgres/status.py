@@ -9,8 +9,9 @@ here knows of the reconciler that calls it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
+from stateward import rfc3339
 from stateward.api import v1alpha1, validation
 from stateward.controllers import core
 from stateward.controllers.kube import Body
@@ -40,11 +41,38 @@ WAITING_PROBLEMS = frozenset(
 """Container waiting reasons that do not resolve by waiting a little longer."""
 
 
-def pod_problem(pod: Body) -> str | None:
+VOLUME_BINDING_GRACE: Final = 120.0
+"""Seconds a pod may wait for its volume claims to be bound before that is a problem. The
+scheduler says "pod has unbound immediate PersistentVolumeClaims" while a provisioner makes
+a new volume, which is how every new instance starts: reported at once, every new cluster
+showed phase Failing and a Warning Event for its first seconds. Two minutes: a provisioner
+busy with 300 new claims on the benchmark's machine took 70 s."""
+
+
+def volume_wait_left(pod: Body, now: str) -> float | None:
+    """Seconds left of :data:`VOLUME_BINDING_GRACE` while the scheduler waits only for the
+    pod's claims to be bound; None when it waits for something else, or too long already."""
+    condition = unscheduled(pod)
+    if condition is None or "unbound immediate PersistentVolumeClaims" not in str(
+        condition.get("message") or ""
+    ):
+        return None
+    try:
+        waited = rfc3339.seconds_between(str(condition.get("lastTransitionTime")), now)
+    except ValueError:
+        return None
+    left = VOLUME_BINDING_GRACE - waited
+    return left if left > 0 else None
+
+
+def pod_problem(pod: Body, now: str | None = None) -> str | None:
     """Why a pod is not running, when the reason is one a user must act on: it cannot be
-    scheduled (resources, affinity, a volume), or its image cannot be pulled, or its
-    container cannot be created or keeps crashing."""
+    scheduled (resources, affinity, a volume not bound within :data:`VOLUME_BINDING_GRACE`
+    of ``now``), or its image cannot be pulled, or its container cannot be created or keeps
+    crashing."""
     status = pod.get("status") or {}
+    if now is not None and volume_wait_left(pod, now) is not None:
+        return None
     if (condition := unscheduled(pod)) is not None:
         reason = condition.get("reason") or "Unschedulable"
         return f"pod {pod['metadata']['name']} {reason}: {condition.get('message', '')}"
@@ -93,7 +121,15 @@ async def check_instances(scope: Scope) -> str | None:
     """Instances that cannot run, and why, in ``Degraded``: an image the nodes do not have
     (``ImageUnavailable``, naming the image and how to get it), a pod that cannot be
     scheduled, a container that cannot be created or keeps crashing (``InstancesNotRunning``)."""
-    problems = [(pod, p) for pod in instance_pods(scope) if (p := pod_problem(pod))]
+    pods = instance_pods(scope)
+    binding = [(pod, left) for pod in pods if (left := volume_wait_left(pod, scope.now))]
+    if binding:
+        names = ", ".join(pod["metadata"]["name"] for pod, _ in binding)
+        # Starting, as far as the reason goes: a new reason would be one more status write
+        # for every new cluster; the message says what it waits for.
+        scope.progressing.append(("InstancesStarting", f"{names} waiting for volumes to bind"))
+        scope.requeue(min(left for _, left in binding) + 1)
+    problems = [(pod, p) for pod in pods if (p := pod_problem(pod, scope.now))]
     if not problems:
         return None
     pulls = [
