@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from stateward.api import v1alpha1
-from stateward.instance import cli, patroni, supervisor
+from stateward.instance import cli, patroni, supervisor, wakeup
 from stateward.specs.postgres import config as config_spec
 from stateward.specs.postgres import statefulset
 
@@ -158,9 +158,15 @@ def test_run_supervises_patroni_with_the_config_and_no_shell(pod: Exec, tmp_path
                 "certificate": pod.calls[0][1]["certificate"],
                 # The metrics ask the configured PostgreSQL about the configured data.
                 "metrics_from": (str(tmp_path / "bin" / "psql"), "/var/lib/postgresql/data/pgdata"),
+                "waker": pod.calls[0][1]["waker"],
             },
         )
     ]
+    # Woken when a WAL sender ends, through its own REST API, as the REST API's user.
+    waker = pod.calls[0][1]["waker"]
+    assert isinstance(waker, wakeup.Waker)
+    assert (waker.port, waker.credentials) == (8008, CREDENTIALS["restapi"])
+    assert waker.ca_file == patroni.TLS_CA
     # The supervisor watches the certificate Patroni serves, to reload it when renewed.
     watched = pod.calls[0][1]["certificate"]
     assert isinstance(watched, supervisor.Certificate)

@@ -40,6 +40,7 @@ from stateward.instance import (
     pooler,
     supervisor,
     upgrade,
+    wakeup,
 )
 
 PROGRAM: Final = "stateward-instance"
@@ -248,7 +249,8 @@ def run(
     document = load_configuration(config)
     check_configuration(document, config, os.environ)
     cert, key = certificate_files(document)
-    runtime = patroni.with_credentials(document, read_credentials(credentials_dir))
+    credentials = read_credentials(credentials_dir)
+    runtime = patroni.with_credentials(document, credentials)
     postgresql = document.get("postgresql")
     bin_dir = postgresql.get("bin_dir") if isinstance(postgresql, dict) else None
     if isinstance(bin_dir, str) and bin_dir:
@@ -272,6 +274,7 @@ def run(
         port=patroni.RESTAPI_PORT,
         certificate=supervisor.Certificate(cert, key),
         metrics_from=metrics_sources(document),
+        waker=wakeup.Waker(patroni.RESTAPI_PORT, credentials["restapi"], patroni.TLS_CA),
     )
 
 

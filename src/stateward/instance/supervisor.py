@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from stateward.instance import metrics, pooler, upgrade
+from stateward.instance import metrics, pooler, upgrade, wakeup
 
 FENCING_SUFFIX: Final = "-fencing"
 FENCING_KEY: Final = "instances"
@@ -366,10 +366,13 @@ def supervise(
     port: int,
     certificate: Certificate | None = None,
     metrics_from: tuple[str, str] | None = None,
+    waker: wakeup.Waker | None = None,
 ) -> int:
     """Run ``argv`` (Patroni) supervised; with ``metrics_from`` (psql, the data directory)
     also serve the instance's metrics (:mod:`stateward.instance.metrics`) and make the
-    pooler's lookup function once PostgreSQL answers (:mod:`stateward.instance.pooler`)."""
+    pooler's lookup function once PostgreSQL answers (:mod:`stateward.instance.pooler`);
+    with ``waker``, wake Patroni's HA loop when a WAL sender ends
+    (:mod:`stateward.instance.wakeup`)."""
     if metrics_from is not None:
         try:
             metrics.serve(*metrics_from)
@@ -381,6 +384,8 @@ def supervise(
     if metrics_from is not None:
         pooler.ensure_in_background(metrics_from[0], stop)
         upgrade.upgrade_stanza_in_background(*metrics_from, stop)
+    if waker is not None:
+        wakeup.watch_in_background(waker, stop)
     try:
         return Supervisor(argv, source, port=port, certificate=certificate).run()
     finally:
