@@ -13,6 +13,7 @@ import itertools
 import json
 import math
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,38 @@ def operator_requests(cluster: LocalCluster) -> list[Request]:
                 code = (entry.get("responseStatus") or {}).get("code", 0)
                 seen[entry["auditID"]] = Request(at, entry["verb"], resource, code)
     return sorted(seen.values(), key=lambda r: r.at)
+
+
+def first_writes(cluster: LocalCluster, namespace: str) -> dict[tuple[str, str], float]:
+    """When each object in ``namespace`` was first written by the operator with success:
+    (resource, name) -> the time the API server answered (epoch seconds)."""
+    found: dict[tuple[str, str], float] = {}
+    for path in sorted(cluster.audit_log.parent.glob("audit*.log")):
+        with path.open() as lines:
+            found_in(lines, namespace, found)
+    return found
+
+
+def found_in(lines: Iterable[str], namespace: str, found: dict[tuple[str, str], float]) -> None:
+    """:func:`first_writes` of some audit log lines, into ``found``."""
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue  # a line being written
+        if entry.get("stage") != "ResponseComplete" or entry.get("verb") not in WRITE_VERBS:
+            continue
+        if entry.get("user", {}).get("username") != OPERATOR_USER:
+            continue
+        ref = entry.get("objectRef") or {}
+        if ref.get("namespace") != namespace or ref.get("subresource") or not ref.get("name"):
+            continue
+        if (entry.get("responseStatus") or {}).get("code", 0) >= 400:
+            continue
+        at = datetime.datetime.fromisoformat(entry["stageTimestamp"]).timestamp()
+        key = (ref.get("resource", ""), ref["name"])
+        if key not in found or at < found[key]:
+            found[key] = at
 
 
 def summarize(requests: list[Request], start: float, end: float) -> dict[str, Any]:

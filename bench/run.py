@@ -39,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,7 @@ from bench.common import (
 from bench.probes import (
     WRITE_VERBS,
     component_cpu,
+    first_writes,
     leadership_losses,
     metric,
     operator_requests,
@@ -104,6 +106,17 @@ CHILD_PATHS = {
     "RoleBinding": f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/rolebindings",
     "PodDisruptionBudget": f"/apis/policy/v1/namespaces/{NAMESPACE}/poddisruptionbudgets",
     "CronJob": f"/apis/batch/v1/namespaces/{NAMESPACE}/cronjobs",
+}
+RESOURCES = {
+    "StatefulSet": "statefulsets",
+    "Service": "services",
+    "ConfigMap": "configmaps",
+    "Secret": "secrets",
+    "ServiceAccount": "serviceaccounts",
+    "Role": "roles",
+    "RoleBinding": "rolebindings",
+    "PodDisruptionBudget": "poddisruptionbudgets",
+    "CronJob": "cronjobs",
 }
 # Every request of the operator's user at Metadata level (reads included), nothing else.
 AUDIT_POLICY = {
@@ -259,27 +272,36 @@ def expected_children(name: str, replicas: int) -> set[tuple[str, str]]:
 
 
 class Tracker:
-    """Which clusters are converged (children + current status) and Ready, and since when."""
+    """Which clusters are converged (children + current status) and Ready, and since when.
 
-    def __init__(self, names: list[str], replicas: int) -> None:
+    The observer is kept light, because it shares the machine with what it measures (the
+    bare client's run has no observer at all): one LIST of the PostgresClusters per round,
+    and the children's metadata-only LISTs only every ``children_every`` rounds while some
+    cluster's status is current and its children unconfirmed. When the children were made
+    is then read from the audit log (:meth:`refine`), to the millisecond."""
+
+    def __init__(self, names: list[str], replicas: int, *, children_every: int = 5) -> None:
         self.names = names
+        self.replicas = replicas
+        self.children_every = children_every
         self.missing: dict[str, set[tuple[str, str]]] = {
             name: expected_children(name, replicas) for name in names
         }
+        self.status_at: dict[str, float] = {}
+        """First round whose LIST showed the cluster's status current, with a phase."""
+        self.children_at: dict[str, float] = {}
+        """First round whose LISTs found every child of the cluster."""
         self.converged_at: dict[str, float] = {}
         self.ready_at: dict[str, float] = {}
         self.lists = 0
+        self.rounds = 0
 
     def _wanted_kinds(self) -> set[str]:
         return {kind for missing in self.missing.values() for kind, _ in missing}
 
     def poll(self, api: Api) -> None:
-        """One round: one LIST per kind that some cluster still lacks, one of the clusters."""
-        for kind in sorted(self._wanted_kinds()):
-            present = api.names(CHILD_PATHS[kind])
-            self.lists += 1
-            for missing in self.missing.values():
-                missing -= {(k, n) for k, n in missing if k == kind and n in present}
+        """One round: one LIST of the clusters; the children's LISTs when due."""
+        self.rounds += 1
         clusters = api.items(PGC_PATH)
         self.lists += 1
         now = time.time()
@@ -289,15 +311,35 @@ class Tracker:
                 continue
             status = obj.get("status") or {}
             current = status.get("observedGeneration") == obj["metadata"].get("generation")
-            if (
-                name not in self.converged_at
-                and not self.missing[name]
-                and current
-                and status.get("phase")
-            ):
-                self.converged_at[name] = now
+            if name not in self.status_at and current and status.get("phase"):
+                self.status_at[name] = now
             if name not in self.ready_at and current and status.get("phase") == "Ready":
                 self.ready_at[name] = now
+        unconfirmed = [name for name in self.status_at if name not in self.children_at]
+        every_status = len(self.status_at) == len(self.names)
+        if unconfirmed and (every_status or self.rounds % self.children_every == 0):
+            for kind in sorted(self._wanted_kinds()):
+                present = api.names(CHILD_PATHS[kind])
+                self.lists += 1
+                for missing in self.missing.values():
+                    missing -= {(k, n) for k, n in missing if k == kind and n in present}
+            seen = time.time()
+            for name in unconfirmed:
+                if not self.missing[name]:
+                    self.children_at[name] = seen
+        for name in self.children_at.keys() - self.converged_at.keys():
+            self.converged_at[name] = max(self.status_at[name], self.children_at[name])
+
+    def refine(self, made: Mapping[tuple[str, str], float]) -> None:
+        """Each converged cluster's time from when its children were made (``made``: the
+        first successful write of each (resource, name), from the audit log) rather than
+        when a LIST first found them; unchanged where the log lacks one of them."""
+        for name in self.converged_at:
+            children = expected_children(name, self.replicas)
+            times = [made.get((RESOURCES[kind], child)) for kind, child in children]
+            if all(t is not None for t in times):
+                done = max(t for t in times if t is not None)
+                self.converged_at[name] = max(self.status_at[name], done)
 
     def all_converged(self) -> bool:
         return len(self.converged_at) == len(self.names)
@@ -474,8 +516,6 @@ class Run:
                 for future in [f for f in futures if f.done()]:
                     future.result()  # a create that failed for good ends the run
                 tracker.poll(api)
-                samples = scrape(port)
-                max_depth = max(max_depth, metric(samples, "stateward_workqueue_depth"))
                 self._check_alive(operator)
                 now = time.time()
                 if len(created_at) == n and "created_seconds" not in r:
@@ -483,12 +523,17 @@ class Run:
                 if tracker.all_converged() or now > deadline:
                     break
                 if now - last_print >= self.args.progress:
+                    # Scraped only then: its collector costs the operator CPU.
+                    samples = scrape(port)
+                    max_depth = max(max_depth, metric(samples, "stateward_workqueue_depth"))
                     last_print = now
                     self._progress(now - t0, len(created_at), tracker, samples, pid)
                 time.sleep(max(0.0, self.args.poll - (time.time() - round_started)))
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
         t_converged = time.time()
+        time.sleep(2)  # the audit log is written asynchronously to the response
+        tracker.refine(first_writes(cluster, NAMESPACE))
         self._record_convergence(
             cluster, operator, tracker, created_at, before, (t0, t_converged), int(max_depth)
         )
