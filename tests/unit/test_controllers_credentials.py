@@ -32,16 +32,25 @@ class Kube:
 COMPLETE = {"data": {"accessKeyId": "QUs=", "secretAccessKey": "U0s="}}
 
 
-async def check(kube: Kube, memo: dict[Any, Any], generation: int = 2) -> postgrescluster.Scope:
-    cluster = make_cluster(backup=BACKUP, metadata={"generation": generation})
+async def check(
+    kube: Kube,
+    memo: dict[Any, Any],
+    generation: int = 2,
+    *,
+    name: str = "demo",
+    shared: dict[Any, Any] | None = None,
+    backup: dict[str, Any] = BACKUP,
+) -> postgrescluster.Scope:
+    cluster = make_cluster(backup=backup, metadata={"generation": generation, "name": name})
     scope = postgrescluster.Scope(
         cluster=cluster,
-        body={"metadata": {"name": "demo", "namespace": "db"}},
+        body={"metadata": {"name": name, "namespace": "db"}},
         kube=kube,  # type: ignore[arg-type]
         store=ObjectStore(),
         now="2026-12-04T00:00:00Z",
         conditions=[],
         credentials_checked=memo,
+        credential_keys={} if shared is None else shared,
     )
     await backup_phases.check_backup_credentials(scope)
     return scope
@@ -61,6 +70,34 @@ async def test_complete_credentials_are_read_again_only_after_a_while_or_a_spec_
     clock[0] += backup_phases.CREDENTIALS_RECHECK
     await check(kube, memo, generation=3)
     assert kube.gets == 3  # and a slow timer catches a Secret changed since
+
+
+async def test_clusters_naming_one_secret_share_a_fresh_read_that_found_every_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(backup_phases.time, "monotonic", lambda: clock[0])
+    kube, memo, shared = Kube(COMPLETE), {}, {}
+    for name in ("a", "b", "c"):
+        assert (await check(kube, memo, name=name, shared=shared)).degraded == []
+    assert kube.gets == 1, "three new clusters, one read"
+    assert shared[("db", "s3-credentials")][0] == {"accessKeyId", "secretAccessKey"}
+    assert "QUs=" not in repr(shared), "key names only, never a value"
+    clock[0] += backup_phases.SHARED_READ_AGE
+    await check(kube, memo, name="d", shared=shared)
+    assert kube.gets == 2, "an older read is not shared"
+    # A cluster that needs a key the shared read did not find reads for itself.
+    with_ca = {"repository": {"s3": {**BACKUP["repository"]["s3"], "caKey": "ca.crt"}}}
+    scope = await check(kube, memo, name="e", shared=shared, backup=with_ca)
+    assert kube.gets == 3 and [r for r, _ in scope.degraded] == ["BackupCredentialsMissing"]
+
+
+async def test_a_secret_found_lacking_is_never_shared() -> None:
+    kube, memo, shared = Kube(None), {}, {}
+    await check(kube, memo, name="a", shared=shared)
+    kube.secret = COMPLETE
+    assert (await check(kube, memo, name="b", shared=shared)).degraded == []
+    assert kube.gets == 2
 
 
 async def test_missing_credentials_are_read_at_every_look_until_they_are_there() -> None:

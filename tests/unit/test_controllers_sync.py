@@ -5,6 +5,8 @@ between. Status names the standbys Patroni names, and a switchover asks for one 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from stateward.controllers.postgres import dataplane
@@ -145,6 +147,26 @@ async def test_no_read_without_synchronous_replication_or_a_primary() -> None:
     operator = Operator(leaderless)
     await operator.reconcile()
     assert sync_reads(leaderless) == 0
+
+
+async def test_no_read_while_no_standby_streams_and_one_as_soon_as_one_does() -> None:
+    # A cluster coming up: the primary runs, its replicas do not stream yet. None can be
+    # synchronous, whatever Patroni's record still says.
+    fake = FakePatroni(
+        Member("demo-0", role=meta.PRIMARY_ROLE, replication_state=None),
+        Member("demo-1", replication_state=None),
+        sync={"demo-1"},
+    )
+    operator, clock = with_clock(fake)
+    for _ in range(3):
+        await operator.reconcile()
+        clock.now += dataplane.SYNC_CONFIRM
+    assert sync_reads(fake) == 0 and standbys(operator) == []
+    fake.members["demo-1"] = dataclasses.replace(
+        fake.members["demo-1"], replication_state="streaming"
+    )
+    await operator.reconcile()
+    assert sync_reads(fake) == 1 and standbys(operator) == ["demo-1"]
 
 
 async def test_quorum_commit_names_every_voter_soon_after_the_switch() -> None:

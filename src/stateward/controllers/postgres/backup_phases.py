@@ -90,14 +90,24 @@ async def check_backup_credentials(scope: Scope) -> str | None:
         return None
     scope.credentials_checked.pop(key, None)
     s3 = backup_spec.repository.s3
-    found = await scope.kube.get("v1", "Secret", scope.namespace, s3.credentials_secret)
     wanted = [pgbackrest.ACCESS_KEY_KEY, pgbackrest.SECRET_KEY_KEY]
     if s3.ca_key is not None:
         wanted.append(s3.ca_key)
+    secret = (scope.namespace, s3.credentials_secret)
+    # Many clusters of a namespace name one Secret: a read another cluster made moments ago
+    # that found every key this one needs is as good as this cluster's own (a new cluster's
+    # first reconcile saved a round trip so). A Secret found lacking is always read again.
+    shared = scope.credential_keys.get(secret)
+    if shared is not None and now - shared[1] < SHARED_READ_AGE and set(wanted) <= shared[0]:
+        scope.credentials_checked[key] = (scope.generation, shared[1])
+        return None
+    found = await scope.kube.get("v1", "Secret", *secret)
     if found is None:
+        scope.credential_keys.pop(secret, None)
         problem = f"Secret {s3.credentials_secret} does not exist in namespace {scope.namespace}"
     else:
-        present = set(found.get("data") or {}) | set(found.get("stringData") or {})
+        present = frozenset(found.get("data") or {}) | frozenset(found.get("stringData") or {})
+        scope.credential_keys[secret] = (present, now)
         missing = [name for name in wanted if name not in present]
         if not missing:
             scope.credentials_checked[key] = (scope.generation, now)
@@ -113,6 +123,8 @@ async def check_backup_credentials(scope: Scope) -> str | None:
 
 
 BACKUP_CREDENTIALS_MISSING = "BackupCredentialsMissing"
+SHARED_READ_AGE = 30.0
+"""Seconds another cluster's read of the same credentials Secret stands for this one's."""
 CREDENTIALS_RECHECK = 300.0
 """Seconds a backup credentials Secret found complete is trusted before it is read again."""
 LAST_BACKUP = "LastBackupSucceeded"

@@ -206,10 +206,11 @@ class DataPlane:
     async def observe_sync(self, scope: Scope) -> str | None:
         """Which replicas are synchronous standbys, from Patroni's ``NAME-sync`` ConfigMap.
 
-        Patroni's record is not watched, so it is read when the members changed since the
-        last read (their roles, or any instance pod at all), read once more a Patroni loop
-        later (Patroni chooses anew within a loop of a change), and at least every
-        :data:`SYNC_MAX_AGE` seconds. A cluster at rest costs no request between those.
+        Patroni's record is not watched, so it is read (while some standby streams: none is
+        synchronous otherwise) when the members changed since the last read (their roles, or
+        any instance pod at all), read once more a Patroni loop later (Patroni chooses anew
+        within a loop of a change), and at least every :data:`SYNC_MAX_AGE` seconds. A
+        cluster at rest costs no request between those.
         """
         cluster = scope.cluster
         key = (cluster.namespace, cluster.name)
@@ -217,6 +218,12 @@ class DataPlane:
         leader = m.primary(scope.members)
         if not config_spec.synchronous_settings(cluster)["synchronous_mode"] or leader is None:
             self._sync_seen.pop(key, None)
+            return None
+        if not streaming:
+            # No standby streams, so none is synchronous whatever the record says (a new
+            # cluster's bring-up read it at every pod change, to learn nothing).
+            self._sync_seen.pop(key, None)
+            scope.sync = frozenset()
             return None
         members = json.dumps([leader.uid, streaming])
         versions = json.dumps(

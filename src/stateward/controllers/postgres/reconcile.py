@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -29,6 +30,7 @@ from stateward.controllers import certificates, core
 from stateward.controllers.kube import Body, Kube, Ref
 from stateward.controllers.postgres import upgrades
 from stateward.controllers.postgres.backup_phases import (
+    SHARED_READ_AGE,
     check_backup_credentials,
     check_repository_paths,
     remove_backup_cronjob,
@@ -83,6 +85,9 @@ class Reconciler:
         self.data_plane = DataPlane()
         self.secret_cache = core.SecretCache()
         self.status_pacer = core.StatusPacer()
+        self.credential_keys: dict[tuple[str, str], tuple[frozenset[str], float]] = {}
+        """Per backup credentials Secret (namespace, name): the names of its keys (never a
+        value) when last read, and when (monotonic); clusters that share it share the read."""
         self.credentials_checked: dict[tuple[str, str], tuple[int, float]] = {}
         """Per cluster: the generation whose backup credentials were last found complete,
         and when (monotonic). Freed with the cluster."""
@@ -97,6 +102,10 @@ class Reconciler:
         self.secret_cache.forget(namespace, name)
         self.status_pacer.forget(namespace, name)
         self.credentials_checked.pop((namespace, name), None)
+        now = time.monotonic()
+        for secret, (_, read_at) in list(self.credential_keys.items()):
+            if now - read_at >= SHARED_READ_AGE:
+                del self.credential_keys[secret]  # never used again
         self.paused_poolers.pop((namespace, name), None)
 
     async def reconcile(self, key: tuple[str, str]) -> Outcome:
@@ -123,6 +132,7 @@ class Reconciler:
             image_pins=self.image_pins,
             backup_image=self.backup_image,
             credentials_checked=self.credentials_checked,
+            credential_keys=self.credential_keys,
             paused_poolers=self.paused_poolers,
             now=core.now(),
             conditions=[dict(c) for c in (body.get("status") or {}).get("conditions") or []],

@@ -53,6 +53,10 @@ class Scope(core.Scope):
         default_factory=dict
     )
     """Shared by one reconciler's scopes: see ``Reconciler.credentials_checked``."""
+    credential_keys: dict[tuple[str, str], tuple[frozenset[str], float]] = dataclasses.field(
+        default_factory=dict
+    )
+    """Shared by one reconciler's scopes: see ``Reconciler.credential_keys``."""
     backup_image: str | None = None
     """The operator's own image, which backup Jobs run; None: each cluster's instance image."""
     paused_poolers: dict[tuple[str, str], list[str]] = dataclasses.field(default_factory=dict)
