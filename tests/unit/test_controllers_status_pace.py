@@ -150,3 +150,38 @@ async def test_an_unchanged_status_is_not_written_at_all() -> None:
     kube = StatusKube()
     await core.patch_status(scope_with(STARTING, kube, core.StatusPacer()), dict(STARTING))
     assert kube.patches == []
+
+
+async def test_a_cluster_coming_up_is_written_when_made_when_ready_and_when_it_fails() -> None:
+    """Three pods starting one after another, a primary elected among them: two writes, not
+    one per pod (issue 24: at most 2 status patches until Ready). A problem on the way is
+    written at once, and a bring-up longer than STATUS_PACE_COMING_UP still shows progress."""
+    clock, kube = Clock(), StatusKube()
+    pacer = core.StatusPacer(clock=clock)
+    first = {**STARTING, "readyReplicas": 0, "conditions": [ready("False", "NoPrimary", "0/3")]}
+    await core.patch_status(scope_with({}, kube, pacer), first, coming_up=True)
+    steps = [
+        {"readyReplicas": 1, "primaryPod": "pg-0",
+         "conditions": [ready("False", "InstancesNotReady", "1/3 ready"),
+                        progressing("True", "InstancesStarting")]},
+        {"readyReplicas": 2, "primaryPod": "pg-0", "replicaPods": ["pg-1"],
+         "conditions": [ready("False", "InstancesNotReady", "2/3 ready"),
+                        progressing("True", "Scaling")]},
+    ]  # fmt: skip
+    for step in steps:
+        clock.now += core.STATUS_PACE + 1  # far apart, as reconciles come in a busy queue
+        scope = scope_with(first, kube, pacer)
+        await core.patch_status(scope, {**first, **step}, coming_up=True)
+        assert scope.requeue_after is not None, "held back, and looked at again later"
+    assert len(kube.patches) == 1
+    clock.now += 1
+    failing = {**first, "phase": "Failing",
+               "conditions": [{"type": "Degraded", "status": "True", "reason": "ImageUnavailable",
+                               "message": "m", "lastTransitionTime": "t"}]}  # fmt: skip
+    await core.patch_status(scope_with(first, kube, pacer), failing)  # no longer coming up
+    assert len(kube.patches) == 2, "a problem is written at once"
+    pacer.forget("db", "pg")
+    pacer.wrote("db", "pg")
+    clock.now += core.STATUS_PACE_COMING_UP
+    await core.patch_status(scope_with(first, kube, pacer), {**first, **steps[0]}, coming_up=True)
+    assert len(kube.patches) == 3, "a long bring-up still shows its progress, less often"

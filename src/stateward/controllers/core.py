@@ -148,6 +148,12 @@ def hold_scale_down(
     return move
 
 
+BRING_UP: Final = frozenset({"primaryPod"})
+"""Status fields that are progress too while the object is being made (:func:`only_progress`)."""
+STATUS_PACE_COMING_UP: Final = 120.0
+"""Progress of an object being made is written at most this often: a new cluster takes two
+status writes, its first and the one that says Ready, unless it takes longer than this (a
+restore from a backup) or something goes wrong (``Degraded``, written at once)."""
 PROGRESS_FIELDS: Final = frozenset({"readyReplicas", "replicaPods", "instances"})
 """Status fields that follow the pods (how many are ready, each member's state and lag) —
 and the conditions' messages, which count them. A change of these alone is progress."""
@@ -168,10 +174,12 @@ class StatusPacer:
         self.pace, self.clock = pace, clock
         self._written: dict[tuple[str, str], float] = {}
 
-    def wait_left(self, namespace: str, name: str) -> float:
-        """Seconds until progress may be written again (0: now)."""
+    def wait_left(self, namespace: str, name: str, pace: float | None = None) -> float:
+        """Seconds until progress may be written again (0: now); ``pace`` instead of this
+        pacer's own."""
         last = self._written.get((namespace, name))
-        return 0.0 if last is None else max(0.0, last + self.pace - self.clock())
+        every = self.pace if pace is None else pace
+        return 0.0 if last is None else max(0.0, last + every - self.clock())
 
     def wrote(self, namespace: str, name: str) -> None:
         self._written[(namespace, name)] = self.clock()
@@ -180,18 +188,27 @@ class StatusPacer:
         self._written.pop((namespace, name), None)
 
 
-def only_progress(current: Body, desired: Body) -> bool:
+def only_progress(current: Body, desired: Body, *, coming_up: bool = False) -> bool:
     """Whether ``desired`` differs from ``current`` in :data:`PROGRESS_FIELDS`, condition
     messages, and the reason of a ``Progressing`` that stays True alone (a condition's time
     moves only with its status). What is under way changing from one step to the next
     (Scaling, InstancesStarting, ...) is progress: a new cluster took a status write for
-    each step it passed through on its way to Ready."""
+    each step it passed through on its way to Ready.
+
+    ``coming_up``: the object is being made and stays so (its phase says it). Then the
+    primary it elected and every condition but ``Degraded`` are progress too: its first
+    status and the one that says it is ready are what users act on, and a problem."""
 
     def decisive(status: Body) -> Body:
-        kept = {k: v for k, v in status.items() if k not in PROGRESS_FIELDS and v is not None}
+        kept = {
+            k: v
+            for k, v in status.items()
+            if k not in PROGRESS_FIELDS and v is not None and not (coming_up and k in BRING_UP)
+        }
         kept["conditions"] = sorted(
             (str(c.get("type")), str(c.get("status")), _decisive_reason(c))
             for c in status.get("conditions") or []
+            if not coming_up or c.get("type") == "Degraded"
         )
         return kept
 
@@ -628,16 +645,18 @@ async def expand_volumes(scope: Scope, claims: Iterable[Body], size: str) -> str
 # --- status --------------------------------------------------------------------------------
 
 
-async def patch_status(scope: Scope, status: dict[str, Any]) -> None:
+async def patch_status(scope: Scope, status: dict[str, Any], *, coming_up: bool = False) -> None:
     """Make ``status`` the object's status with one patch, and none when it already is. A
     change that is only progress waits out :data:`STATUS_PACE` since the last write (the
-    reconcile is requeued for then, and writes what it observes then)."""
+    reconcile is requeued for then, and writes what it observes then); while the object is
+    ``coming_up`` (being made, and still), :data:`STATUS_PACE_COMING_UP`."""
     status = {k: v for k, v in status.items() if v is not None}
     current = dict(scope.body.get("status") or {})
     if status == {k: v for k, v in current.items() if k in status} and set(current) <= set(status):
         return
-    if only_progress(current, status):
-        wait = scope.status_pacer.wait_left(scope.namespace, scope.name)
+    if only_progress(current, status, coming_up=coming_up):
+        pace = STATUS_PACE_COMING_UP if coming_up else None
+        wait = scope.status_pacer.wait_left(scope.namespace, scope.name, pace)
         if wait > 0:
             scope.requeue(wait)
             return

@@ -303,7 +303,9 @@ async def write_status(scope: Scope, *, deleting: bool) -> None:
         "version": upgrades.status_version(scope),
         "upgrade": scope.upgrade,
     }
-    await core.patch_status(scope, status)
+    creating = v1alpha1.Phase.CREATING.value
+    coming_up = status["phase"] == creating and current.get("phase") in (None, creating)
+    await core.patch_status(scope, status, coming_up=coming_up)
 
 
 def pooler_status(scope: Scope) -> dict[str, Any] | None:
