@@ -202,18 +202,23 @@ async def test_an_instance_unplaced_for_another_reason_is_not_blamed_on_the_plac
 
 
 UNBOUND = "0/7 nodes are available: pod has unbound immediate PersistentVolumeClaims. not found"
+CACHE_BEHIND = (
+    '0/7 nodes are available: persistentvolumeclaim "pgdata-demo-0" bound to non-existent'
+    ' persistentvolume "". not found'
+)
 
 
+@pytest.mark.parametrize("said", [UNBOUND, CACHE_BEHIND])
 @pytest.mark.parametrize(
     ("since", "problem"), [("2026-12-03T23:59:30Z", False), ("2026-12-03T23:57:30Z", True)]
 )
 async def test_an_instance_waiting_for_its_new_volume_is_starting_until_the_wait_is_long(
-    since: str, problem: bool
+    said: str, since: str, problem: bool
 ) -> None:
     """Every new instance waits for a provisioner to make its volume, and the scheduler says
     so as "unschedulable": for two minutes that is starting, not failing; after, Degraded
     names the wait (a StorageClass whose provisioner does nothing)."""
-    waiting = unplaced("demo-0", UNBOUND)
+    waiting = unplaced("demo-0", said)
     waiting["status"]["conditions"][-1]["lastTransitionTime"] = since
     kube = Kube()
     scope = scope_with([waiting], kube)
@@ -222,7 +227,7 @@ async def test_an_instance_waiting_for_its_new_volume_is_starting_until_the_wait
         assert note == "instances cannot run: InstancesNotRunning"
         ((reason, message),) = scope.degraded
         assert reason == "InstancesNotRunning"
-        assert "unbound immediate PersistentVolumeClaims" in message
+        assert said in message
         assert [said for said, _ in kube.events] == ["InstancesNotRunning"]
     else:
         assert note is None and scope.degraded == [] and kube.events == []

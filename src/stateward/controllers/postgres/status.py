@@ -49,13 +49,20 @@ showed phase Failing and a Warning Event for its first seconds. Two minutes: a p
 busy with 300 new claims on the benchmark's machine took 70 s."""
 
 
+VOLUME_BINDING_MESSAGES: Final = (
+    "unbound immediate PersistentVolumeClaims",
+    # The claim's volume named before the scheduler's cache has the volume: a moment later.
+    "bound to non-existent persistentvolume",
+)
+"""What the scheduler says while a pod's claims are being bound."""
+
+
 def volume_wait_left(pod: Body, now: str) -> float | None:
     """Seconds left of :data:`VOLUME_BINDING_GRACE` while the scheduler waits only for the
     pod's claims to be bound; None when it waits for something else, or too long already."""
     condition = unscheduled(pod)
-    if condition is None or "unbound immediate PersistentVolumeClaims" not in str(
-        condition.get("message") or ""
-    ):
+    message = str((condition or {}).get("message") or "")
+    if condition is None or not any(said in message for said in VOLUME_BINDING_MESSAGES):
         return None
     try:
         waited = rfc3339.seconds_between(str(condition.get("lastTransitionTime")), now)
