@@ -19,6 +19,7 @@ from stateward.controllers.postgres import upgrades
 from stateward.controllers.postgres.members import QUORUM_STANDBY, SYNC_STANDBY, instances
 from stateward.controllers.postgres.scope import (
     PROGRESS_RECHECK,
+    STARTING_RECHECK,
     UNSATISFIABLE_RECHECK,
     Scope,
     instance_pods,
@@ -187,7 +188,7 @@ def _count_progress(scope: Scope, statefulset: Body | None, ready: int) -> None:
         scope.progressing.append(
             ("InstancesStarting", f"{ready} of {spec.replicas} instances ready")
         )
-        scope.requeue(PROGRESS_RECHECK)
+        scope.requeue(STARTING_RECHECK)
 
 
 def _ready_condition(scope: Scope, ready: int, primaries: list[str], replicas: list[str]) -> bool:
