@@ -107,6 +107,10 @@ async def check_backup_credentials(scope: Scope) -> str | None:
         problem = f"Secret {s3.credentials_secret} does not exist in namespace {scope.namespace}"
     else:
         present = frozenset(found.get("data") or {}) | frozenset(found.get("stringData") or {})
+        for stale in [
+            k for k, (_, at) in scope.credential_keys.items() if now - at >= SHARED_READ_AGE
+        ]:
+            del scope.credential_keys[stale]  # never used again: the map stays small
         scope.credential_keys[secret] = (present, now)
         missing = [name for name in wanted if name not in present]
         if not missing:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -30,7 +29,6 @@ from stateward.controllers import certificates, core
 from stateward.controllers.kube import Body, Kube, Ref
 from stateward.controllers.postgres import upgrades
 from stateward.controllers.postgres.backup_phases import (
-    SHARED_READ_AGE,
     check_backup_credentials,
     check_repository_paths,
     remove_backup_cronjob,
@@ -102,10 +100,6 @@ class Reconciler:
         self.secret_cache.forget(namespace, name)
         self.status_pacer.forget(namespace, name)
         self.credentials_checked.pop((namespace, name), None)
-        now = time.monotonic()
-        for secret, (_, read_at) in list(self.credential_keys.items()):
-            if now - read_at >= SHARED_READ_AGE:
-                del self.credential_keys[secret]  # never used again
         self.paused_poolers.pop((namespace, name), None)
 
     async def reconcile(self, key: tuple[str, str]) -> Outcome:

@@ -73,14 +73,11 @@ def volume_wait_left(pod: Body, now: str) -> float | None:
     return left if left > 0 else None
 
 
-def pod_problem(pod: Body, now: str | None = None) -> str | None:
+def pod_problem(pod: Body) -> str | None:
     """Why a pod is not running, when the reason is one a user must act on: it cannot be
-    scheduled (resources, affinity, a volume not bound within :data:`VOLUME_BINDING_GRACE`
-    of ``now``), or its image cannot be pulled, or its container cannot be created or keeps
-    crashing."""
+    scheduled (resources, affinity, a volume), or its image cannot be pulled, or its
+    container cannot be created or keeps crashing."""
     status = pod.get("status") or {}
-    if now is not None and volume_wait_left(pod, now) is not None:
-        return None
     if (condition := unscheduled(pod)) is not None:
         reason = condition.get("reason") or "Unschedulable"
         return f"pod {pod['metadata']['name']} {reason}: {condition.get('message', '')}"
@@ -130,14 +127,21 @@ async def check_instances(scope: Scope) -> str | None:
     (``ImageUnavailable``, naming the image and how to get it), a pod that cannot be
     scheduled, a container that cannot be created or keeps crashing (``InstancesNotRunning``)."""
     pods = instance_pods(scope)
-    binding = [(pod, left) for pod in pods if (left := volume_wait_left(pod, scope.now))]
+    binding = {
+        pod["metadata"]["name"]: left for pod in pods if (left := volume_wait_left(pod, scope.now))
+    }
     if binding:
-        names = ", ".join(pod["metadata"]["name"] for pod, _ in binding)
         # Starting, as far as the reason goes: a new reason would be one more status write
-        # for every new cluster; the message says what it waits for.
-        scope.progressing.append(("InstancesStarting", f"{names} waiting for volumes to bind"))
-        scope.requeue(min(left for _, left in binding) + 1)
-    problems = [(pod, p) for pod in pods if (p := pod_problem(pod, scope.now))]
+        # for every new cluster; the message says what it waits for. Not a problem until
+        # the grace (VOLUME_BINDING_GRACE) is over.
+        message = f"{', '.join(binding)} waiting for volumes to bind"
+        scope.progressing.append(("InstancesStarting", message))
+        scope.requeue(min(binding.values()) + 1)
+    problems = [
+        (pod, p)
+        for pod in pods
+        if pod["metadata"]["name"] not in binding and (p := pod_problem(pod))
+    ]
     if not problems:
         return None
     pulls = [
