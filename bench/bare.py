@@ -94,26 +94,38 @@ def recorded_writes(
     return by_cluster
 
 
-def status_patches_until_ready(by_cluster: Mapping[str, Sequence[Write]]) -> dict[str, float]:
+def status_patches_until_ready(by_cluster: Mapping[str, Sequence[Write]]) -> dict[str, Any]:
     """Per cluster, the status patches it took to reach Ready, the one saying so included
     (all of them for one that never said so): their mean and max over the clusters. The goal
-    of issue 24 is at most 2: one while it comes up, one when it is Ready."""
+    of issue 24 is at most 2: one while it comes up, one when it is Ready. ``between`` counts
+    the patches that were neither a cluster's first nor its Ready, by what they said: a
+    ``problem`` (phase Failing or Degraded True) or only ``progress``."""
     counts = []
+    between = {"problem": 0, "progress": 0}
     for writes in by_cluster.values():
         count = 0
         for write in writes:
             if write.verb != "patch" or not write.uri.split("?")[0].endswith("/status"):
                 continue
             count += 1
-            if (
-                isinstance(write.body, dict)
-                and (write.body.get("status") or {}).get("phase") == "Ready"
-            ):
+            status = (write.body.get("status") or {}) if isinstance(write.body, dict) else {}
+            if status.get("phase") == "Ready":
                 break
+            if count > 1:
+                between["problem" if _says_problem(status) else "progress"] += 1
         counts.append(count)
     if not counts:
-        return {"mean": 0.0, "max": 0}
-    return {"mean": round(sum(counts) / len(counts), 2), "max": max(counts)}
+        return {"mean": 0.0, "max": 0, "between": between}
+    return {"mean": round(sum(counts) / len(counts), 2), "max": max(counts), "between": between}
+
+
+def _says_problem(status: Mapping[str, Any]) -> bool:
+    conditions = status.get("conditions") or []
+    degraded = any(
+        isinstance(c, dict) and c.get("type") == "Degraded" and c.get("status") == "True"
+        for c in conditions
+    )
+    return degraded or status.get("phase") == "Failing"
 
 
 def rewrite(value: Any, *, source: str, target: str, uid: str) -> Any:

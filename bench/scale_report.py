@@ -102,7 +102,12 @@ def _status_patches(r: dict[str, Any]) -> str:
     found = r.get("status_patches_until_ready")
     if not found:
         return "—"
-    return f"**{_fmt(found['mean'])} / {found['max']}**"
+    between = found.get("between") or {}
+    said = f"**{_fmt(found['mean'])} / {found['max']}**"
+    if any(between.values()):
+        said += f" (between first and Ready: {between.get('progress', 0)} progress,"
+        said += f" {between.get('problem', 0)} problem)"
+    return said
 
 
 def _reads(r: dict[str, Any]) -> str:

@@ -187,6 +187,21 @@ def test_status_patches_are_counted_per_cluster_up_to_the_one_that_says_ready() 
             "pg-0003": [patch(3, "Creating"), patch(3, "Failing"), patch(3, "Creating")],
         }
     )
-    # After Ready nothing counts; a cluster never Ready counts all it had.
-    assert found == {"mean": 2.0, "max": 3}
-    assert bare.status_patches_until_ready({}) == {"mean": 0.0, "max": 0}
+    # After Ready nothing counts; a cluster never Ready counts all it had. Between its
+    # first and its Ready, pg-0003 said a problem once and progress once.
+    assert found == {"mean": 2.0, "max": 3, "between": {"problem": 1, "progress": 1}}
+    assert bare.status_patches_until_ready({})["max"] == 0
+
+
+def test_a_degraded_condition_between_first_and_ready_is_a_problem() -> None:
+    uri = "/apis/stateward.io/v1alpha1/namespaces/bench/postgresclusters/pg-0001/status"
+    degraded = {"type": "Degraded", "status": "True", "reason": "InstancesNotRunning"}
+    calm = {"type": "Degraded", "status": "False", "reason": "AsExpected"}
+    writes = [
+        bare.Write(0.0, "patch", uri, {"status": {"phase": "Creating"}}),
+        bare.Write(1.0, "patch", uri, {"status": {"conditions": [degraded]}}),
+        bare.Write(2.0, "patch", uri, {"status": {"conditions": [calm]}}),
+        bare.Write(3.0, "patch", uri, {"status": {"phase": "Ready"}}),
+    ]
+    found = bare.status_patches_until_ready({"pg-0001": writes})
+    assert found["between"] == {"problem": 1, "progress": 1}

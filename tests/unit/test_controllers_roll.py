@@ -210,13 +210,13 @@ CACHE_BEHIND = (
 
 @pytest.mark.parametrize("said", [UNBOUND, CACHE_BEHIND])
 @pytest.mark.parametrize(
-    ("since", "problem"), [("2026-12-03T23:59:30Z", False), ("2026-12-03T23:57:30Z", True)]
+    ("since", "problem"), [("2026-12-03T23:51:30Z", False), ("2026-12-03T23:49:30Z", True)]
 )
 async def test_an_instance_waiting_for_its_new_volume_is_starting_until_the_wait_is_long(
     said: str, since: str, problem: bool
 ) -> None:
     """Every new instance waits for a provisioner to make its volume, and the scheduler says
-    so as "unschedulable": for two minutes that is starting, not failing; after, Degraded
+    so as "unschedulable": for ten minutes that is starting, not failing; after, Degraded
     names the wait (a StorageClass whose provisioner does nothing)."""
     waiting = unplaced("demo-0", said)
     waiting["status"]["conditions"][-1]["lastTransitionTime"] = since
