@@ -275,10 +275,12 @@ class Tracker:
     """Which clusters are converged (children + current status) and Ready, and since when.
 
     The observer is kept light, because it shares the machine with what it measures (the
-    bare client's run has no observer at all): one LIST of the PostgresClusters per round,
-    and the children's metadata-only LISTs only every ``children_every`` rounds while some
-    cluster's status is current and its children unconfirmed. When the children were made
-    is then read from the audit log (:meth:`refine`), to the millisecond."""
+    bare client's replay has no observer at all): the PostgresClusters come from a watch
+    (:class:`ClusterWatch` calls :meth:`see` with each change as it happens) or, without
+    one, from one LIST per round; the children's metadata-only LISTs run only every
+    ``children_every`` rounds while some cluster's status is current and its children
+    unconfirmed. When the children were made is then read from the audit log
+    (:meth:`refine`), to the millisecond."""
 
     def __init__(self, names: list[str], replicas: int, *, children_every: int = 5) -> None:
         self.names = names
@@ -295,28 +297,44 @@ class Tracker:
         self.ready_at: dict[str, float] = {}
         self.lists = 0
         self.rounds = 0
+        self.lock = threading.Lock()
+        """Held by :meth:`see` and :meth:`poll`: a watch thread calls the first."""
 
     def _wanted_kinds(self) -> set[str]:
         return {kind for missing in self.missing.values() for kind, _ in missing}
 
-    def poll(self, api: Api) -> None:
-        """One round: one LIST of the clusters; the children's LISTs when due."""
-        self.rounds += 1
-        clusters = api.items(PGC_PATH)
-        self.lists += 1
-        now = time.time()
-        for obj in clusters:
-            name = obj["metadata"]["name"]
-            if name not in self.missing:
-                continue
-            status = obj.get("status") or {}
-            current = status.get("observedGeneration") == obj["metadata"].get("generation")
+    def see(self, obj: Mapping[str, Any], now: float) -> None:
+        """One cluster as it was at ``now``: its status current (observedGeneration) with a
+        phase, and Ready."""
+        name = obj["metadata"]["name"]
+        if name not in self.missing:
+            return
+        status = obj.get("status") or {}
+        current = status.get("observedGeneration") == obj["metadata"].get("generation")
+        with self.lock:
             if name not in self.status_at and current and status.get("phase"):
                 self.status_at[name] = now
             if name not in self.ready_at and current and status.get("phase") == "Ready":
                 self.ready_at[name] = now
-        unconfirmed = [name for name in self.status_at if name not in self.children_at]
-        every_status = len(self.status_at) == len(self.names)
+
+    def poll(self, api: Api, *, list_clusters: bool = True) -> None:
+        """One round: one LIST of the clusters (unless a watch feeds :meth:`see`); the
+        children's LISTs when due."""
+        self.rounds += 1
+        if list_clusters:
+            clusters = api.items(PGC_PATH)
+            self.lists += 1
+            now = time.time()
+            for obj in clusters:
+                self.see(obj, now)
+        self._confirm_children(api)
+
+    def _confirm_children(self, api: Api) -> None:
+        """The children's LISTs run without the lock (the watch goes on meanwhile); only
+        this thread writes ``missing`` and ``children_at``."""
+        with self.lock:
+            unconfirmed = [name for name in self.status_at if name not in self.children_at]
+            every_status = len(self.status_at) == len(self.names)
         if unconfirmed and (every_status or self.rounds % self.children_every == 0):
             for kind in sorted(self._wanted_kinds()):
                 present = api.names(CHILD_PATHS[kind])
@@ -327,8 +345,9 @@ class Tracker:
             for name in unconfirmed:
                 if not self.missing[name]:
                     self.children_at[name] = seen
-        for name in self.children_at.keys() - self.converged_at.keys():
-            self.converged_at[name] = max(self.status_at[name], self.children_at[name])
+        with self.lock:
+            for name in self.children_at.keys() - self.converged_at.keys():
+                self.converged_at[name] = max(self.status_at[name], self.children_at[name])
 
     def refine(self, made: Mapping[tuple[str, str], float]) -> None:
         """Each converged cluster's time from when its children were made (``made``: the
@@ -342,10 +361,96 @@ class Tracker:
                 self.converged_at[name] = max(self.status_at[name], done)
 
     def all_converged(self) -> bool:
-        return len(self.converged_at) == len(self.names)
+        with self.lock:
+            return len(self.converged_at) == len(self.names)
 
     def all_ready(self) -> bool:
-        return len(self.ready_at) == len(self.names)
+        with self.lock:
+            return len(self.ready_at) == len(self.names)
+
+
+class ClusterWatch:
+    """The PostgresClusters of the benchmark's namespace fed to a :class:`Tracker` as they
+    change, from one watch stream, in a thread. A LIST of 1000 clusters with their status is
+    megabytes that the API server encodes and this script decodes: once per 2 s round it
+    cost the benchmark 25 CPU-s (and the API server more) on the two CPUs it shares with what
+    it measures, while the bare client's replay has no observer. A watch sends each change
+    once: about four per cluster until Ready."""
+
+    def __init__(self, api: Api, tracker: Tracker, *, timeout: int = 15) -> None:
+        self.api, self.tracker, self.timeout = api, tracker, timeout
+        self.stop_event = threading.Event()
+        self.error: BaseException | None = None
+        self.lists = 0
+        self.thread = threading.Thread(target=self._run, name="cluster-watch", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.thread.join(self.timeout + 5)
+
+    def check(self) -> None:
+        """Raise what ended the watch for good."""
+        if self.error is not None:
+            raise RuntimeError(f"the clusters' watch failed: {self.error!r}") from self.error
+
+    def _run(self) -> None:
+        version: str | None = None
+        failures = 0
+        while not self.stop_event.is_set():
+            try:
+                if version is None:
+                    version = self._list()
+                version = self._watch(version)
+                failures = 0
+            except (httpx.TransportError, httpx.HTTPStatusError) as error:
+                failures += 1
+                if failures >= 5:
+                    self.error = error
+                    return
+                version = None  # relist: the stream or its resourceVersion is gone
+                self.stop_event.wait(1)
+            except BaseException as error:
+                self.error = error
+                return
+
+    def _list(self) -> str:
+        response = self.api.http.get(PGC_PATH)
+        response.raise_for_status()
+        found = response.json()
+        self.lists += 1
+        now = time.time()
+        for obj in found.get("items") or []:
+            self.tracker.see(obj, now)
+        return str(found["metadata"]["resourceVersion"])
+
+    def _watch(self, version: str) -> str | None:
+        """Follow the stream from ``version`` until the server ends it; the version to
+        follow on from, or None when it must relist (410 Gone)."""
+        params = {
+            "watch": "1",
+            "resourceVersion": version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(self.timeout),
+        }
+        timeout = httpx.Timeout(10, read=self.timeout + 30)
+        with self.api.http.stream("GET", PGC_PATH, params=params, timeout=timeout) as response:
+            response.raise_for_status()
+            for line in response.iter_lines():
+                if not line:
+                    continue
+                event = json.loads(line)
+                obj = event.get("object") or {}
+                if event.get("type") == "ERROR":
+                    return None if obj.get("code") == 410 else version
+                version = (obj.get("metadata") or {}).get("resourceVersion") or version
+                if event.get("type") in ("ADDED", "MODIFIED"):
+                    self.tracker.see(obj, time.time())
+                if self.stop_event.is_set():
+                    break
+        return version
 
 
 # --- one run -----------------------------------------------------------------------------------
@@ -413,6 +518,7 @@ class Run:
             "nodes": self.nodes,
             "resync_interval": args.resync,
         }
+        self.watch: ClusterWatch | None = None
 
     def execute(self) -> dict[str, Any]:
         started = time.monotonic()
@@ -472,11 +578,16 @@ class Run:
         ``self.result``; a run that does not converge stops after the first."""
         names = [f"pg-{i:04d}" for i in range(self.n)]
         tracker = Tracker(names, self.replicas)
-        t0, t_converged = self._create_and_converge(cluster, operator, api, names, tracker)
-        if not tracker.all_converged():
-            self.result["note"] = f"not converged within {self.args.timeout:.0f}s"
-            return
-        t_ready = self._wait_ready(operator, api, tracker, t0)
+        self.watch = ClusterWatch(api, tracker)
+        self.watch.start()
+        try:
+            t0, t_converged = self._create_and_converge(cluster, operator, api, names, tracker)
+            if not tracker.all_converged():
+                self.result["note"] = f"not converged within {self.args.timeout:.0f}s"
+                return
+            t_ready = self._wait_ready(operator, api, tracker, t0)
+        finally:
+            self.watch.stop()
         w0, w1 = self._steady_state(operator)
         self._single_changes(operator, api, names)
         self._record_audit(cluster, t0, t_converged, t_ready, w0, w1)
@@ -515,7 +626,7 @@ class Run:
                 round_started = time.time()
                 for future in [f for f in futures if f.done()]:
                     future.result()  # a create that failed for good ends the run
-                tracker.poll(api)
+                tracker.poll(api, list_clusters=False)
                 self._check_alive(operator)
                 now = time.time()
                 if len(created_at) == n and "created_seconds" not in r:
@@ -563,7 +674,7 @@ class Run:
         r["cluster_latency_p50"] = round(percentile(convergence, 50), 1)
         r["cluster_latency_p95"] = round(percentile(convergence, 95), 1)
         r["cluster_latency_max"] = round(max(convergence, default=math.nan), 1)
-        r["poll_lists"] = tracker.lists
+        r["poll_lists"] = tracker.lists + (self.watch.lists if self.watch else 0)
         samples = scrape(port)
         r["rss_peak_converged_mib"] = live_status_kib(pid, "VmHWM") / 1024
         r["operator_cpu_converge_s"] = round(cpu_seconds_or_zero(pid) - before.operator_cpu, 1)
@@ -613,7 +724,7 @@ class Run:
                 r["statefulsets_ready_seconds"] = round(sts_ready - t0, 1)
             if tracker.all_ready() and sts_ready is not None:
                 break
-            tracker.poll(api)
+            tracker.poll(api, list_clusters=False)
             self._check_alive(operator)
             if time.time() - last_print >= self.args.progress:
                 last_print = time.time()
@@ -776,6 +887,8 @@ class Run:
         )
 
     def _check_alive(self, operator: OperatorProcess) -> None:
+        if self.watch is not None:
+            self.watch.check()
         if operator.process.poll() is not None:
             raise RuntimeError(
                 f"the operator exited with {operator.process.returncode}; see {operator.log}"

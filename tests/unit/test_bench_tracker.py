@@ -4,11 +4,13 @@ when its status was current and every child had been made, from the audit log's 
 from __future__ import annotations
 
 import json
+import types
 from typing import Any
 
+import httpx
 import pytest
 from bench import probes
-from bench.run import CHILD_PATHS, PGC_PATH, RESOURCES, Tracker, expected_children
+from bench.run import CHILD_PATHS, PGC_PATH, RESOURCES, ClusterWatch, Tracker, expected_children
 
 pytestmark = pytest.mark.unit
 
@@ -129,3 +131,68 @@ def test_the_first_successful_write_of_each_object_is_when_it_was_made() -> None
     )
     base = 1796551200.0  # 2026-12-06T10:00:00Z
     assert found == {("secrets", "pg-0-ca"): base + 2, ("secrets", "pg-0-app"): base + 3}
+
+
+def cluster(name: str, phase: str | None, version: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "generation": 1, "resourceVersion": version},
+        "status": {"observedGeneration": 1, "phase": phase} if phase else {},
+    }
+
+
+def test_the_watch_feeds_each_change_and_relists_when_its_version_is_gone() -> None:
+    """The clusters come from one LIST and then a watch stream, each change as it happens;
+    a watch the server ended with 410 Gone starts again from a new LIST."""
+
+    tracker = Tracker(["pg-0", "pg-1"], 1)
+    requests: list[str] = []
+    streams = [
+        [
+            {"type": "ADDED", "object": cluster("pg-1", None, "11")},
+            {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "12"}}},
+            {"type": "MODIFIED", "object": cluster("pg-1", "Creating", "13")},
+            {"type": "ERROR", "object": {"code": 410, "reason": "Expired"}},
+        ],
+        [{"type": "MODIFIED", "object": cluster("pg-1", "Ready", "21")}],
+    ]
+    lists = [("10", [cluster("pg-0", "Ready", "9")]), ("20", [])]
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        params = dict(request.url.params)
+        requests.append(params.get("resourceVersion", "list"))
+        if params.get("watch") != "1":
+            version, items = lists.pop(0)
+            return httpx.Response(
+                200, json={"metadata": {"resourceVersion": version}, "items": items}
+            )
+        if not streams:
+            watch.stop_event.set()
+            return httpx.Response(200, content=b"")
+        lines = "\n".join(json.dumps(e) for e in streams.pop(0)) + "\n"
+        return httpx.Response(200, content=lines.encode())
+
+    api = types.SimpleNamespace(
+        http=httpx.Client(base_url="https://api.test", transport=httpx.MockTransport(answer))
+    )
+    watch = ClusterWatch(api, tracker, timeout=1)  # type: ignore[arg-type]
+    watch._run()
+    watch.check()
+    assert requests == ["list", "10", "list", "20", "21"]
+    assert set(tracker.ready_at) == {"pg-0", "pg-1"} and tracker.all_ready()
+    assert tracker.status_at["pg-1"] < tracker.ready_at["pg-1"], "Creating was seen first"
+    assert watch.lists == 2
+
+
+def test_a_watch_that_keeps_failing_is_reported_not_waited_on() -> None:
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    api = types.SimpleNamespace(
+        http=httpx.Client(base_url="https://api.test", transport=httpx.MockTransport(refuse))
+    )
+    watch = ClusterWatch(api, Tracker(["pg-0"], 1), timeout=1)  # type: ignore[arg-type]
+    watch.stop_event.wait = lambda timeout=None: False  # type: ignore[method-assign]
+    watch._run()
+    with pytest.raises(RuntimeError, match="the clusters' watch failed"):
+        watch.check()
