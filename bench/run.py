@@ -428,7 +428,8 @@ class ClusterWatch:
 
     def _watch(self, version: str) -> str | None:
         """Follow the stream from ``version`` until the server ends it; the version to
-        follow on from, or None when it must relist (410 Gone)."""
+        follow on from, or None when it must relist (an ERROR event: 410 Gone, or any other
+        the server sends; a relist is always safe)."""
         params = {
             "watch": "1",
             "resourceVersion": version,
@@ -444,7 +445,7 @@ class ClusterWatch:
                 event = json.loads(line)
                 obj = event.get("object") or {}
                 if event.get("type") == "ERROR":
-                    return None if obj.get("code") == 410 else version
+                    return None
                 version = (obj.get("metadata") or {}).get("resourceVersion") or version
                 if event.get("type") in ("ADDED", "MODIFIED"):
                     self.tracker.see(obj, time.time())
