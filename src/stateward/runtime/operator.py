@@ -27,6 +27,7 @@ from typing import Any, Final
 import httpx2
 import kopf
 from aiohttp import web
+from kopf._core.reactor import inventory  # the type kopf.operator(memories=) takes
 from lightkube import ApiError, AsyncClient
 from lightkube.config.client_adapter import verify_cluster
 from lightkube.config.kubeconfig import KubeConfig
@@ -92,6 +93,28 @@ class NoDiffBase(kopf.DiffBaseStorage):
 
     def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: Any) -> None:
         return None
+
+
+class UnheldMemories(inventory.ResourceMemories):
+    """Kopf's memory of each object, not kept between events. Kopf remembers every object it
+    has seen (a memo, an error throttler, index and daemon state: about 0.9 KB each, measured
+    with tracemalloc) for its change handlers, daemons and indices; this operator registers
+    only event handlers and keeps its own store, so nothing read them between two events of
+    an object. At 1000 clusters, about 20 watched objects each, they held ~18 MiB of an RSS
+    goal of 200. Each event gets a fresh memory, which Kopf's event handling reads and
+    drops."""
+
+    async def recall(
+        self,
+        raw_body: Any,
+        *,
+        memobase: Any = None,
+        noticed_by_listing: bool = False,
+        ephemeral: bool = False,
+    ) -> inventory.ResourceMemory:
+        return await super().recall(
+            raw_body, memobase=memobase, noticed_by_listing=noticed_by_listing, ephemeral=True
+        )
 
 
 class StartupError(Exception):
@@ -536,6 +559,7 @@ class Operator:
                 clusterwide=not self.options.watch_namespaces,
                 namespaces=list(self.options.watch_namespaces),
                 standalone=True,
+                memories=UnheldMemories(),
                 stop_flag=kopf_stop,
                 ready_flag=self.kopf_ready,
             )
