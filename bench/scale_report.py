@@ -42,7 +42,7 @@ def environment() -> dict[str, str]:
         "kwok": paths.kwok.parent.name.removeprefix("kwok-"),
     }
     python_packages = []
-    for package in ("kopf", "lightkube"):
+    for package in ("lightkube", "httpx2"):
         with contextlib.suppress(Exception):
             from importlib.metadata import version
 

@@ -630,7 +630,7 @@ def test_the_committed_locks_are_current_and_complete() -> None:
         assert pins["patroni"].version == patroni_pin.split("==")[1]
         assert "ydiff" in pins and "psycopg-binary" in pins
     operator = piplock.parse(found[5].path.read_text()).pins
-    assert "patroni" not in operator and "kopf" in operator
+    assert "patroni" not in operator and "lightkube" in operator and "kopf" not in operator
 
 
 def test_a_lock_that_no_longer_fits_its_inputs_stops_the_build_before_pip(
@@ -639,13 +639,13 @@ def test_a_lock_that_no_longer_fits_its_inputs_stops_the_build_before_pip(
     sources = tmp_path / "sources"
     shutil.copytree(REPO_IMAGES / "stateward", sources)
     lock = sources / "requirements-bookworm.txt"
-    lock.write_text(lock.read_text().replace("# input: kopf>=1.45,<1.46\n", ""))
+    lock.write_text(lock.read_text().replace("# input: lightkube>=1.0,<1.1\n", ""))
     with pytest.raises(LocalClusterError) as raised:
         chroot_calls(monkeypatch, tmp_path / "a", catalog.OPERATOR, sources=sources)
     message = str(raised.value)
     assert message.startswith(
         "image stateward: images/stateward/requirements-bookworm.txt: made from other inputs"
-        " (+kopf>=1.45,<1.46)"
+        " (+lightkube>=1.0,<1.1)"
     )
     assert message.endswith("run `make lock` (and commit the locks)") and "\n" not in message
     assert not (tmp_path / "a" / "rootfs" / "tmp" / "stateward-build").exists()

@@ -131,3 +131,29 @@ def test_a_second_burst_of_requests_reuses_every_connection(tmp_path: Path) -> N
     # What it replaces: httpx keeps 20 idle and opens the rest again, a handshake each.
     assert lightkubes >= BURST - 20
     assert server.clients == {"stateward-operator"}, "the client certificate was presented"
+
+
+def test_the_watches_read_through_the_same_client_its_server_and_its_certificate(
+    tmp_path: Path,
+) -> None:
+    server = ApiServer(tmp_path)
+
+    async def main() -> str:
+        listening = await asyncio.start_server(server.serve, "localhost", 0, ssl=server.context)
+        config = server.kubeconfig(listening.sockets[0].getsockname()[1])
+        async with listening:
+            client = operator.api_client(config, watches=operator.watch_count(operator.Options()))
+            try:
+                response = await operator.raw_http(client).get("/api/v1/namespaces/n/configmaps/c")
+                return str(response.json()["metadata"]["name"])
+            finally:
+                await client.close()
+
+    assert asyncio.run(main()) == "c"
+    assert server.clients == {"stateward-operator"}, "the client certificate was presented"
+
+
+def test_a_term_watches_every_kind_once_in_each_watched_namespace() -> None:
+    kinds = len(operator.PRIMARY_RESOURCES) + len(operator.CHILD_RESOURCES)
+    assert operator.watch_count(operator.Options()) == kinds
+    assert operator.watch_count(operator.Options(watch_namespaces=("a", "b"))) == 2 * kinds

@@ -1,5 +1,5 @@
 """The operator's log stays readable: the HTTP clients' per-request INFO lines are quieted, and
-Kopf's retried requests are warnings, not errors."""
+an outage is told apart from a refusal."""
 
 from __future__ import annotations
 
@@ -63,29 +63,6 @@ def test_lightkube_requests_are_not_logged_at_info_once_quieted(
     _get_namespace_through_lightkube()
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.INFO] == []
     assert chatty <= set(operator.CHATTY_LOGGERS)
-
-
-def _record(name: str, level: int, message: str) -> logging.LogRecord:
-    return logging.LogRecord(name, level, __file__, 1, message, None, None)
-
-
-def test_a_request_kopf_retries_is_a_warning_and_one_it_gives_up_on_an_error() -> None:
-    retried = _record(
-        "kopf._cogs.clients.watching",
-        logging.ERROR,
-        "Request attempt #1/9 failed; will retry: GET https://api/x -> APITooManyRequestsError()",
-    )
-    given_up = _record(
-        "kopf._cogs.clients.watching",
-        logging.ERROR,
-        "Request attempt #9/9 failed; escalating: GET https://api/x -> ConnectError()",
-    )
-    ours = _record("stateward", logging.ERROR, "a defect; will retry: it did not say")
-    keep = operator.RetriesAreWarnings()
-    assert all(keep.filter(r) for r in (retried, given_up, ours))  # nothing is dropped
-    assert (retried.levelno, retried.levelname) == (logging.WARNING, "WARNING")
-    assert (given_up.levelno, given_up.levelname) == (logging.ERROR, "ERROR")
-    assert (ours.levelno, ours.levelname) == (logging.ERROR, "ERROR")
 
 
 def _api_error(code: int) -> ApiError:

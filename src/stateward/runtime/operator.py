@@ -1,13 +1,13 @@
-"""The operator process: leader election, Kopf watches feeding a work queue, probes, metrics.
+"""The operator process: leader election, watches feeding a work queue, probes, metrics.
 
-Kopf is used level-triggered only: ``on.event`` handlers record each observed body in the
-store and enqueue the owning cluster; no change handlers, so Kopf never writes its own
-annotations or finalizers anywhere. Reconciles run from our work queue, one cluster at a time
-per key, with a periodic resync of every known cluster.
+Level-triggered only: each watch (``runtime.watch``, one per kind) records every observed body
+in the store and enqueues the owning cluster; reconciles run from our work queue, one cluster
+at a time per key, with a periodic resync of every known cluster. Nothing is written to the
+watched objects for the watching's sake (no bookkeeping annotations or finalizers).
 
-Only the leader runs Kopf and the queue. A leader that cannot renew its Lease stops both at
-once (and its writes are refused even before that, see ``Kube.may_write``), drops what it had
-observed, and campaigns again: after an API-server outage the process comes back by itself
+Only the leader runs the watches and the queue. A leader that cannot renew its Lease stops both
+at once (and its writes are refused even before that, see ``Kube.may_write``), drops what it
+had observed, and campaigns again: after an API-server outage the process comes back by itself
 with fresh watches instead of relying on a restart.
 """
 
@@ -21,13 +21,11 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 import httpx2
-import kopf
 from aiohttp import web
-from kopf._core.reactor import inventory  # the type kopf.operator(memories=) takes
 from lightkube import ApiError, AsyncClient
 from lightkube.config.client_adapter import verify_cluster
 from lightkube.config.kubeconfig import KubeConfig
@@ -45,6 +43,7 @@ from stateward.controllers.queue import Outcome, WorkQueue
 from stateward.controllers.store import CLUSTER_LABEL, ObjectStore
 from stateward.runtime import metrics, webhook
 from stateward.runtime.leader import LeaderElector
+from stateward.runtime.watch import Body, Resource, Watch
 
 logger = logging.getLogger("stateward")
 
@@ -53,68 +52,28 @@ PRIMARY_KINDS = (v1alpha1.KIND, v1alpha1.DATABASE_KIND)
 """The kinds users create and the operator reconciles: the work queue's keys are
 ``(kind, namespace, name)``. A postgres Database owns a PostgresCluster, which is both."""
 PRIMARY_RESOURCES = (
-    (v1alpha1.GROUP, v1alpha1.VERSION, v1alpha1.PLURAL, v1alpha1.KIND),
-    (v1alpha1.GROUP, v1alpha1.VERSION, v1alpha1.DATABASE_PLURAL, v1alpha1.DATABASE_KIND),
+    Resource(v1alpha1.GROUP, v1alpha1.VERSION, v1alpha1.PLURAL, v1alpha1.KIND),
+    Resource(v1alpha1.GROUP, v1alpha1.VERSION, v1alpha1.DATABASE_PLURAL, v1alpha1.DATABASE_KIND),
 )
 Key = tuple[str, str, str]
-ALL_NAMESPACES = "*"  # lightkube's spelling of a cluster-wide list
 
-# (api group, version, plural, kind) of every child kind the operator watches.
+# Every child kind the operator watches, narrowed to what it manages (MANAGED_BY).
 CHILD_RESOURCES = (
-    ("apps", "v1", "statefulsets", "StatefulSet"),
-    ("apps", "v1", "deployments", "Deployment"),
-    ("", "v1", "services", "Service"),
-    ("", "v1", "configmaps", "ConfigMap"),
-    ("", "v1", "secrets", "Secret"),
-    ("", "v1", "serviceaccounts", "ServiceAccount"),
-    ("", "v1", "pods", "Pod"),
-    ("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim"),
-    ("rbac.authorization.k8s.io", "v1", "roles", "Role"),
-    ("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
-    ("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget"),
-    ("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy"),
-    ("batch", "v1", "cronjobs", "CronJob"),
-    ("batch", "v1", "jobs", "Job"),
+    Resource("apps", "v1", "statefulsets", "StatefulSet"),
+    Resource("apps", "v1", "deployments", "Deployment"),
+    Resource("", "v1", "services", "Service"),
+    Resource("", "v1", "configmaps", "ConfigMap"),
+    Resource("", "v1", "secrets", "Secret"),
+    Resource("", "v1", "serviceaccounts", "ServiceAccount"),
+    Resource("", "v1", "pods", "Pod"),
+    Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim"),
+    Resource("rbac.authorization.k8s.io", "v1", "roles", "Role"),
+    Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
+    Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget"),
+    Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy"),
+    Resource("batch", "v1", "cronjobs", "CronJob"),
+    Resource("batch", "v1", "jobs", "Job"),
 )
-
-
-class NoDiffBase(kopf.DiffBaseStorage):
-    """Kopf's per-event "essence" of a body, turned off. Kopf builds one for every event of
-    every watched resource (a deep copy of the body, another to strip its progress, and a
-    diff against the last) for its change-detecting handlers; this operator registers only
-    event handlers and compares what it observes itself, so nothing ever read it, and it
-    cost about a tenth of the operator's CPU while a thousand clusters were created."""
-
-    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> Any:
-        return None
-
-    def fetch(self, *, body: kopf.Body) -> None:
-        return None
-
-    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: Any) -> None:
-        return None
-
-
-class UnheldMemories(inventory.ResourceMemories):
-    """Kopf's memory of each object, not kept between events. Kopf remembers every object it
-    has seen (a memo, an error throttler, index and daemon state: about 0.9 KB each, measured
-    with tracemalloc) for its change handlers, daemons and indices; this operator registers
-    only event handlers and keeps its own store, so nothing read them between two events of
-    an object. At 1000 clusters, about 20 watched objects each, they held ~18 MiB of an RSS
-    goal of 200. Each event gets a fresh memory, which Kopf's event handling reads and
-    drops."""
-
-    async def recall(
-        self,
-        raw_body: Any,
-        *,
-        memobase: Any = None,
-        noticed_by_listing: bool = False,
-        ephemeral: bool = False,
-    ) -> inventory.ResourceMemory:
-        return await super().recall(
-            raw_body, memobase=memobase, noticed_by_listing=noticed_by_listing, ephemeral=True
-        )
 
 
 class StartupError(Exception):
@@ -178,7 +137,8 @@ class Operator:
         self.queue: WorkQueue[Key] = WorkQueue(
             self._reconcile, workers=options.workers, transient=transient
         )
-        self.kopf_ready = asyncio.Event()
+        self.watches_synced = asyncio.Event()
+        self.watches: list[Watch] = []
         self.client = client
         self.endpoint = webhook.Endpoint(
             namespace=options.namespace,
@@ -258,68 +218,6 @@ class Operator:
             if kind != exclude and self.store.has(kind, namespace, cluster):
                 self.queue.add((kind, namespace, cluster))
 
-    async def _reclaim_signals(self, stop: asyncio.Event) -> None:
-        """Kopf installs its own SIGINT/SIGTERM handlers when it starts; take them back.
-
-        Kopf treats a signal as an unplanned stop (and arms a last-resort SIGKILL); ours ends
-        the term through the stop flag and then the process, cleanly and with exit code 0.
-        """
-        await self.kopf_ready.wait()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
-
-    async def _prime_store_while_leading(
-        self, stop: asyncio.Event, kopf_task: asyncio.Task[Any]
-    ) -> bool:
-        """:meth:`_prime_store` until it succeeds (True), within this term and with the
-        watches already running; False once the process stops, the Lease is lost or Kopf
-        ended. An API server that just came back answers lists with 429 for a moment
-        ("storage is (re)initializing"). Kopf is not stopped and started again for that: a
-        restart right after its start left the new term with watches that delivered nothing,
-        so the store never saw another change (two clean-clone CI runs)."""
-        while True:
-            try:
-                await self._prime_store()
-                return True
-            except Exception as error:
-                logger.warning("could not list the watched objects yet: %s; retrying", error)
-            await _first(
-                stop.wait(),
-                self.elector.lost.wait(),
-                kopf_task,
-                asyncio.sleep(self.options.retry_period),
-            )
-            if stop.is_set() or self.elector.lost.is_set() or kopf_task.done():
-                return False
-
-    async def _prime_store(self) -> None:
-        """List every watched kind once before the first reconcile.
-
-        Kopf's watches deliver the existing objects too, but without saying when the initial
-        listing is complete; a reconcile that ran before the Secrets or the StatefulSets had
-        arrived would take them for missing. One LIST per kind makes the first reconcile of a
-        new term as well-informed as every later one (and a restart write nothing).
-        """
-        kinds = [(f"{g}/{v}" if g else v, kind) for g, v, _plural, kind in CHILD_RESOURCES]
-        kinds += [(v1alpha1.API_VERSION, kind) for kind in PRIMARY_KINDS]
-        listed = await asyncio.gather(
-            *(
-                self.kube.list_objects(
-                    api_version,
-                    kind,
-                    namespace,
-                    {} if kind in PRIMARY_KINDS else {"app.kubernetes.io/managed-by": "stateward"},
-                )
-                for namespace in self.options.watch_namespaces or (ALL_NAMESPACES,)
-                for api_version, kind in kinds
-            )
-        )
-        for bodies in listed:
-            for body in bodies:
-                self.store.observe(body)
-        metrics.WATCHED_OBJECTS.set(len(self.store))
-
     async def resync(self) -> None:
         while True:
             await self._ensure_webhook_configuration()
@@ -393,71 +291,61 @@ class Operator:
         if self.elector.is_leader():
             await self._ensure_webhook_configuration()
 
-    # --- Kopf -----------------------------------------------------------------------------
+    # --- watches ----------------------------------------------------------------------------
 
-    def registry(self) -> kopf.OperatorRegistry:
-        registry = kopf.OperatorRegistry()
+    def _new_watches(self) -> list[Watch]:
+        """One watch per kind and watched namespace (or one per kind for all namespaces):
+        the clusters and Databases whole, their children by the managed-by label."""
+        http = raw_http(self.client)
+        namespaces: Iterable[str | None] = self.options.watch_namespaces or (None,)
+        watches = []
+        for namespace in namespaces:
+            for resource in PRIMARY_RESOURCES:
+                watches.append(
+                    Watch(
+                        http, resource, self.on_cluster_event,
+                        namespace=namespace, known=self._known(resource.kind),
+                    )
+                )  # fmt: skip
+            for resource in CHILD_RESOURCES:
+                watches.append(
+                    Watch(
+                        http, resource, self.on_child_event,
+                        namespace=namespace, selector=MANAGED_BY, known=self._known(resource.kind),
+                    )
+                )  # fmt: skip
+        return watches
 
-        @kopf.on.startup(registry=registry)
-        def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-            settings.posting.enabled = False
-            settings.persistence.diffbase_storage = NoDiffBase()
-            settings.peering.standalone = True
-            settings.scanning.disabled = True
-            # Watches are restarted by the server every minute at most; a stream that has
-            # gone quiet for longer than that is dead, however healthy its socket looks.
-            settings.watching.server_timeout = 60
-            settings.watching.client_timeout = 90
-            settings.watching.connect_timeout = 10
-            settings.watching.inactivity_timeout = 75
-            settings.networking.request_timeout = 30
-            settings.networking.connect_timeout = 10
-            for _group, _version, plural, _kind in CHILD_RESOURCES:
-                settings.watching.label_selectors[plural] = MANAGED_BY
+    def _known(self, kind: str) -> Any:
+        def known() -> list[Body]:
+            return [
+                body
+                for namespace, name in self.store.names(kind)
+                if (body := self.store.get(kind, namespace, name)) is not None
+            ]
 
-        @kopf.on.login(registry=registry)
-        def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-            if os.path.exists("/var/run/secrets/kubernetes.io/serviceaccount/token"):
-                return kopf.login_with_service_account(**kwargs)
-            return kopf.login_with_kubeconfig(**kwargs)
+        return known
 
-        for group, version, plural, kind in PRIMARY_RESOURCES:
-
-            async def cluster_event(*, event: Any, _kind: str = kind, **_: Any) -> None:
-                # Async on purpose: Kopf runs sync handlers in a thread pool, and the store
-                # and the queue belong to the event loop.
-                body = event["object"]
-                if "kind" not in body:
-                    body = {**body, "kind": _kind}
-                self.on_cluster_event(event.get("type"), body)
-
-            kopf.on.event(group, version, plural, id=f"observe-{plural}", registry=registry)(
-                cluster_event
-            )
-
-        for group, version, plural, kind in CHILD_RESOURCES:
-
-            async def child_event(*, event: Any, _kind: str = kind, **_: Any) -> None:
-                body = event["object"]  # the raw dict; the store keeps its own slim copy
-                if "kind" not in body:
-                    body = {**body, "kind": _kind}
-                self.on_child_event(event.get("type"), body)
-
-            kopf.on.event(
-                group or "",
-                version,
-                plural,
-                id=f"observe-{plural}",
-                registry=registry,
-            )(child_event)
-
-        return registry
+    async def _until_synced(self, stop: asyncio.Event, watches: list[Watch]) -> bool:
+        """Wait until every watch has delivered its first LIST (True), so that the first
+        reconcile of a term is as well-informed as every later one: one that ran before the
+        Secrets or the StatefulSets had arrived would take them for missing. False once the
+        process stops or the Lease is lost first. A LIST that is refused (an API server that
+        just came back answers 429 for a moment; a permission not granted yet) is retried
+        within the term by its watch."""
+        synced = asyncio.ensure_future(asyncio.gather(*(w.synced.wait() for w in watches)))
+        try:
+            await _first(synced, stop.wait(), self.elector.lost.wait())
+        finally:
+            if not synced.done():
+                synced.cancel()
+        return synced.done() and not synced.cancelled()
 
     # --- process ----------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> int:
         """Campaign; while leading, watch and reconcile; on losing the Lease, stop and campaign
-        again. Returns 0 on a requested stop, 1 if Kopf itself failed."""
+        again. Returns 0 once stopped."""
         await self._ensure_namespace()
         await self._learn_own_image()
         probes = await self._start_probes()
@@ -471,9 +359,7 @@ class Operator:
                 await _first(self.elector.acquired.wait(), stop.wait(), election)
                 if stop.is_set() or election.done():
                     break
-                outcome = await self._lead(stop)
-                if outcome == "kopf-failed":
-                    return 1
+                await self._lead(stop)
             return 0
         finally:
             metrics.LEADER.set(0)
@@ -546,49 +432,35 @@ class Operator:
             image_pins=self.options.image_pins,
         )
 
-    async def _lead(self, stop: asyncio.Event) -> str:
-        """One term as leader: Kopf watches and the work queue run until it ends."""
+    async def _lead(self, stop: asyncio.Event) -> None:
+        """One term as leader: the watches and the work queue run until it ends."""
         metrics.LEADER.set(1)
         logger.info("leading: starting the watches")
         self._new_reconcilers()
-        self.kopf_ready.clear()
-        kopf_stop = asyncio.Event()
-        kopf_task = asyncio.create_task(
-            kopf.operator(
-                registry=self.registry(),
-                clusterwide=not self.options.watch_namespaces,
-                namespaces=list(self.options.watch_namespaces),
-                standalone=True,
-                memories=UnheldMemories(),
-                stop_flag=kopf_stop,
-                ready_flag=self.kopf_ready,
-            )
-        )
+        self.watches_synced.clear()
+        self.watches = self._new_watches()
+        watching = [asyncio.create_task(w.run(), name=f"watch {w.name}") for w in self.watches]
         resync: asyncio.Task[None] | None = None
-        reclaim = asyncio.create_task(self._reclaim_signals(stop))
         try:
-            if await self._prime_store_while_leading(stop, kopf_task):
+            if await self._until_synced(stop, self.watches):
+                self.watches_synced.set()
+                metrics.WATCHED_OBJECTS.set(len(self.store))
                 self.queue.start()
                 self._enqueue_all()
                 resync = asyncio.create_task(self.resync())
-                await _first(stop.wait(), self.elector.lost.wait(), kopf_task)
+                await _first(stop.wait(), self.elector.lost.wait())
         finally:
-            reclaim.cancel()
-            kopf_stop.set()
+            for task in watching:
+                task.cancel()
             if resync is not None:
                 resync.cancel()
             await self.queue.stop()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(kopf_task, 10)
+            await asyncio.gather(*watching, return_exceptions=True)
+            self.watches_synced.clear()
             metrics.LEADER.set(0)
         if self.elector.lost.is_set():
             logger.warning("leadership lost: stopped reconciling; campaigning again")
             self.elector.reset()
-            return "lost"
-        if not stop.is_set():
-            logger.error("Kopf stopped unexpectedly; exiting")
-            return "kopf-failed"
-        return "stopped"
 
     async def _start_probes(self) -> web.AppRunner:
         async def healthz(_: web.Request) -> web.Response:
@@ -599,7 +471,7 @@ class Operator:
             # its watches are up.
             if self.options.webhooks and self.admission is None:
                 return web.Response(status=503, text="admission webhook not serving yet")
-            if self.elector.is_leader() and not self.kopf_ready.is_set():
+            if self.elector.is_leader() and not self.watches_synced.is_set():
                 return web.Response(status=503, text="leader: watches starting")
             return web.Response(text="ok")
 
@@ -682,8 +554,6 @@ CHATTY_LOGGERS = (
     "httpx2",
     # Our own direct HTTP calls (controllers/kube.py) use httpx, which logs the same way.
     "httpx",
-    # Kopf reports every successful event handler at INFO; ours only record observations.
-    "kopf.objects",
 )
 """Loggers raised to WARNING when the operator runs."""
 
@@ -693,25 +563,9 @@ def quiet_chatty_loggers() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-class RetriesAreWarnings(logging.Filter):
-    """Kopf logs every failed attempt of a request it will retry at ERROR ("Request attempt
-    #1/9 failed; will retry"): an API server restarting makes a burst of them, although
-    nothing is wrong yet. They become warnings; the attempt it gives up on ("escalating")
-    stays an error."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if (
-            record.levelno == logging.ERROR
-            and record.name.startswith("kopf.")
-            and "; will retry:" in record.getMessage()
-        ):
-            record.levelno, record.levelname = logging.WARNING, "WARNING"
-        return True
-
-
 def run(options: Options) -> int:
-    """Run until SIGINT/SIGTERM (exit 0) or lost leadership (exit 1). Raises StartupError,
-    with a message naming the flag to change, when it cannot start."""
+    """Run until SIGINT/SIGTERM (exit 0); a lost Lease ends the term, not the process. Raises
+    StartupError, with a message naming the flag to change, when it cannot start."""
     _check_port(options.probe_address, options.probe_port, "--probe-port")
     if options.webhooks:
         _check_port(options.webhook_address, options.webhook_port, "--webhook-port")
@@ -723,12 +577,11 @@ def run(options: Options) -> int:
             rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
         )
     )
-    handler.addFilter(RetriesAreWarnings())
     logging.basicConfig(level=options.log_level.upper(), handlers=[handler])
     quiet_chatty_loggers()
 
     async def main() -> int:
-        client = api_client(KubeConfig.from_env())
+        client = api_client(KubeConfig.from_env(), watches=watch_count(options))
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -742,24 +595,43 @@ def run(options: Options) -> int:
 
 
 API_CONNECTIONS: Final = 100
-"""Connections to the API server the operator keeps open for its requests (Kopf's watches
-have their own). httpx keeps at most 20 idle: with 8 reconciles fanning their writes out, the
-connections above 20 were closed after every burst and opened again, each with a TLS
+"""Connections to the API server the operator keeps open for its requests, besides one per
+watch (:func:`watch_count`). httpx keeps at most 20 idle: with 8 reconciles fanning their
+writes out, the connections above 20 were closed after every burst and opened again, each with a TLS
 handshake, about 8 % of the operator's CPU while 300 clusters were created, and the API
 server paid its half of each."""
 
 
-def api_client(config: KubeConfig) -> AsyncClient:
+def watch_count(options: Options) -> int:
+    """How many watches a term runs: one per kind, in each watched namespace."""
+    kinds = len(PRIMARY_RESOURCES) + len(CHILD_RESOURCES)
+    return kinds * max(1, len(options.watch_namespaces))
+
+
+def api_client(config: KubeConfig, *, watches: int = 0) -> AsyncClient:
     """The operator's API client: lightkube's, with a connection pool that keeps
-    :data:`API_CONNECTIONS` open. The transport verifies the server and presents the client
-    certificate exactly as lightkube would (its own ``verify_cluster``); the credentials of
-    the kubeconfig (token, exec plugin) stay lightkube's."""
+    :data:`API_CONNECTIONS` open for requests and one more for each of ``watches`` (each
+    holds its connection for as long as it streams). The transport verifies the server and
+    presents the client certificate exactly as lightkube would (its own ``verify_cluster``);
+    the credentials of the kubeconfig (token, exec plugin) stay lightkube's."""
     single = config.get()
     if single is None or single.user is None:
         raise RuntimeError("the kubeconfig names no current context with a user")
-    limits = httpx2.Limits(
-        max_connections=API_CONNECTIONS, max_keepalive_connections=API_CONNECTIONS
-    )
+    connections = API_CONNECTIONS + watches
+    limits = httpx2.Limits(max_connections=connections, max_keepalive_connections=connections)
     verify = verify_cluster(single.cluster, single.user, single.abs_file)
     transport = httpx2.AsyncHTTPTransport(verify=verify, limits=limits)
     return AsyncClient(single, field_manager=FIELD_MANAGER, transport=transport)
+
+
+def raw_http(client: AsyncClient) -> httpx2.AsyncClient:
+    """The HTTP client under lightkube's: its base URL, TLS and credentials (token, client
+    certificate, exec plugin) are the kubeconfig's, exactly as for every lightkube call. The
+    watches read JSON off it directly, without lightkube's per-object model decoding."""
+    http = getattr(getattr(client, "_client", None), "_client", None)
+    if not isinstance(http, httpx2.AsyncClient):
+        raise RuntimeError(
+            "lightkube's AsyncClient no longer keeps its httpx2 client at ._client._client;"
+            " runtime.operator.raw_http must follow its new layout"
+        )
+    return http

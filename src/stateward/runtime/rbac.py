@@ -118,7 +118,7 @@ def cluster_role() -> dict[str, Any]:
     for rule in (*instance_rbac.INSTANCE_RULES, *instance_rbac.BACKUP_RULES):
         for group in rule["apiGroups"]:
             rules.allow(group, rule["resources"], rule["verbs"])
-    # The cluster itself: watched by Kopf, finalizer added and removed (patch), status
+    # The cluster itself: watched, finalizer added and removed (patch), status
     # written once per reconcile. Setting blockOwnerDeletion on children's ownerReferences
     # needs update on the finalizers subresource where OwnerReferencesPermissionEnforcement
     # is enabled.

@@ -647,7 +647,7 @@ def stateward_version() -> str:
 
 def _prepare_operator(build: Build) -> None:
     """The ``nonroot`` user with the Deployment's uid: a process of a uid with no passwd
-    entry cannot tell its user name (``getpass.getuser()``, which Kopf's identity calls)."""
+    entry cannot tell its user name (``getpass.getuser()``, which libraries call to name it)."""
     _system_user(
         build,
         "nonroot",
@@ -660,7 +660,7 @@ def _prepare_operator(build: Build) -> None:
 
 def _install_operator(build: Build) -> None:
     """The venv with stateward and its dependencies; smoke-tested by the CLI and by loading
-    the operator's runtime (Kopf, lightkube and the rest)."""
+    the operator's runtime (lightkube, aiohttp and the rest)."""
     venv = STATEWARD_VENV
     _install_stateward(
         build,
