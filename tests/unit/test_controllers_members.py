@@ -281,3 +281,41 @@ def test_the_lock_renewed_is_no_reason_to_reconcile_but_a_new_holder_is() -> Non
     before = leader("pg-0", "t1", "1")
     assert progress_only(before, leader("pg-0", "t2", "2"))
     assert not progress_only(before, leader("pg-1", "t2", "2"))
+
+
+def test_a_claims_bookkeeping_annotations_are_no_reason_to_reconcile_but_its_binding_is() -> None:
+    def claim(
+        rv: str, annotations: dict[str, str], phase: str = "Pending", volume: str = ""
+    ) -> dict[str, object]:
+        return {"kind": "PersistentVolumeClaim",
+                "metadata": {"name": "data-pg-0", "namespace": "db", "resourceVersion": rv,
+                             "labels": {"stateward.io/cluster": "pg"}, "annotations": annotations},
+                "spec": {"resources": {"requests": {"storage": "1Gi"}}, "volumeName": volume},
+                "status": {"phase": phase}}  # fmt: skip
+
+    before = claim("1", {})
+    selected = claim("2", {"volume.kubernetes.io/selected-node": "node-1"})
+    assert progress_only(before, selected)
+    bound = claim("3", {"pv.kubernetes.io/bind-completed": "yes"}, volume="pv-1")
+    assert not progress_only(selected, bound), "the volume it is bound to is read (MariaDB)"
+    assert not progress_only(
+        bound, claim("4", {"pv.kubernetes.io/bind-completed": "yes"}, "Bound", "pv-1")
+    )
+    relabelled = claim("5", {})
+    relabelled["metadata"]["labels"] = {}  # type: ignore[index]
+    assert not progress_only(before, relabelled)
+
+
+def test_a_budgets_status_is_no_reason_to_reconcile_but_its_spec_is() -> None:
+    def budget(rv: str, healthy: int, minimum: int = 1) -> dict[str, object]:
+        return {"kind": "PodDisruptionBudget",
+                "metadata": {"name": "pg", "namespace": "db", "resourceVersion": rv},
+                "spec": {"minAvailable": minimum},
+                "status": {"currentHealthy": healthy, "expectedPods": 3}}  # fmt: skip
+
+    assert progress_only(budget("1", 1), budget("2", 3))
+    assert not progress_only(budget("1", 1), budget("2", 1, minimum=2))
+    # Only a budget's status is unread: a Pod's status still counts.
+    assert not progress_only(
+        _pod({"state": "running"}), {**_pod({"state": "running"}, rv="2"), "status": {}}
+    )

@@ -41,6 +41,13 @@ API_WRITES = Counter(
     ["verb", "kind"],
     registry=REGISTRY,
 )
+WATCH_EVENTS = Counter(
+    "stateward_watch_events_total",
+    "Watch events received, by kind of object and whether they enqueued a reconcile"
+    " (outcome reconcile, filtered: nothing that matters moved, or none: no owner known)",
+    ["kind", "outcome"],
+    registry=REGISTRY,
+)
 EVENTS_FILTERED = Counter(
     "stateward_watch_events_filtered_total",
     "Child watch events that caused no reconcile: only WAL positions or the leader lock's"

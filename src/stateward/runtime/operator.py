@@ -194,29 +194,36 @@ class Operator:
 
     def on_child_event(self, event_type: str | None, body: dict[str, Any]) -> None:
         metadata = body["metadata"]
+        kind = body["kind"]
         if event_type == "DELETED":
             self.store.deleted(body)
         else:
-            key = (body["kind"], metadata.get("namespace", ""), metadata["name"])
+            key = (kind, metadata.get("namespace", ""), metadata["name"])
             previous = self.store.get(*key)
             self.store.observe(body)
             current = self.store.get(*key)
             if previous is not None and current is not None and progress_only(previous, current):
                 metrics.EVENTS_FILTERED.inc()
+                metrics.WATCH_EVENTS.labels(kind, "filtered").inc()
                 return
         metrics.WATCHED_OBJECTS.set(len(self.store))
-        self._enqueue_owners(metadata)
+        enqueued = self._enqueue_owners(metadata)
+        metrics.WATCH_EVENTS.labels(kind, "reconcile" if enqueued else "none").inc()
 
-    def _enqueue_owners(self, metadata: dict[str, Any], exclude: str = "") -> None:
+    def _enqueue_owners(self, metadata: dict[str, Any], exclude: str = "") -> bool:
         """Every known PostgresCluster or Database that the object's cluster label names:
-        a postgres Database and its PostgresCluster share a name and both follow the pods."""
+        a postgres Database and its PostgresCluster share a name and both follow the pods.
+        True if there was one."""
         cluster = (metadata.get("labels") or {}).get(CLUSTER_LABEL)
         if not cluster:
-            return
+            return False
         namespace = metadata.get("namespace", "")
+        enqueued = False
         for kind in PRIMARY_KINDS:
             if kind != exclude and self.store.has(kind, namespace, cluster):
                 self.queue.add((kind, namespace, cluster))
+                enqueued = True
+        return enqueued
 
     async def resync(self) -> None:
         while True:

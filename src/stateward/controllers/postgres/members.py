@@ -178,14 +178,25 @@ PROGRESS_ANNOTATIONS: Final = frozenset({"renewTime", "optime", "slots", "retain
 lock's renewal and WAL positions. (Who holds the lock, ``leader``, is not among them.)"""
 
 
+UNREAD_ANNOTATIONS: Final = frozenset({"PersistentVolumeClaim"})
+"""Kinds whose annotations no reconcile reads. A claim's are the scheduler's, the volume
+controller's and the provisioner's bookkeeping (``volume.kubernetes.io/selected-node``,
+``pv.kubernetes.io/bind-completed`` ...): two or three updates per claim while it binds, each
+of which reconciled its cluster."""
+UNREAD_STATUS: Final = frozenset({"PodDisruptionBudget"})
+"""Kinds whose status no reconcile reads. A budget's status moves with every pod's
+readiness (five updates per cluster while it comes up); the operator only applies its spec."""
+
+
 def _meaningful(body: Mapping[str, Any]) -> dict[str, Any]:
+    kind = body.get("kind")
     metadata = {
         k: v for k, v in body["metadata"].items() if k not in ("resourceVersion", "managedFields")
     }
     annotations = {
         k: v
         for k, v in (metadata.get("annotations") or {}).items()
-        if k not in PROGRESS_ANNOTATIONS
+        if k not in PROGRESS_ANNOTATIONS and kind not in UNREAD_ANNOTATIONS
     }
     raw = annotations.get("status")
     if isinstance(raw, str):
@@ -196,13 +207,17 @@ def _meaningful(body: Mapping[str, Any]) -> dict[str, Any]:
         if isinstance(record, dict):
             annotations["status"] = {k: v for k, v in record.items() if k not in PROGRESS_FIELDS}
     metadata["annotations"] = annotations
-    return {**body, "metadata": metadata}
+    meaningful = {**body, "metadata": metadata}
+    if kind in UNREAD_STATUS:
+        meaningful.pop("status", None)
+    return meaningful
 
 
 def progress_only(previous: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
     """Whether two versions of a child differ only in what moves with every write or every
-    Patroni loop (WAL positions, the lock's renewal): no reason to reconcile. A cluster
-    under writes otherwise reconciled every two seconds; what does matter — a role, a
-    state, the timeline, the lock's holder, readiness — still triggers one, and the store
-    keeps the newest body for whatever reconcile runs next."""
+    Patroni loop (WAL positions, the lock's renewal), or in what no reconcile reads (a
+    claim's annotations, a budget's status): no reason to reconcile. A cluster under writes
+    otherwise reconciled every two seconds; what does matter — a role, a state, the
+    timeline, the lock's holder, readiness, a claim's phase, capacity or volume — still
+    triggers one, and the store keeps the newest body for whatever reconcile runs next."""
     return _meaningful(previous) == _meaningful(current)
