@@ -40,6 +40,7 @@ from stateward.controllers.postgres.deletion import FINALIZER_REMOVED, finalize
 from stateward.controllers.postgres.scope import (
     ROLL_RECHECK,
     UNSATISFIABLE_RECHECK,
+    PatroniConfigs,
     Scope,
     data_volumes,
     delete_observed,
@@ -51,7 +52,6 @@ from stateward.controllers.queue import Outcome
 from stateward.controllers.store import ObjectStore
 from stateward.specs import meta, passwords, pinning
 from stateward.specs import postgres as postgres_specs
-from stateward.specs.postgres import config as config_spec
 from stateward.specs.postgres import pooler as pooler_spec
 from stateward.specs.postgres import secrets
 
@@ -92,6 +92,7 @@ class Reconciler:
         self.paused_poolers: dict[tuple[str, str], list[str]] = {}
         """Per cluster: the pooler pods paused for a switchover
         (``controllers.postgres.poolers``)."""
+        self.patroni_configs = PatroniConfigs()
 
     def forget(self, namespace: str, name: str) -> None:
         """Free what is kept in memory for a cluster that is gone (its credentials among it):
@@ -101,6 +102,7 @@ class Reconciler:
         self.status_pacer.forget(namespace, name)
         self.credentials_checked.pop((namespace, name), None)
         self.paused_poolers.pop((namespace, name), None)
+        self.patroni_configs.forget(namespace, name)
 
     async def reconcile(self, key: tuple[str, str]) -> Outcome:
         namespace, name = key
@@ -128,6 +130,7 @@ class Reconciler:
             credentials_checked=self.credentials_checked,
             credential_keys=self.credential_keys,
             paused_poolers=self.paused_poolers,
+            patroni_configs=self.patroni_configs,
             now=core.now(),
             conditions=[dict(c) for c in (body.get("status") or {}).get("conditions") or []],
             final_backup_attempts=(body.get("status") or {}).get("finalBackupAttempts"),
@@ -317,7 +320,7 @@ async def apply_children(scope: Scope) -> str | None:
     cluster = _children_cluster(scope)
     desired = postgres_specs.children(
         cluster,
-        patroni_config=config_spec.patroni_config(cluster),
+        patroni_config=scope.patroni_configs.of(cluster),
         operator_namespace=scope.operator_namespace,
         backup_image=scope.backup_image,
     )
