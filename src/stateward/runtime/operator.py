@@ -21,7 +21,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 import httpx2
@@ -138,7 +138,6 @@ class Operator:
             self._reconcile, workers=options.workers, transient=transient
         )
         self.watches_synced = asyncio.Event()
-        self.watches: list[Watch] = []
         self.client = client
         self.endpoint = webhook.Endpoint(
             namespace=options.namespace,
@@ -323,7 +322,9 @@ class Operator:
                 )  # fmt: skip
         return watches
 
-    def _known(self, kind: str) -> Any:
+    def _known(self, kind: str) -> Callable[[], list[Body]]:
+        """What the store holds of ``kind``: after a relist, what the LIST lacks is deleted."""
+
         def known() -> list[Body]:
             return [
                 body
@@ -445,11 +446,11 @@ class Operator:
         logger.info("leading: starting the watches")
         self._new_reconcilers()
         self.watches_synced.clear()
-        self.watches = self._new_watches()
-        watching = [asyncio.create_task(w.run(), name=f"watch {w.name}") for w in self.watches]
+        watches = self._new_watches()
+        watching = [asyncio.create_task(w.run(), name=f"watch {w.name}") for w in watches]
         resync: asyncio.Task[None] | None = None
         try:
-            if await self._until_synced(stop, self.watches):
+            if await self._until_synced(stop, watches):
                 self.watches_synced.set()
                 metrics.WATCHED_OBJECTS.set(len(self.store))
                 self.queue.start()
