@@ -277,6 +277,41 @@ async def test_a_crash_looping_primary_relabelled_replica_is_found_by_its_lock()
     assert kube.gets.count(("ConfigMap", "demo-leader")) == 1  # read once, used twice
 
 
+@pytest.mark.parametrize(
+    "state",
+    [None, {"waiting": {"reason": "ContainerCreating"}}, {"waiting": {"reason": "ErrImagePull"}}],
+)
+async def test_pods_coming_up_without_a_primary_read_nothing(state: dict[str, Any] | None) -> None:
+    # A cluster bootstrapping: its pods are not Ready and their containers never ran, so no
+    # Patroni among them can hold the lock. (At a hundred clusters coming up, reading it for
+    # every pod event was a thousand GETs a minute.)
+    pending = pod("demo-0", role=None, node="node-1", ready=False)
+    statuses = pending["status"]["containerStatuses"]
+    if state is None:
+        pending["status"]["containerStatuses"] = []  # not even scheduled onto a kubelet yet
+    else:
+        statuses[0]["state"] = state
+    kube = FakeKube({("ConfigMap", "demo-leader"): lock("demo-0")})
+    the_scope = scope(kube, pending, pod("demo-1", role=None, node="node-2"))
+    assert await DataPlane().follow_leader_lock(the_scope) is None
+    assert kube.gets == [] and kube.patches == []
+
+
+async def test_a_pod_that_ran_and_is_unready_without_a_primary_reads_the_lock() -> None:
+    # Running but not Ready (Patroni restarting read-only, or its node lost): the lock may
+    # still be its own, so it is read; a live holder keeps it.
+    kube = FakeKube(
+        {
+            ("Node", "node-1"): {"metadata": {"name": "node-1"}, "spec": {}},
+            ("ConfigMap", "demo-leader"): lock("demo-0"),
+        }
+    )
+    the_scope = scope(kube, pod("demo-0", role="replica", node="node-1", ready=False))
+    assert await DataPlane().follow_leader_lock(the_scope) is None
+    assert kube.gets.count(("ConfigMap", "demo-leader")) == 1
+    assert kube.patches == []
+
+
 async def test_no_primary_and_nobody_unwell_reads_nothing() -> None:
     kube = FakeKube({})
     the_scope = scope(kube, pod("demo-0", role="replica", node="node-1"))

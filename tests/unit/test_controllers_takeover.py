@@ -192,6 +192,20 @@ def test_only_a_pod_that_looks_unwell_is_worth_a_look() -> None:
     assert takeover.suspect(pod(state={"terminated": DIED}), C)
 
 
+def test_only_a_container_that_ever_ran_could_hold_the_lock() -> None:
+    assert takeover.started(pod(), C)
+    assert takeover.started(pod(state={"terminated": DIED}), C)
+    assert takeover.started(pod(state={"waiting": {"reason": "CrashLoopBackOff"}}, last=DIED), C)
+    assert takeover.started(pod(state={"waiting": {}}, restarts=1), C)
+    assert not takeover.started(pod(state={"waiting": {"reason": "ContainerCreating"}}), C)
+    unscheduled = pod(node=None)
+    unscheduled["status"]["containerStatuses"] = []
+    assert not takeover.started(unscheduled, C)
+    # Only the instance container counts: pod()'s sidecar has terminated.
+    sidecar_only = pod(state={"waiting": {"reason": "PodInitializing"}})
+    assert not takeover.started(sidecar_only, C)
+
+
 def test_the_cause_says_what_happened() -> None:
     assert takeover.failure_cause(pod(), node("node-1", OUT), C) == (
         "its node node-1 went out of service"

@@ -286,10 +286,15 @@ class DataPlane:
         lock: Body | None = None
         if labelled:
             pod: Body | None = labelled[0]
-        elif any(takeover.suspect(p, CONTAINER_NAME) for p in pods):
-            # No pod labelled primary, and one is unwell: a restarted Patroni relabels its
-            # pod a replica while it starts read-only, so only the lock still tells whose
-            # it is. (Read only then: a healthy cluster without a primary is bootstrapping.)
+        elif any(
+            takeover.suspect(p, CONTAINER_NAME) and takeover.started(p, CONTAINER_NAME)
+            for p in pods
+        ):
+            # No pod labelled primary, and one that has run is unwell: a restarted Patroni
+            # relabels its pod a replica while it starts read-only, so only the lock still
+            # tells whose it is. (Read only then: a cluster without a primary whose pods are
+            # healthy or have not started yet is bootstrapping; at a hundred clusters coming
+            # up, reading the lock for every pod still pending was 1,000 GETs a minute.)
             lock = await _read_lock(scope)
             holder = _holder(lock)
             pod = next((p for p in pods if p["metadata"]["name"] == holder), None)

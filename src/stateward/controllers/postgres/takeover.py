@@ -132,6 +132,21 @@ def suspect(pod: Body, container: str) -> bool:
     return not meta.pod_ready(pod) or termination(pod, container) is not None
 
 
+def started(pod: Body, container: str) -> bool:
+    """Whether the instance container has ever run in this pod: it runs, has ended, or is
+    waiting to run again. A pod whose container never started (unscheduled, pulling its
+    image, being created) has no Patroni that could hold the leader lock, so while a
+    cluster's pods come up nothing about them is worth a read of the lock."""
+    status = container_status(pod, container)
+    state = status.get("state") or {}
+    return (
+        "running" in state
+        or "terminated" in state
+        or bool((status.get("lastState") or {}).get("terminated"))
+        or int(status.get("restartCount") or 0) > 0
+    )
+
+
 def proof(pod: Body, node: Body | None, lock: Mapping[str, str], *, container: str) -> Proof | None:
     """Proof that ``pod``, holding the leader lock whose annotations are ``lock``, can no
     longer accept writes; None if there is none (the lock is someone else's, or alive)."""
