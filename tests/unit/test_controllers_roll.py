@@ -243,7 +243,12 @@ def scaling(
     observed = scope.store.get("StatefulSet", "db", "demo")
     assert observed is not None
     observed["spec"] = {"replicas": 3}
-    scope.store.observe(observed)  # the store hands out copies: a change is observed anew
+    # The store hands out copies: a change is observed anew, as the API server would
+    # return it, with a version of its own.
+    observed["metadata"]["resourceVersion"] = str(
+        int(observed["metadata"].get("resourceVersion") or 0) + 1000
+    )
+    scope.store.observe(observed)
     desired = [{"kind": "StatefulSet", "spec": {"replicas": want}}]
     postgrescluster._hold_scale_down(scope, desired, scope.cluster.spec.replicas)
     return scope, desired

@@ -234,3 +234,25 @@ def test_every_read_is_a_copy_of_its_own() -> None:
     assert [
         b["metadata"]["resourceVersion"] for b in store.owned_by("ns", "other", "StatefulSet")
     ] == ["5"]
+
+
+def test_the_echo_of_a_stored_version_is_recognised_without_decoding() -> None:
+    store = ObjectStore()
+    written = body("Service", "pg-primary", "10")
+    store.observe(written)  # a write's response
+    assert store.holds(body("Service", "pg-primary", "10"))  # its watch event
+    assert not store.holds(body("Service", "pg-primary", "11"))  # a newer change
+    assert not store.holds(body("Service", "pg-primary", "10", uid="u2"))  # recreated
+    assert not store.holds(body("Service", "pg-replicas", "10"))  # another object
+    unversioned = body("Service", "pg-x", "1")
+    del unversioned["metadata"]["resourceVersion"]
+    store.observe(unversioned)
+    assert not store.holds(unversioned)  # no version: never taken for the same
+
+
+def test_observing_the_same_version_again_keeps_what_is_stored() -> None:
+    store = ObjectStore()
+    store.observe(body("Service", "pg-primary", "10"))
+    again = body("Service", "pg-primary", "10", cluster="other")  # cannot happen: same version
+    store.observe(again)
+    assert [b["metadata"]["name"] for b in store.owned_by("ns", "pg", "Service")] == ["pg-primary"]

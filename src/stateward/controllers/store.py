@@ -77,7 +77,7 @@ class ObjectStore:
             return
         key = _key(body)
         previous = self._objects.get(key)
-        if previous is not None and _older(body, previous):
+        if previous is not None and (_older(body, previous) or _same(body, previous)):
             return
         self._unindex(key)
         entry = self._objects[key] = _pack(body)
@@ -117,6 +117,13 @@ class ObjectStore:
         """A copy of the newest body seen, or None."""
         entry = self._objects.get((kind, namespace, name))
         return None if entry is None else _unpack(entry)
+
+    def holds(self, body: Body) -> bool:
+        """Whether this very version of the object is stored already, without decoding
+        anything: the watch's echo of a write whose response was observed (most events
+        while clusters are being created) brings nothing new."""
+        entry = self._objects.get(_key(body))
+        return entry is not None and _same(body, entry)
 
     def has(self, kind: str, namespace: str, name: str) -> bool:
         """Whether a body is stored, without decoding it (the watch path asks this for every
@@ -197,6 +204,14 @@ def _older(candidate: Body, current: _Entry) -> bool:
         return False
     assert isinstance(left, str) and isinstance(right, str)
     return (len(left), left) < (len(right), right)
+
+
+def _same(candidate: Body, current: _Entry) -> bool:
+    """True when ``candidate`` is the stored version itself (same uid, same resourceVersion):
+    the API server gives every change a new resourceVersion, so the body is the same too."""
+    metadata = candidate["metadata"]
+    version = metadata.get("resourceVersion")
+    return version is not None and version == current.version and metadata.get("uid") == current.uid
 
 
 def _comparable(version: object) -> bool:
