@@ -64,3 +64,32 @@ def test_the_results_go_between_their_markers_or_are_appended_alone(
     assert doc.read_text() == (
         f"# Benchmarks\n\nby hand\n\n{BEGIN}\nsecond\n{END}\n\n## Real nodes\n"
     )
+
+
+def test_repeated_runs_report_the_median_of_their_paired_ratios() -> None:
+    from bench.scale_report import _heading, medians
+
+    def run(clusters: int, replicas: int, operator: float, bare: float) -> dict[str, object]:
+        return {
+            "clusters": clusters,
+            "replicas": replicas,
+            "last_write_seconds": operator,
+            "bare_last_write_seconds": bare,
+            "statefulsets_ready_seconds": 2 * operator,
+            "bare_statefulsets_ready_seconds": 2 * bare,
+        }
+
+    # Each run's ratio pairs its own operator and bare client: 1.5, 1.0, 1.1 -> 1.10.
+    results = [run(100, 3, 15, 10), run(100, 3, 20, 20), run(100, 3, 11, 10), run(1000, 1, 9, 3)]
+    text = medians(results)
+    assert text.count("median of 3 runs") == 1 and "N = 100 x 3" in text
+    assert "last converging write **1.10** (1.50, 1.00, 1.10)" in text
+    assert "every StatefulSet ready **1.10**" in text
+    assert "1000" not in text  # run once: its one ratio is in the table
+    assert medians(results[-1:]) == ""
+    assert [_heading(r, results) for r in results] == [
+        "N = 100, run 1",
+        "N = 100, run 2",
+        "N = 100, run 3",
+        "N = 1000",
+    ]
