@@ -283,27 +283,43 @@ def test_the_lock_renewed_is_no_reason_to_reconcile_but_a_new_holder_is() -> Non
     assert not progress_only(before, leader("pg-1", "t2", "2"))
 
 
-def test_a_claims_bookkeeping_annotations_are_no_reason_to_reconcile_but_its_binding_is() -> None:
+def test_only_a_claims_size_capacity_and_metadata_are_reason_to_reconcile() -> None:
     def claim(
-        rv: str, annotations: dict[str, str], phase: str = "Pending", volume: str = ""
+        rv: str,
+        annotations: dict[str, str],
+        phase: str = "Pending",
+        volume: str = "",
+        size: str = "1Gi",
+        capacity: str | None = None,
     ) -> dict[str, object]:
+        status: dict[str, object] = {"phase": phase}
+        if capacity:
+            status |= {"capacity": {"storage": capacity}, "accessModes": ["ReadWriteOnce"]}
         return {"kind": "PersistentVolumeClaim",
                 "metadata": {"name": "data-pg-0", "namespace": "db", "resourceVersion": rv,
                              "labels": {"stateward.io/cluster": "pg"}, "annotations": annotations},
-                "spec": {"resources": {"requests": {"storage": "1Gi"}}, "volumeName": volume},
-                "status": {"phase": phase}}  # fmt: skip
+                "spec": {"resources": {"requests": {"storage": size}}, "volumeName": volume},
+                "status": status}  # fmt: skip
 
     before = claim("1", {})
     selected = claim("2", {"volume.kubernetes.io/selected-node": "node-1"})
     assert progress_only(before, selected)
+    # Its binding (three updates per claim while a cluster comes up) wakes nothing: the
+    # store keeps the volume's name for the reconcile that reads it.
     bound = claim("3", {"pv.kubernetes.io/bind-completed": "yes"}, volume="pv-1")
-    assert not progress_only(selected, bound), "the volume it is bound to is read (MariaDB)"
-    assert not progress_only(
-        bound, claim("4", {"pv.kubernetes.io/bind-completed": "yes"}, "Bound", "pv-1")
-    )
-    relabelled = claim("5", {})
+    assert progress_only(selected, bound)
+    assert progress_only(bound, claim("4", {}, "Bound", "pv-1"))
+    # What growing a volume reads does: the size asked for and the capacity it has.
+    assert not progress_only(bound, claim("5", {}, "Bound", "pv-1", capacity="1Gi"))
+    grown = claim("6", {}, "Bound", "pv-1", size="2Gi", capacity="1Gi")
+    assert not progress_only(claim("5", {}, "Bound", "pv-1", capacity="1Gi"), grown)
+    assert not progress_only(grown, claim("7", {}, "Bound", "pv-1", size="2Gi", capacity="2Gi"))
+    relabelled = claim("8", {})
     relabelled["metadata"]["labels"] = {}  # type: ignore[index]
     assert not progress_only(before, relabelled)
+    deleting = claim("9", {})
+    deleting["metadata"]["deletionTimestamp"] = "2026-12-07T08:00:00Z"  # type: ignore[index]
+    assert not progress_only(before, deleting)
 
 
 def test_a_budgets_status_is_no_reason_to_reconcile_but_its_spec_is() -> None:

@@ -91,6 +91,35 @@ def test_the_diverged_volume_is_retained_and_named_before_its_claim_goes() -> No
     assert "pv-17" in diverged["message"] and "0-1-120" in diverged["message"]
 
 
+class BoundSince(Recorder):
+    """The API server knows the claim bound to pv-17; the store has not seen that yet."""
+
+    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Any:
+        self.calls.append(("get", kind, name))
+        return {"metadata": {"name": name}, "spec": {"volumeName": "pv-17"}}
+
+
+def test_a_claim_seen_unbound_is_asked_afresh_before_it_goes() -> None:
+    # Its binding wakes no reconcile (members.READ_ONLY): the store may lag it, and a claim
+    # taken for unbound would go with its volume's data.
+    store = ObjectStore()
+    name = f"{mysql_spec.DATA_VOLUME}-shop-0"
+    store.observe(
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+         "metadata": {"name": name, "namespace": "apps"}, "spec": {}}
+    )  # fmt: skip
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "shop-0", "namespace": "apps"}}
+    kube = BoundSince()
+    asyncio.run(mariadb._reclone(make_scope(kube, store), pod, {"shop-0": "0-1-120"}))
+    verbs = [(verb, getattr(target, "kind", target)) for verb, target, _ in kube.calls]
+    assert verbs[:3] == [
+        ("get", "PersistentVolumeClaim"),
+        ("patch", "PersistentVolume"),
+        ("delete", "PersistentVolumeClaim"),
+    ]
+    assert kube.calls[1][1].name == "pv-17"
+
+
 def test_diverged_stays_while_the_volume_exists_and_clears_once_the_user_deletes_it() -> None:
     kube = Recorder()
     kube.volumes = {"pv-17"}

@@ -433,6 +433,13 @@ async def _retain_volume(scope: Scope, claim: Body, pod: str, gtid: str) -> str 
     volume's name (None for a claim not bound yet, which holds no data)."""
     volume = (claim.get("spec") or {}).get("volumeName")
     if not volume:
+        # Unbound as last observed: asked afresh before the claim is deleted for good, since
+        # a binding no watch event has brought yet would otherwise go with its data.
+        fresh = await scope.kube.get(
+            "v1", "PersistentVolumeClaim", scope.namespace, claim["metadata"]["name"]
+        )
+        volume = ((fresh or {}).get("spec") or {}).get("volumeName")
+    if not volume:
         return None
     await scope.kube.patch(
         Ref("v1", "PersistentVolume", "", volume),
