@@ -256,3 +256,22 @@ def test_observing_the_same_version_again_keeps_what_is_stored() -> None:
     again = body("Service", "pg-primary", "10", cluster="other")  # cannot happen: same version
     store.observe(again)
     assert [b["metadata"]["name"] for b in store.owned_by("ns", "pg", "Service")] == ["pg-primary"]
+
+
+def test_a_version_found_to_contain_a_desired_body_is_remembered_until_either_changes() -> None:
+    store = ObjectStore()
+    seen = body("Service", "pg-primary", "10")
+    store.observe(seen)
+    assert not store.contained("Service", "ns", "pg-primary", "d1")
+    store.remember_contained(seen, "d1")
+    assert store.contained("Service", "ns", "pg-primary", "d1")
+    assert not store.contained("Service", "ns", "pg-primary", "d2")  # another desired body
+    store.observe(body("Service", "pg-primary", "11"))  # changed by someone: compare again
+    assert not store.contained("Service", "ns", "pg-primary", "d1")
+    store.remember_contained(body("Service", "pg-primary", "10"), "d1")  # an older version
+    assert not store.contained("Service", "ns", "pg-primary", "d1")
+    store.remember_contained(body("Service", "pg-primary", "11"), "d1")
+    store.forget("Service", "ns", "pg-primary")
+    assert not store.contained("Service", "ns", "pg-primary", "d1")
+    store.observe(body("Service", "pg-primary", "11", uid="u2"))  # recreated, same version
+    assert not store.contained("Service", "ns", "pg-primary", "d1")

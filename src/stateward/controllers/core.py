@@ -548,9 +548,14 @@ async def converge(scope: Scope, desired: Iterable[Body]) -> str | None:
         built = scope.pinned(unpinned)
         kind, name = built["kind"], built["metadata"]["name"]
         fixed = IMMUTABLE_FIELDS.get(kind, ())
+        # The whole desired body's digest: an object version found to contain it once still
+        # does (the store's memo spares decoding and comparing it again).
+        whole = diff.applied_hash(built)
         # A removal from the immutable fields could never be applied; those change by
         # recreation, which containment detects.
-        child = diff.stamped(built, exclude=fixed)
+        child = diff.stamped(built, exclude=fixed, known=None if fixed else whole)
+        if scope.store.contained(kind, scope.namespace, name, whole):
+            continue
         observed = scope.observed(kind, name)
         if observed is None:
             created.append(f"{kind} {name}")
@@ -558,6 +563,7 @@ async def converge(scope: Scope, desired: Iterable[Body]) -> str | None:
             continue
         drift = diff.drift(observed, child)
         if not drift:
+            scope.store.remember_contained(observed, whole)
             continue
         if any(path.startswith(field) for path in drift for field in fixed):
             await scope.kube.delete(Ref.of(observed), orphan=True)

@@ -116,15 +116,18 @@ def applied_hash(desired: dict[str, Any], *, exclude: Iterable[str] = ()) -> str
     return hashlib.sha256(canonical.encode()).hexdigest()[:HASH_LENGTH]
 
 
-def stamped(desired: dict[str, Any], *, exclude: Iterable[str] = ()) -> dict[str, Any]:
-    """``desired`` carrying its ``applied_hash`` in an annotation, to apply.
+def stamped(
+    desired: dict[str, Any], *, exclude: Iterable[str] = (), known: str | None = None
+) -> dict[str, Any]:
+    """``desired`` carrying its ``applied_hash`` in an annotation, to apply (``known``: that
+    hash, computed already).
 
     A new object that shares everything but its metadata with ``desired``.
     """
     metadata = desired.get("metadata") or {}
     annotations = {
         **(metadata.get("annotations") or {}),
-        meta.APPLIED_HASH_ANNOTATION: applied_hash(desired, exclude=exclude),
+        meta.APPLIED_HASH_ANNOTATION: known or applied_hash(desired, exclude=exclude),
     }
     return {**desired, "metadata": {**metadata, "annotations": annotations}}
 

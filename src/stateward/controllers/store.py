@@ -68,6 +68,9 @@ class ObjectStore:
         self._clock = clock
         self._tombstones: OrderedDict[str, float] = OrderedDict()
         """uid -> when its DELETED event came, oldest first."""
+        self._contains: dict[Key, tuple[str, str]] = {}
+        """key -> (resourceVersion, digest of a desired body) found contained in that version
+        (:meth:`contained`)."""
 
     def observe(self, body: Body) -> None:
         """Record a body seen in a watch event or returned by a write. A body of an object
@@ -80,6 +83,7 @@ class ObjectStore:
         if previous is not None and (_older(body, previous) or _same(body, previous)):
             return
         self._unindex(key)
+        self._contains.pop(key, None)
         entry = self._objects[key] = _pack(body)
         if entry.owner:
             self._by_cluster[(key[1], entry.owner)].add(key)
@@ -107,6 +111,28 @@ class ObjectStore:
         key = (kind, namespace, name)
         self._unindex(key)
         self._objects.pop(key, None)
+        self._contains.pop(key, None)
+
+    def contained(self, kind: str, namespace: str, name: str, digest: str) -> bool:
+        """Whether the stored version of the object was found to contain the desired body
+        whose digest is ``digest`` (:meth:`remember_contained`): containment depends on
+        nothing else, so it need not be decoded and compared again until either changes.
+        (Most reconciles of a cluster change none of its children.)"""
+        key = (kind, namespace, name)
+        entry = self._objects.get(key)
+        return (
+            entry is not None
+            and entry.version is not None
+            and self._contains.get(key) == (entry.version, digest)
+        )
+
+    def remember_contained(self, body: Body, digest: str) -> None:
+        """``body``, the stored version of its object, contains the desired body of ``digest``."""
+        key = _key(body)
+        entry = self._objects.get(key)
+        version = body["metadata"].get("resourceVersion")
+        if entry is not None and version is not None and entry.version == version:
+            self._contains[key] = (version, digest)
 
     def _unindex(self, key: Key) -> None:
         previous = self._objects.get(key)
