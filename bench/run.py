@@ -867,10 +867,18 @@ class Run:
             return str(response.json()["metadata"]["uid"])
 
         say(f"==> bare client: replaying the operator's writes for {self.n} clusters")
+        components, own = component_cpu(cluster), cpu_seconds_or_zero(os.getpid())
         done = bare.replay(
             api.http, create_cluster, names, writes,
             source=NAMESPACE, target=BARE_NAMESPACE, workers=OPERATOR_WORKERS,
         )  # fmt: skip
+        # What the same writes cost the control plane without an operator (and the client
+        # itself), beside the operator's run's component_cpu_converge_s.
+        after = component_cpu(cluster)
+        r["bare_component_cpu_s"] = {
+            k: round(after.get(k, 0) - v, 1) for k, v in components.items()
+        }
+        r["bare_client_cpu_s"] = round(cpu_seconds_or_zero(os.getpid()) - own, 1)
         r["bare_last_write_seconds"] = round(done.last_answered - done.first_sent, 1)
         r["bare_writes_per_cluster"] = round(done.writes / self.n, 2)
         r["bare_refused"] = done.refused

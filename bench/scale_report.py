@@ -297,6 +297,12 @@ def breakdown(result: dict[str, Any], heading: str | None = None) -> str:
             else "."
         )
     )
+    if "bare_component_cpu_s" in result:
+        lines.append(
+            "The bare client's replay, until its last write: "
+            + ", ".join(f"{k} {v:g}" for k, v in sorted(result["bare_component_cpu_s"].items()))
+            + f", the client itself {result['bare_client_cpu_s']:g} CPU-s."
+        )
     return "\n".join(lines)
 
 
