@@ -9,6 +9,7 @@ Objects are plain dicts on both sides. Two guarantees live in this one place:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import ssl
@@ -118,12 +119,19 @@ class Kube:
         on_write: Callable[[str, str], None] = lambda verb, kind: None,
         on_event: Callable[[str, str], None] = lambda reason, type: None,
         component: str = "stateward-operator",
+        in_flight: int | None = None,
     ) -> None:
         self.client = client
         self.may_write = may_write
         self.on_write = on_write
         self.on_event = on_event
         self.component = component
+        self._slots: contextlib.AbstractAsyncContextManager[Any] = (
+            asyncio.Semaphore(in_flight) if in_flight else contextlib.nullcontext()
+        )
+        """At most ``in_flight`` requests to the API server at once (None: unbounded): the
+        rest wait here, in order, rather than in the HTTP client's connection pool, whose
+        bookkeeping walks every connection it holds on each request (runtime.operator)."""
         self._events: dict[tuple[str, str, str], set[asyncio.Task[None]]] = {}
         """Events sent and not yet answered, by the object they are about."""
 
@@ -179,7 +187,10 @@ class Kube:
 
     async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Body | None:
         try:
-            found = await self.client.get(_resource(api_version, kind), name, namespace=namespace)
+            async with self._slots:
+                found = await self.client.get(
+                    _resource(api_version, kind), name, namespace=namespace
+                )
         except ApiError as error:
             if is_not_found(error):
                 return None
@@ -190,14 +201,15 @@ class Kube:
         self, api_version: str, kind: str, namespace: str, labels: dict[str, Any]
     ) -> list[Body]:
         found = []
-        async for item in self.client.list(
-            _resource(api_version, kind), namespace=namespace, labels=labels
-        ):
-            body = _to_dict(item)
-            # List items come without their type; Ref.of() and the store need it.
-            body.setdefault("apiVersion", api_version)
-            body.setdefault("kind", kind)
-            found.append(body)
+        async with self._slots:
+            async for item in self.client.list(
+                _resource(api_version, kind), namespace=namespace, labels=labels
+            ):
+                body = _to_dict(item)
+                # List items come without their type; Ref.of() and the store need it.
+                body.setdefault("apiVersion", api_version)
+                body.setdefault("kind", kind)
+                found.append(body)
         return found
 
     # --- writes -----------------------------------------------------------------------------
@@ -205,26 +217,29 @@ class Kube:
     async def apply(self, body: Body) -> Body:
         """Server-side apply under the one field manager, taking ownership of our fields."""
         self._guard("apply", body["kind"])
-        applied = await self.client.apply(
-            codecs.from_dict(body), field_manager=FIELD_MANAGER, force=True
-        )
+        async with self._slots:
+            applied = await self.client.apply(
+                codecs.from_dict(body), field_manager=FIELD_MANAGER, force=True
+            )
         return _to_dict(applied)
 
     async def create(self, body: Body) -> Body:
         self._guard("create", body["kind"])
-        created = await self.client.create(codecs.from_dict(body), field_manager=FIELD_MANAGER)
+        async with self._slots:
+            created = await self.client.create(codecs.from_dict(body), field_manager=FIELD_MANAGER)
         return _to_dict(created)
 
     async def delete(self, ref: Ref, *, orphan: bool = False) -> None:
         """Delete; a missing object counts as deleted."""
         self._guard("delete", ref.kind)
         try:
-            await self.client.delete(
-                _resource(ref.api_version, ref.kind),
-                ref.name,
-                namespace=ref.namespace,
-                cascade=CascadeType.ORPHAN if orphan else CascadeType.BACKGROUND,
-            )
+            async with self._slots:
+                await self.client.delete(
+                    _resource(ref.api_version, ref.kind),
+                    ref.name,
+                    namespace=ref.namespace,
+                    cascade=CascadeType.ORPHAN if orphan else CascadeType.BACKGROUND,
+                )
         except ApiError as error:
             if not is_not_found(error):
                 raise
@@ -241,14 +256,15 @@ class Kube:
         resource = _resource(ref.api_version, ref.kind)
         if status:
             resource = resource.Status
-        patched = await self.client.patch(
-            resource,
-            ref.name,
-            patch,
-            namespace=ref.namespace,
-            patch_type=PatchType.JSON if json_patch else PatchType.MERGE,
-            field_manager=FIELD_MANAGER,
-        )
+        async with self._slots:
+            patched = await self.client.patch(
+                resource,
+                ref.name,
+                patch,
+                namespace=ref.namespace,
+                patch_type=PatchType.JSON if json_patch else PatchType.MERGE,
+                field_manager=FIELD_MANAGER,
+            )
         return _to_dict(patched)
 
     async def event(
