@@ -213,3 +213,51 @@ async def test_a_backlog_of_cpu_only_work_does_not_starve_the_event_loop() -> No
     await _until(lambda: bool(late), within=10)
     await queue.stop()
     assert late[0] < 0.5, f"a 50 ms timer fired {late[0]:.2f}s late"
+
+
+async def test_a_change_runs_before_a_resync_backlog_and_each_key_runs_once() -> None:
+    runs: list[str] = []
+    done = asyncio.Event()
+
+    async def handle(key: str) -> Outcome:
+        runs.append(key)
+        if len(runs) == 6:
+            done.set()
+        return Outcome()
+
+    queue: WorkQueue[str] = WorkQueue(handle, workers=1)
+    for key in ("r1", "r2", "r3", "changed"):
+        queue.add(key, background=True)  # a resync of every object
+    queue.add("changed", urgent=True)  # its spec changed: ahead of the resync
+    queue.add("pod-died")  # a child's event: ahead of the resync too
+    queue.add("r2", background=True)  # a second resync add changes nothing
+    queue.add("r3")  # a foreground event for a key the resync queued: moves ahead
+    assert len(queue) == 5
+    queue.start()
+    await _until(lambda: len(runs) == 5)
+    await asyncio.sleep(0.05)
+    await queue.stop()
+    assert runs == ["changed", "pod-died", "r3", "r1", "r2"]
+    assert not done.is_set()  # nothing ran twice
+
+
+async def test_a_resync_does_not_cut_a_failures_backoff_short() -> None:
+    attempts = 0
+
+    async def handle(_: str) -> Outcome:
+        nonlocal attempts
+        attempts += 1
+        raise RuntimeError("broken")
+
+    queue: WorkQueue[str] = WorkQueue(handle, workers=1, backoff=Backoff(base=30, cap=30))
+    queue.start()
+    queue.add("k")
+    await _until(lambda: attempts == 1)
+    await asyncio.sleep(0.05)
+    queue.add("k", background=True)
+    queue.add("k", urgent=True, background=True)
+    await asyncio.sleep(0.1)
+    assert attempts == 1
+    queue.add("k", urgent=True)  # the object itself changed
+    await _until(lambda: attempts == 2)
+    await queue.stop()

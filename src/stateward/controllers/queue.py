@@ -5,6 +5,11 @@ a key is never processed by two workers at once (an add during processing marks 
 it runs again afterwards); failures requeue with exponential backoff that resets on success.
 A key waiting out its backoff is not run early by the events its own children send (they
 are folded into the retry); only an urgent add — the object itself changed — runs it now.
+
+Keys added in the ``background`` (the periodic resync of every object) wait behind every
+other: a changed spec or a pod that died is processed next, not after a thousand
+reconciles that find nothing to do. A background key added again in the foreground moves
+ahead.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import logging
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, TypeVar
@@ -62,8 +68,12 @@ class WorkQueue(Generic[K]):
         warning, without the traceback every retry would otherwise repeat."""
         self._workers = workers
         self.backoff = backoff or Backoff()
-        self._ready: asyncio.Queue[K] = asyncio.Queue()
-        self._queued: set[K] = set()
+        self._ready: asyncio.PriorityQueue[tuple[int, int, K]] = asyncio.PriorityQueue()
+        """(lane, arrival, key): the foreground lane (0) before the background (1), each in
+        order of arrival. A key moved ahead leaves a stale entry behind, skipped when met."""
+        self._queued: dict[K, int] = {}
+        """Keys waiting, and the lane of their live entry."""
+        self._arrivals = itertools.count()
         self._processing: set[K] = set()
         self._dirty: dict[K, bool] = {}
         """Keys added while processing, and whether urgently."""
@@ -72,11 +82,13 @@ class WorkQueue(Generic[K]):
         """Keys whose pending timer is a retry after a failure."""
         self._tasks: list[asyncio.Task[None]] = []
 
-    def add(self, key: K, *, urgent: bool = False) -> None:
-        """Process ``key`` soon; a no-op if it is already waiting. A key waiting out a
-        failure's backoff stays waiting unless ``urgent``: a failing reconcile must not run
-        at the rate of its children's events (every pod update of a crash-looping cluster)."""
-        if key in self._backing_off and key in self._timers and not urgent:
+    def add(self, key: K, *, urgent: bool = False, background: bool = False) -> None:
+        """Process ``key`` soon; a no-op if it is already waiting (in the background lane: it
+        moves ahead unless this add is ``background`` too). A key waiting out a failure's
+        backoff stays waiting unless ``urgent``: a failing reconcile must not run at the
+        rate of its children's events (every pod update of a crash-looping cluster). A
+        ``background`` add (a resync) runs after every other key waiting."""
+        if key in self._backing_off and key in self._timers and (background or not urgent):
             return
         self._backing_off.discard(key)
         timer = self._timers.pop(key, None)
@@ -85,9 +97,11 @@ class WorkQueue(Generic[K]):
         if key in self._processing:
             self._dirty[key] = self._dirty.get(key, False) or urgent
             return
-        if key not in self._queued:
-            self._queued.add(key)
-            self._ready.put_nowait(key)
+        lane = 1 if background else 0
+        waiting = self._queued.get(key)
+        if waiting is None or lane < waiting:
+            self._queued[key] = lane
+            self._ready.put_nowait((lane, next(self._arrivals), key))
 
     def add_after(self, key: K, delay: float, *, retry: bool = False) -> None:
         """Process ``key`` after ``delay`` seconds, unless an earlier run is already due;
@@ -122,8 +136,10 @@ class WorkQueue(Generic[K]):
 
     async def _work(self) -> None:
         while True:
-            key = await self._ready.get()
-            self._queued.discard(key)
+            lane, _, key = await self._ready.get()
+            if self._queued.get(key) != lane:
+                continue  # stale: the key moved to the foreground lane, or ran already
+            del self._queued[key]
             self._processing.add(key)
             try:
                 outcome = await self._handler(key)

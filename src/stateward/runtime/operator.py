@@ -236,9 +236,12 @@ class Operator:
             self._enqueue_all()
 
     def _enqueue_all(self) -> None:
+        """Every cluster and Database, behind whatever else waits: a resync finds nothing to
+        do in nearly all of them, and a changed spec or a lost pod must not wait for that
+        (at 1000 clusters, a change that came just after a resync waited 0.76 s)."""
         for kind in PRIMARY_KINDS:
             for namespace, name in self.store.names(kind):
-                self.queue.add((kind, namespace, name))
+                self.queue.add((kind, namespace, name), background=True)
 
     async def _ensure_webhook_configuration(self) -> None:
         if self.certificate is None:
