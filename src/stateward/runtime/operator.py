@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 import httpx2
+import uvloop
 from aiohttp import web
 from lightkube import ApiError, AsyncClient
 from lightkube.config.client_adapter import verify_cluster
@@ -607,7 +608,10 @@ def run(options: Options) -> int:
         finally:
             await client.close()
 
-    return asyncio.run(main())
+    # libuv's event loop rather than asyncio's own: the operator is a loop of small
+    # requests and watch events, and at 100 x 3 its CPU until every cluster converged fell
+    # from 6.1-6.5 to 5.2 s and its last converging write from 15.3-15.8 to 11.7 s.
+    return uvloop.run(main())
 
 
 API_REQUESTS: Final = 24
