@@ -10,10 +10,10 @@ import pytest
 
 from stateward.controllers import core
 from stateward.controllers.postgres import reconcile as postgrescluster
-from stateward.controllers.store import ObjectStore
 from stateward.specs import postgres as postgres_specs
 from stateward.specs.postgres import config
 from tests.support.clusters import make_cluster
+from tests.support.stores import CountingStore
 
 pytestmark = pytest.mark.unit
 
@@ -37,16 +37,6 @@ class Server:
 
     async def event(self, *_: Any, **__: Any) -> None:
         return None
-
-
-class CountingStore(ObjectStore):
-    def __init__(self) -> None:
-        super().__init__()
-        self.decoded = 0
-
-    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-        self.decoded += 1
-        return super().get(kind, namespace, name)
 
 
 def setup() -> tuple[Any, Server, CountingStore, list[dict[str, Any]]]:

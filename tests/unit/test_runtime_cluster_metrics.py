@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from stateward.controllers.store import ObjectStore
 from stateward.runtime import metrics
+from tests.support.stores import CountingStore
 
 pytestmark = pytest.mark.unit
 
@@ -53,18 +54,6 @@ def test_each_cluster_reports_readiness_instances_and_its_last_backup() -> None:
 def test_a_replica_that_does_not_lead_reports_no_cluster() -> None:
     assert scrape(None) == {}
     assert scrape(ObjectStore()) == {}
-
-
-class CountingStore(ObjectStore):
-    """Counts the bodies decoded."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.decoded = 0
-
-    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-        self.decoded += 1
-        return super().get(kind, namespace, name)
 
 
 def test_a_scrape_decodes_only_the_clusters_that_changed_since_the_last() -> None:
