@@ -551,11 +551,11 @@ async def converge(scope: Scope, desired: Iterable[Body]) -> str | None:
         # The whole desired body's digest: an object version found to contain it once still
         # does (the store's memo spares decoding and comparing it again).
         whole = diff.applied_hash(built)
+        if scope.store.contained(kind, scope.namespace, name, whole):
+            continue
         # A removal from the immutable fields could never be applied; those change by
         # recreation, which containment detects.
         child = diff.stamped(built, exclude=fixed, known=None if fixed else whole)
-        if scope.store.contained(kind, scope.namespace, name, whole):
-            continue
         observed = scope.observed(kind, name)
         if observed is None:
             created.append(f"{kind} {name}")
