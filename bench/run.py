@@ -79,7 +79,7 @@ from stateward.runtime import webhook
 from stateward.runtime.operator import Options as RuntimeOptions
 from stateward_local import binaries
 from stateward_local.cluster import Config, LocalCluster
-from stateward_local.controlplane.components import OPERATOR_USER, Ports
+from stateward_local.controlplane.components import ADMIN_USER, OPERATOR_USER, Ports
 from stateward_local.controlplane.processes import free_port_base
 from stateward_local.run import (
     OPERATOR_NAMESPACE,
@@ -118,7 +118,9 @@ RESOURCES = {
     "PodDisruptionBudget": "poddisruptionbudgets",
     "CronJob": "cronjobs",
 }
-# Every request of the operator's user at Metadata level (reads included), nothing else.
+BARE_NAMESPACE = "bench-bare"
+# Every request of the operator's user at Metadata level (reads included), its writes with
+# their bodies, the bare client's writes (bench.bare) as its, nothing else.
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1",
     "kind": "Policy",
@@ -133,6 +135,20 @@ AUDIT_POLICY = {
             "namespaces": [NAMESPACE],
         },
         {"level": "Metadata", "users": [OPERATOR_USER]},
+        # The bare client's replay of them pays the same: its writes are recorded with their
+        # bodies too (its creates of the clusters are not, as the benchmark's are not).
+        {
+            "level": "None",
+            "users": [ADMIN_USER],
+            "verbs": ["create"],
+            "resources": [{"group": v1alpha1.GROUP, "resources": [v1alpha1.PLURAL]}],
+        },
+        {
+            "level": "Request",
+            "users": [ADMIN_USER],
+            "verbs": sorted(bare.WRITE_VERBS),
+            "namespaces": [BARE_NAMESPACE],
+        },
         {"level": "None"},
     ],
 }
@@ -140,7 +156,6 @@ WARM_UP_NAMESPACE = "bench-warm-up"
 """One cluster made and waited for before the clock starts (``Run._warm_up``)."""
 DEFAULT_RUNS = 3
 """Runs of the default N = 100 x 3 (see main)."""
-BARE_NAMESPACE = "bench-bare"
 OPERATOR_WORKERS = RuntimeOptions().workers
 """The operator's concurrent reconciles: the bare client's concurrent writers."""
 WEBHOOK = webhook.CONFIGURATION_NAME

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any
 
-import httpx2
 import pytest
 from lightkube import ApiError
 from lightkube.models.meta_v1 import Status
@@ -29,22 +29,25 @@ class RefusingClient:
     def __init__(self) -> None:
         self.creates = 0
 
-    async def create(self, obj: Any, **_: Any) -> Any:
+    async def request(self, method: str, path: str, **_: Any) -> tuple[int, bytes]:
+        assert (method, path) == ("POST", "/api/v1/namespaces/leaving/events")
         self.creates += 1
-        raise ApiError(
-            status=Status(
-                code=403,
-                reason="Forbidden",
-                message="events is forbidden: unable to create new content in namespace"
-                " leaving because it is being terminated",
-            )
-        )
+        refused = {
+            "apiVersion": "v1",
+            "kind": "Status",
+            "status": "Failure",
+            "code": 403,
+            "reason": "Forbidden",
+            "message": "events is forbidden: unable to create new content in namespace"
+            " leaving because it is being terminated",
+        }
+        return 403, json.dumps(refused).encode()
 
 
 def test_an_event_refused_in_a_terminating_namespace_does_not_fail_the_caller() -> None:
     client = RefusingClient()
     counted: list[tuple[str, str]] = []
-    kube = Kube(client, on_event=lambda reason, kind: counted.append((reason, kind)))  # type: ignore[arg-type]
+    kube = Kube(client, on_event=lambda reason, kind: counted.append((reason, kind)))
 
     async def send() -> None:
         await kube.event(CLUSTER, reason="FinalBackupImpossible", message="m", warning=True)
@@ -62,16 +65,16 @@ class SlowClient:
         self.answer = asyncio.Event()
         self.created: list[str] = []
 
-    async def create(self, obj: Any, **_: Any) -> Any:
+    async def request(self, method: str, path: str, *, body: bytes, **_: Any) -> tuple[int, bytes]:
         await self.answer.wait()
-        self.created.append(obj.reason)
-        return obj
+        self.created.append(json.loads(body)["reason"])
+        return 201, body
 
 
 def test_an_event_does_not_hold_the_reconcile_and_is_recorded_before_settling() -> None:
     client = SlowClient()
     counted: list[tuple[str, str]] = []
-    kube = Kube(client, on_event=lambda reason, kind: counted.append((reason, kind)))  # type: ignore[arg-type]
+    kube = Kube(client, on_event=lambda reason, kind: counted.append((reason, kind)))
 
     async def reconcile() -> None:
         # Returns at once although the API server has not answered yet.
@@ -86,7 +89,7 @@ def test_an_event_does_not_hold_the_reconcile_and_is_recorded_before_settling() 
 
 def test_a_status_write_waits_for_its_own_clusters_events_not_anothers() -> None:
     client = SlowClient()
-    kube = Kube(client)  # type: ignore[arg-type]
+    kube = Kube(client)
     other = {**CLUSTER, "metadata": {**CLUSTER["metadata"], "name": "other"}}
 
     async def reconciles() -> None:
@@ -107,7 +110,7 @@ def test_a_status_write_waits_for_its_own_clusters_events_not_anothers() -> None
 
 def test_a_replica_that_lost_leadership_still_writes_no_event() -> None:
     client = RefusingClient()
-    kube = Kube(client, may_write=lambda: False)  # type: ignore[arg-type]
+    kube = Kube(client, may_write=lambda: False)
     with pytest.raises(NotLeader):
         asyncio.run(kube.event(CLUSTER, reason="R", message="m"))
     assert client.creates == 0
@@ -144,14 +147,14 @@ def test_a_reconciled_object_found_gone_is_no_failure() -> None:
 class UnreachableClient:
     """The API server is down: every request fails to connect."""
 
-    async def create(self, obj: Any, **_: Any) -> Any:
-        raise httpx2.ConnectError("All connection attempts failed")
+    async def request(self, *_: Any, **__: Any) -> tuple[int, bytes]:
+        raise ConnectionError("POST /api/v1/namespaces/leaving/events: ClientConnectorError")
 
 
 def test_an_event_lost_to_an_api_server_outage_is_no_error(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    kube = Kube(UnreachableClient())  # type: ignore[arg-type]
+    kube = Kube(UnreachableClient())
 
     async def send() -> None:
         await kube.event(CLUSTER, reason="Created", message="m")

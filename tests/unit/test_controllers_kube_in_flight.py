@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -13,30 +14,22 @@ pytestmark = pytest.mark.unit
 
 
 class SlowApiServer:
-    """lightkube's client, answering each request after the test says so."""
+    """Kube's transport, answering each request after the test says so."""
 
     def __init__(self) -> None:
         self.in_flight = 0
         self.most = 0
         self.answer = asyncio.Event()
 
-    async def _serve(self) -> Any:
+    async def request(self, *_: Any, **__: Any) -> tuple[int, bytes]:
         self.in_flight += 1
         self.most = max(self.most, self.in_flight)
         try:
             await self.answer.wait()
         finally:
             self.in_flight -= 1
-        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}
-
-    async def get(self, *_: Any, **__: Any) -> Any:
-        return await self._serve()
-
-    async def apply(self, *_: Any, **__: Any) -> Any:
-        return await self._serve()
-
-    async def patch(self, *_: Any, **__: Any) -> Any:
-        return await self._serve()
+        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}
+        return 200, json.dumps(body).encode()
 
 
 async def until(condition: Any) -> None:
@@ -49,7 +42,7 @@ async def until(condition: Any) -> None:
 
 async def test_requests_beyond_the_bound_wait_their_turn_and_all_are_answered() -> None:
     server = SlowApiServer()
-    kube = Kube(server, in_flight=3)  # type: ignore[arg-type]
+    kube = Kube(server, in_flight=3)
     body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "n"}}
     calls = [kube.get("v1", "ConfigMap", "n", "c") for _ in range(5)]
     calls += [kube.apply(body) for _ in range(5)]
@@ -64,7 +57,7 @@ async def test_requests_beyond_the_bound_wait_their_turn_and_all_are_answered() 
 
 async def test_without_a_bound_every_request_goes_at_once() -> None:
     server = SlowApiServer()
-    kube = Kube(server)  # type: ignore[arg-type]
+    kube = Kube(server)
     answered = asyncio.gather(*(kube.get("v1", "ConfigMap", "n", "c") for _ in range(10)))
     await until(lambda: server.in_flight == 10)
     server.answer.set()

@@ -31,7 +31,7 @@ def service(version: str, *, port: int = 5432) -> dict[str, Any]:
 
 @pytest.fixture
 def operator() -> Operator:
-    op = Operator(Options(), client=None)  # type: ignore[arg-type]  # nothing here is sent
+    op = Operator(Options(), client=None, transport=None)  # type: ignore[arg-type]  # nothing is sent
     op.store.observe(
         {
             "apiVersion": "stateward.io/v1alpha1",

@@ -37,13 +37,14 @@ from pythonjsonlogger.json import JsonFormatter
 
 from stateward.api import v1alpha1
 from stateward.controllers.database import DatabaseReconciler
-from stateward.controllers.kube import FIELD_MANAGER, UNREACHABLE, Kube, transient
+from stateward.controllers.kube import FIELD_MANAGER, UNREACHABLE, Kube, Transport, transient
 from stateward.controllers.postgres.members import progress_only
 from stateward.controllers.postgres.reconcile import Reconciler
 from stateward.controllers.queue import Outcome, WorkQueue
 from stateward.controllers.store import CLUSTER_LABEL, ObjectStore
 from stateward.runtime import metrics, webhook
 from stateward.runtime.leader import LeaderElector
+from stateward.runtime.transport import for_kubeconfig
 from stateward.runtime.watch import Body, Resource, Watch
 
 logger = logging.getLogger("stateward")
@@ -114,7 +115,7 @@ class Options:
 
 
 class Operator:
-    def __init__(self, options: Options, client: AsyncClient) -> None:
+    def __init__(self, options: Options, client: AsyncClient, transport: Transport) -> None:
         self.options = options
         self.operator_image = options.operator_image
         identity = options.identity or f"{socket.gethostname()}-{os.getpid()}"
@@ -128,7 +129,7 @@ class Operator:
             retry_period=options.retry_period,
         )
         self.kube = Kube(
-            client,
+            transport,
             may_write=self.elector.is_leader,
             on_write=lambda verb, kind: metrics.API_WRITES.labels(verb, kind).inc(),
             on_event=lambda reason, type: metrics.EVENTS.labels(reason, type).inc(),
@@ -598,14 +599,17 @@ def run(options: Options) -> int:
     quiet_chatty_loggers()
 
     async def main() -> int:
-        client = api_client(KubeConfig.from_env(), watches=watch_count(options))
+        config = KubeConfig.from_env()
+        client = api_client(config, watches=watch_count(options))
+        transport = for_kubeconfig(config, connections=API_REQUESTS, fallback=raw_http(client))
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
         try:
-            return await Operator(options, client).run(stop)
+            return await Operator(options, client, transport).run(stop)
         finally:
+            await transport.close()
             await client.close()
 
     # libuv's event loop rather than asyncio's own: the operator is a loop of small
@@ -622,7 +626,8 @@ connections: its pool walks all of them on every request and response, 11 % of t
 operator's CPU. Twenty-four keep the API server (two CPUs here, and every write a
 round trip to etcd) as busy as 120 did; a changed spec's one write never waits long."""
 API_CONNECTIONS: Final = API_REQUESTS + 4
-"""Connections to the API server the operator keeps open for requests, besides one per
+"""Connections lightkube's client keeps open for requests (its own, and ``Kube``'s when the
+kubeconfig's credentials need it: ``runtime.transport``), besides one per
 watch (:func:`watch_count`): one for each request ``Kube`` lets through, and some for what
 goes around it (the Lease, the webhook's certificate, the namespace check). All are kept
 open: httpx keeps at most 20 idle by default, and with more in use the rest were closed
