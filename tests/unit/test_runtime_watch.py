@@ -14,6 +14,7 @@ from typing import Any
 import httpx2
 import pytest
 
+from stateward.runtime.transport import HttpxTransport
 from stateward.runtime.watch import Resource, Watch, _lines
 
 pytestmark = pytest.mark.unit
@@ -106,10 +107,17 @@ async def run_until_script_done(watch: Watch, api: Api) -> None:
 
 
 def new_watch(api: Api, seen: Seen, resource: Resource = PODS, **kwargs: Any) -> Watch:
-    http = httpx2.AsyncClient(transport=httpx2.MockTransport(api), base_url="https://kube")
     kwargs.setdefault("backoff_first", 0.01)
     kwargs.setdefault("backoff_max", 0.02)
-    return Watch(http, resource, seen, known=seen.known, **kwargs)
+    return Watch(transport(api), resource, seen, known=seen.known, **kwargs)
+
+
+def transport(api: Api) -> HttpxTransport:
+    """The watch's transport over the scripted server (the operator's own, aiohttp, runs
+    against the real API server in the integration tests)."""
+    return HttpxTransport(
+        httpx2.AsyncClient(transport=httpx2.MockTransport(api), base_url="https://kube")
+    )
 
 
 def test_paths_of_core_and_grouped_kinds_cluster_wide_and_in_a_namespace() -> None:
@@ -258,8 +266,7 @@ async def test_a_handler_that_fails_on_one_object_does_not_end_the_watch(
         listing([pod("bad", "5"), pod("good", "6")], "10"),
         stream({"type": "ADDED", "object": pod("c", "11")}),
     )
-    http = httpx2.AsyncClient(transport=httpx2.MockTransport(api), base_url="https://kube")
-    watch = Watch(http, PODS, handler)
+    watch = Watch(transport(api), PODS, handler)
     await run_until_script_done(watch, api)
     assert delivered == ["good", "c"]
     assert "handling Pod ns/bad failed" in caplog.text

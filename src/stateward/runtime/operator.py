@@ -37,14 +37,14 @@ from pythonjsonlogger.json import JsonFormatter
 
 from stateward.api import v1alpha1
 from stateward.controllers.database import DatabaseReconciler
-from stateward.controllers.kube import FIELD_MANAGER, UNREACHABLE, Kube, Transport, transient
+from stateward.controllers.kube import FIELD_MANAGER, UNREACHABLE, Kube, transient
 from stateward.controllers.postgres.members import progress_only
 from stateward.controllers.postgres.reconcile import Reconciler
 from stateward.controllers.queue import Outcome, WorkQueue
 from stateward.controllers.store import CLUSTER_LABEL, ObjectStore
 from stateward.runtime import metrics, webhook
 from stateward.runtime.leader import LeaderElector
-from stateward.runtime.transport import for_kubeconfig
+from stateward.runtime.transport import WatchTransport, for_kubeconfig
 from stateward.runtime.watch import Body, Resource, Watch
 
 logger = logging.getLogger("stateward")
@@ -115,7 +115,7 @@ class Options:
 
 
 class Operator:
-    def __init__(self, options: Options, client: AsyncClient, transport: Transport) -> None:
+    def __init__(self, options: Options, client: AsyncClient, transport: WatchTransport) -> None:
         self.options = options
         self.operator_image = options.operator_image
         identity = options.identity or f"{socket.gethostname()}-{os.getpid()}"
@@ -142,6 +142,7 @@ class Operator:
         )
         self.watches_synced = asyncio.Event()
         self.client = client
+        self.transport = transport
         self.endpoint = webhook.Endpoint(
             namespace=options.namespace,
             port=options.webhook_port,
@@ -312,21 +313,21 @@ class Operator:
     def _new_watches(self) -> list[Watch]:
         """One watch per kind and watched namespace (or one per kind for all namespaces):
         the clusters and Databases whole, their children by the managed-by label."""
-        http = raw_http(self.client)
+        transport = self.transport
         namespaces: Iterable[str | None] = self.options.watch_namespaces or (None,)
         watches = []
         for namespace in namespaces:
             for resource in PRIMARY_RESOURCES:
                 watches.append(
                     Watch(
-                        http, resource, self.on_cluster_event,
+                        transport, resource, self.on_cluster_event,
                         namespace=namespace, known=self._known(resource.kind),
                     )
                 )  # fmt: skip
             for resource in CHILD_RESOURCES:
                 watches.append(
                     Watch(
-                        http, resource, self.on_child_event,
+                        transport, resource, self.on_child_event,
                         namespace=namespace, selector=MANAGED_BY, known=self._known(resource.kind),
                     )
                 )  # fmt: skip
@@ -601,7 +602,9 @@ def run(options: Options) -> int:
     async def main() -> int:
         config = KubeConfig.from_env()
         client = api_client(config, watches=watch_count(options))
-        transport = for_kubeconfig(config, connections=API_REQUESTS, fallback=raw_http(client))
+        transport = for_kubeconfig(
+            config, connections=API_REQUESTS + watch_count(options), fallback=raw_http(client)
+        )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -659,8 +662,9 @@ def api_client(config: KubeConfig, *, watches: int = 0) -> AsyncClient:
 
 def raw_http(client: AsyncClient) -> httpx2.AsyncClient:
     """The HTTP client under lightkube's: its base URL, TLS and credentials (token, client
-    certificate, exec plugin) are the kubeconfig's, exactly as for every lightkube call. The
-    watches read JSON off it directly, without lightkube's per-object model decoding."""
+    certificate, exec plugin) are the kubeconfig's, exactly as for every lightkube call.
+    ``Kube`` and the watches go through it when the kubeconfig's user authenticates in a way
+    only lightkube speaks (``runtime.transport.HttpxTransport``)."""
     http = getattr(getattr(client, "_client", None), "_client", None)
     if not isinstance(http, httpx2.AsyncClient):
         raise RuntimeError(

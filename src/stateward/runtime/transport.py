@@ -19,10 +19,11 @@ client instead, which speaks every kind of credential lightkube does.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 import aiohttp
 import httpx2
@@ -38,6 +39,29 @@ TOKEN_MAX_AGE: Final = 60.0
 KEEP_ALIVE: Final = 120.0
 """Seconds an idle connection is kept: longer than a resync's interval, so a quiet operator
 does not handshake TLS again on every one."""
+
+
+Stream = tuple[int, AsyncIterator[bytes]]
+"""A streamed answer: its status and its body's bytes as they come."""
+
+
+class WatchTransport(Protocol):
+    """What a watch needs of a transport: :class:`stateward.controllers.kube.Transport`'s
+    request (its LISTs) and a streamed answer (its WATCH)."""
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: bytes | None = None,
+        content_type: str | None = None,
+    ) -> tuple[int, bytes]: ...
+
+    def stream(
+        self, path: str, *, params: Mapping[str, str], read_timeout: float
+    ) -> contextlib.AbstractAsyncContextManager[Stream]: ...
 
 
 class AiohttpTransport:
@@ -94,6 +118,34 @@ class AiohttpTransport:
             status, data = await self._send(method, path, params, body, content_type, fresh=True)
         return status, data
 
+    @contextlib.asynccontextmanager
+    async def stream(
+        self, path: str, *, params: Mapping[str, str], read_timeout: float
+    ) -> AsyncIterator[Stream]:
+        """``GET path``, its body streamed; ``read_timeout`` seconds of silence end it with
+        ``TimeoutError`` (a watch's stream is silent between events)."""
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=10, sock_connect=10, sock_read=read_timeout
+        )
+        try:
+            async with self._open().get(
+                self.server + path, params=params, headers=self._headers(), timeout=timeout
+            ) as response:
+                if response.status == 401:
+                    self._token_read = -TOKEN_MAX_AGE  # read the token again next time
+                yield response.status, response.content.iter_any()
+        except aiohttp.ClientError as error:
+            raise ConnectionError(f"GET {path}: {type(error).__name__}: {error}") from None
+
+    def _headers(self, content_type: str | None = None, *, fresh: bool = False) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        authorization = self._authorization(fresh=fresh)
+        if authorization is not None:
+            headers["Authorization"] = authorization
+        return headers
+
     async def _send(
         self,
         method: str,
@@ -104,15 +156,13 @@ class AiohttpTransport:
         *,
         fresh: bool,
     ) -> tuple[int, bytes]:
-        headers = {"Accept": "application/json"}
-        if content_type is not None:
-            headers["Content-Type"] = content_type
-        authorization = self._authorization(fresh=fresh)
-        if authorization is not None:
-            headers["Authorization"] = authorization
         try:
             async with self._open().request(
-                method, self.server + path, params=params, data=body, headers=headers
+                method,
+                self.server + path,
+                params=params,
+                data=body,
+                headers=self._headers(content_type, fresh=fresh),
             ) as response:
                 return response.status, await response.read()
         except aiohttp.ClientError as error:
@@ -149,6 +199,24 @@ class HttpxTransport:
             method, path, params=dict(params or {}), content=body, headers=headers
         )
         return response.status_code, response.content
+
+    @contextlib.asynccontextmanager
+    async def stream(
+        self, path: str, *, params: Mapping[str, str], read_timeout: float
+    ) -> AsyncIterator[Stream]:
+        timeout = httpx2.Timeout(10.0, read=read_timeout)
+        request = self.http.build_request(
+            "GET",
+            path,
+            params=dict(params),
+            timeout=timeout,
+            headers={"Accept": "application/json"},
+        )
+        response = await self.http.send(request, stream=True)
+        try:
+            yield response.status_code, response.aiter_bytes()
+        finally:
+            await response.aclose()
 
     async def close(self) -> None:
         """The client is lightkube's, closed with it."""

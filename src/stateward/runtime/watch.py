@@ -16,6 +16,7 @@ docs/architecture.md ("Our own watches").
 from __future__ import annotations
 
 import asyncio
+import http
 import json
 import logging
 import random
@@ -24,6 +25,8 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, Final, NamedTuple
 
 import httpx2
+
+from stateward.runtime.transport import WatchTransport
 
 logger = logging.getLogger("stateward.watch")
 
@@ -82,7 +85,7 @@ class Watch:
 
     def __init__(
         self,
-        http: httpx2.AsyncClient,
+        transport: WatchTransport,
         resource: Resource,
         handler: Handler,
         *,
@@ -93,7 +96,7 @@ class Watch:
         backoff_first: float = BACKOFF_FIRST,
         backoff_max: float = BACKOFF_MAX,
     ) -> None:
-        self.http = http
+        self.transport = transport
         self.resource = resource
         self.handler = handler
         self.namespace = namespace
@@ -149,14 +152,16 @@ class Watch:
         version = ""
         delivered = 0
         while True:
-            params: dict[str, Any] = {"limit": self.page}
+            params = {"limit": str(self.page)}
             if self.selector:
                 params["labelSelector"] = self.selector
             if token:
                 params["continue"] = token
-            response = await self.http.get(self.resource.path(self.namespace), params=params)
-            _raise_for(response, "list", self.name)
-            page = json.loads(response.content)
+            status, answer = await self.transport.request(
+                "GET", self.resource.path(self.namespace), params=params
+            )
+            _raise_for(status, answer, "list", self.name)
+            page = json.loads(answer)
             metadata = page.get("metadata") or {}
             version = metadata.get("resourceVersion") or version
             for item in page.get("items") or ():
@@ -194,30 +199,25 @@ class Watch:
         """One watch request, until the server ends it (returns how many events came) or it
         fails (raises)."""
         self.watches += 1
-        params: dict[str, Any] = {
+        params = {
             "watch": "true",
-            "resourceVersion": self.version,
             "allowWatchBookmarks": "true",
-            "timeoutSeconds": WATCH_SECONDS,
+            "timeoutSeconds": str(WATCH_SECONDS),
         }
+        if self.version:
+            params["resourceVersion"] = self.version
         if self.selector:
             params["labelSelector"] = self.selector
-        timeout = httpx2.Timeout(10.0, read=INACTIVITY_SECONDS)
-        request = self.http.build_request(
-            "GET", self.resource.path(self.namespace), params=params, timeout=timeout
-        )
-        response = await self.http.send(request, stream=True)
-        try:
-            if response.status_code != 200:
-                await response.aread()
-                _raise_for(response, "watch", self.name)
+        async with self.transport.stream(
+            self.resource.path(self.namespace), params=params, read_timeout=INACTIVITY_SECONDS
+        ) as (status, chunks):
+            if status != 200:
+                _raise_for(status, b"".join([chunk async for chunk in chunks]), "watch", self.name)
             events = 0
-            async for line in _lines(response.aiter_bytes()):
+            async for line in _lines(chunks):
                 self._event(json.loads(line))
                 events += 1
             return events
-        finally:
-            await response.aclose()
 
     def _event(self, event: Body) -> None:
         kind = event.get("type")
@@ -261,17 +261,24 @@ async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         yield pending
 
 
-def _raise_for(response: httpx2.Response, verb: str, name: str) -> None:
-    if response.status_code == 200:
+def _raise_for(code: int, answer: bytes, verb: str, name: str) -> None:
+    if code == 200:
         return
     try:
-        status = json.loads(response.content)
+        status = json.loads(answer)
     except ValueError:
         status = {}
-    if response.status_code == 410:
+    if code == 410:
         raise Gone
-    detail = _status(status) if isinstance(status, dict) and status else response.reason_phrase
-    raise WatchFailed(f"{verb} of {name}: {response.status_code} {detail}")
+    detail = _status(status) if isinstance(status, dict) and status else _phrase(code)
+    raise WatchFailed(f"{verb} of {name}: {code} {detail}")
+
+
+def _phrase(code: int) -> str:
+    try:
+        return http.HTTPStatus(code).phrase
+    except ValueError:
+        return "no reason"
 
 
 def _status(status: Body) -> str:
