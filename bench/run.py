@@ -79,7 +79,7 @@ from stateward.runtime import webhook
 from stateward.runtime.operator import Options as RuntimeOptions
 from stateward_local import binaries
 from stateward_local.cluster import Config, LocalCluster
-from stateward_local.controlplane.components import ADMIN_USER, OPERATOR_USER, Ports
+from stateward_local.controlplane.components import OPERATOR_USER, Ports
 from stateward_local.controlplane.processes import free_port_base
 from stateward_local.run import (
     OPERATOR_NAMESPACE,
@@ -118,9 +118,7 @@ RESOURCES = {
     "PodDisruptionBudget": "poddisruptionbudgets",
     "CronJob": "cronjobs",
 }
-BARE_NAMESPACE = "bench-bare"
-# Every request of the operator's user at Metadata level (reads included), its writes with
-# their bodies, the bare client's writes (bench.bare) as its, nothing else.
+# Every request of the operator's user at Metadata level (reads included), nothing else.
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1",
     "kind": "Policy",
@@ -135,35 +133,14 @@ AUDIT_POLICY = {
             "namespaces": [NAMESPACE],
         },
         {"level": "Metadata", "users": [OPERATOR_USER]},
-        # The bare client's replay of them pays the same: its writes are recorded with their
-        # bodies too (its creates of the clusters are not, as the benchmark's are not).
-        {
-            "level": "None",
-            "users": [ADMIN_USER],
-            "verbs": ["create"],
-            "resources": [{"group": v1alpha1.GROUP, "resources": [v1alpha1.PLURAL]}],
-        },
-        {
-            "level": "Request",
-            "users": [ADMIN_USER],
-            "verbs": sorted(bare.WRITE_VERBS),
-            "namespaces": [BARE_NAMESPACE],
-        },
         {"level": "None"},
     ],
 }
-AUDIT_BATCH = (
-    "--audit-log-mode=batch",
-    "--audit-log-batch-max-wait=1s",
-    "--audit-log-batch-buffer-size=200000",
-    "--audit-log-batch-throttle-enable=false",
-)
-"""The audit log written in batches of at most a second's events, none dropped (the buffer
-holds a whole run's), so the phases that read it after a pause of 2 s find every request."""
 WARM_UP_NAMESPACE = "bench-warm-up"
 """One cluster made and waited for before the clock starts (``Run._warm_up``)."""
 DEFAULT_RUNS = 3
 """Runs of the default N = 100 x 3 (see main)."""
+BARE_NAMESPACE = "bench-bare"
 OPERATOR_WORKERS = RuntimeOptions().workers
 """The operator's concurrent reconciles: the bare client's concurrent writers."""
 WEBHOOK = webhook.CONFIGURATION_NAME
@@ -182,11 +159,7 @@ class BenchCluster(LocalCluster):
         flag = "--audit-policy-file="
         if not any(a.startswith(flag) for a in argv):
             raise RuntimeError("the local API server runs without an audit policy: cannot count")
-        argv = [f"{flag}{policy}" if a.startswith(flag) else a for a in argv]
-        # Written in batches, off the requests' path: in the default blocking mode every
-        # audited request waits for its line to be written, a latency the operator's run and
-        # the bare replay would pay differently (24 requests in flight against 8).
-        return [*argv, *AUDIT_BATCH]
+        return [f"{flag}{policy}" if a.startswith(flag) else a for a in argv]
 
 
 class Api:
@@ -698,7 +671,7 @@ class Run:
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
         t_converged = time.time()
-        time.sleep(3)  # the audit log is written in batches, at most a second apart
+        time.sleep(2)  # the audit log is written asynchronously to the response
         tracker.refine(first_writes(cluster, NAMESPACE))
         self._record_convergence(
             cluster, operator, tracker, created_at, before, (t0, t_converged), int(max_depth)
@@ -870,7 +843,7 @@ class Run:
     ) -> None:
         """The operator's requests per phase, from the API server's audit log."""
         r = self.result
-        time.sleep(3)  # the audit log is written in batches, at most a second apart
+        time.sleep(2)  # the audit log is written asynchronously to the response
         requests = operator_requests(cluster)
         r["audit_converge"] = summarize(requests, t0, t_converged)
         converging = [
@@ -904,7 +877,7 @@ class Run:
         api.http.delete(
             f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{WEBHOOK}"
         )
-        time.sleep(3)  # the audit log is written in batches, at most a second apart
+        time.sleep(2)  # the audit log is written asynchronously to the response
         writes = bare.recorded_writes(
             bare.audit_lines(cluster.audit_log.parent), OPERATOR_USER, NAMESPACE, *converging
         )
