@@ -30,6 +30,8 @@ import httpx2
 from lightkube.config.client_adapter import verify_cluster
 from lightkube.config.kubeconfig import KubeConfig
 
+from stateward.controllers.kube import Transport
+
 TIMEOUT: Final = aiohttp.ClientTimeout(total=None, connect=10, sock_connect=10, sock_read=10)
 """Ten seconds to get a connection and ten between bytes of an answer, as lightkube's
 default (``httpx.Timeout(10)``): a request that takes longer raises ``TimeoutError``, which
@@ -45,23 +47,20 @@ Stream = tuple[int, AsyncIterator[bytes]]
 """A streamed answer: its status and its body's bytes as they come."""
 
 
-class WatchTransport(Protocol):
-    """What a watch needs of a transport: :class:`stateward.controllers.kube.Transport`'s
-    request (its LISTs) and a streamed answer (its WATCH)."""
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: Mapping[str, str] | None = None,
-        body: bytes | None = None,
-        content_type: str | None = None,
-    ) -> tuple[int, bytes]: ...
+class WatchTransport(Transport, Protocol):
+    """What a watch needs of a transport: ``Kube``'s request (its LISTs) and a streamed
+    answer (its WATCH)."""
 
     def stream(
         self, path: str, *, params: Mapping[str, str], read_timeout: float
     ) -> contextlib.AbstractAsyncContextManager[Stream]: ...
+
+
+def _headers(content_type: str | None) -> dict[str, str]:
+    headers = {"Accept": "application/json"}
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    return headers
 
 
 class AiohttpTransport:
@@ -129,7 +128,7 @@ class AiohttpTransport:
         )
         try:
             async with self._open().get(
-                self.server + path, params=params, headers=self._headers(), timeout=timeout
+                self.server + path, params=params, headers=self._request_headers(), timeout=timeout
             ) as response:
                 if response.status == 401:
                     self._token_read = -TOKEN_MAX_AGE  # read the token again next time
@@ -137,10 +136,10 @@ class AiohttpTransport:
         except aiohttp.ClientError as error:
             raise ConnectionError(f"GET {path}: {type(error).__name__}: {error}") from None
 
-    def _headers(self, content_type: str | None = None, *, fresh: bool = False) -> dict[str, str]:
-        headers = {"Accept": "application/json"}
-        if content_type is not None:
-            headers["Content-Type"] = content_type
+    def _request_headers(
+        self, content_type: str | None = None, *, fresh: bool = False
+    ) -> dict[str, str]:
+        headers = _headers(content_type)
         authorization = self._authorization(fresh=fresh)
         if authorization is not None:
             headers["Authorization"] = authorization
@@ -162,7 +161,7 @@ class AiohttpTransport:
                 self.server + path,
                 params=params,
                 data=body,
-                headers=self._headers(content_type, fresh=fresh),
+                headers=self._request_headers(content_type, fresh=fresh),
             ) as response:
                 return response.status, await response.read()
         except aiohttp.ClientError as error:
@@ -192,11 +191,8 @@ class HttpxTransport:
         body: bytes | None = None,
         content_type: str | None = None,
     ) -> tuple[int, bytes]:
-        headers = {"Accept": "application/json"}
-        if content_type is not None:
-            headers["Content-Type"] = content_type
         response = await self.http.request(
-            method, path, params=dict(params or {}), content=body, headers=headers
+            method, path, params=dict(params or {}), content=body, headers=_headers(content_type)
         )
         return response.status_code, response.content
 
@@ -210,7 +206,7 @@ class HttpxTransport:
             path,
             params=dict(params),
             timeout=timeout,
-            headers={"Accept": "application/json"},
+            headers=_headers(None),
         )
         response = await self.http.send(request, stream=True)
         try:
